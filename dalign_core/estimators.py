@@ -1,0 +1,407 @@
+"""Estimate the alignment geometry of q from per-example samples, never forming the d x d covariance.
+
+Given rows ``q_1, ..., q_n`` (a matrix ``Q`` of shape ``(n, d)``), every quantity the
+bounds need is a sum of products of Gram entries ``G_ij = q_i^T q_j`` over
+*distinct* indices, so the unbiased U-statistics below cost one ``n x n`` Gram
+matrix (``O(n^2 d)`` time, ``O(n^2)`` memory) and no ``d x d`` matrix:
+
+* ``||mu||^2``          = mean over i != j of ``G_ij``
+* ``||mu||^4``          = mean over distinct i, j, k, l of ``G_ij G_kl``
+* ``mu^T Sigma mu``     = mean over distinct i, j, k of ``G_ij G_jk``  minus ``||mu||^4``
+* ``tr(Sigma^2)``       = mean over i != j of ``G_ij^2`` - 2 (mean of ``G_ij G_jk``) + ``||mu||^4``
+
+(``E[G_ij G_jk] = mu^T (Sigma + mu mu^T) mu`` and ``E[G_ij^2] = tr((Sigma + mu mu^T)^2)``.)
+The sums over distinct indices follow from row sums of the off-diagonal Gram
+matrix by inclusion-exclusion, so the whole estimate is ``O(n^2)`` after the Gram.
+The plug-in ``tr(S^2)`` of the sample covariance, by contrast, is biased upward by
+about ``tr(Sigma)^2 / n``, which dominates when d is large compared with n.
+
+Confidence intervals come from the delete-one jackknife, whose ``n`` leave-one-out
+estimates also follow from the same row sums in ``O(n^2)``.
+
+For d too large to keep, ``sketch_dim=k`` replaces each row by a k-dimensional
+CountSketch (each coordinate hashed to one of k buckets with a random sign).
+Inner products stay unbiased; the estimates then describe the sketched geometry,
+whose error shrinks as k grows: ``||mu||^2`` has relative error of order
+``sqrt(2/k)`` and ``tr(Sigma^2)`` is inflated by about ``r/k`` relative, where
+``r = tr(Sigma)^2 / tr(Sigma^2)`` is the covariance's effective rank, so choose
+``k`` well above ``r`` (the theory chapter and ``tests/test_estimators.py`` measure this).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import numpy as np
+import torch
+
+from dalign_core.bounds import b_align, b_exact_from_moments, dims_tensor
+
+__all__ = [
+    "Interval",
+    "Geometry",
+    "GeometryAccumulator",
+    "CountSketch",
+    "estimate_geometry",
+    "geometry_from_gram",
+    "plugin_geometry",
+]
+
+MOMENTS = ("mean_sq", "mean_sq_sq", "directional", "cov_energy")
+DIMENSIONS = ("d_par", "d_2", "d_align")
+_COLUMN_ELEMENTS = 1 << 24  # float64 elements per column block: 128 MiB
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A point estimate with its jackknife standard error and a normal-approximation interval."""
+
+    estimate: float
+    se: float
+    lo: float
+    hi: float
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Estimated geometry of q from n examples of dimension d.
+
+    Moments: ``mean_sq`` = ||mu||^2, ``mean_sq_sq`` = ||mu||^4, ``directional`` =
+    mu^T Sigma mu, ``cov_energy`` = tr(Sigma^2) (units: squared units of q, raised to
+    the moment's degree). Dimensions ``d_par``, ``d_2``, ``d_align`` are
+    dimensionless. ``intervals`` maps each of these names to an :class:`Interval`
+    (empty for the plug-in estimator).
+    """
+
+    n: int
+    d: int
+    mean_sq: float
+    mean_sq_sq: float
+    directional: float
+    cov_energy: float
+    d_par: float
+    d_2: float
+    d_align: float
+    method: str = "u-statistic"
+    sketch_dim: int | None = None
+    confidence: float | None = None
+    intervals: Mapping[str, Interval] = field(default_factory=dict)
+
+    def b_exact(self, M, K) -> float:
+        """Cantelli certificate for budgets M, K from the estimated moments."""
+        return b_exact_from_moments(self.mean_sq_sq, self.directional, self.cov_energy, M, K)
+
+    def b_align(self, M, K) -> float:
+        """``1 / (1 + n_eff(M, K) d_align)`` from the estimated ``d_align``."""
+        return b_align(self.d_align, M, K)
+
+    def to_row(self) -> dict[str, float | int | str | None]:
+        """A flat dict for a tidy table: every estimate, and ``<name>_lo``/``<name>_hi``/``<name>_se``."""
+        row: dict[str, float | int | str | None] = {
+            "n": self.n, "d": self.d, "method": self.method, "sketch_dim": self.sketch_dim,
+        }
+        for name in MOMENTS + DIMENSIONS:
+            row[name] = getattr(self, name)
+            if name in self.intervals:
+                interval = self.intervals[name]
+                row[f"{name}_lo"], row[f"{name}_hi"], row[f"{name}_se"] = interval.lo, interval.hi, interval.se
+        return row
+
+
+# ---------------------------------------------------------------------------
+# Input handling
+
+
+def _as_rows(Q, name: str = "Q") -> torch.Tensor:
+    """Q as a 2-D floating tensor on its own device (no copy for float tensors)."""
+    if isinstance(Q, np.ndarray):
+        Q = torch.from_numpy(Q)
+    if not isinstance(Q, torch.Tensor):
+        raise TypeError(f"{name} must be a numpy array or torch tensor of shape (n, d), got {type(Q).__name__}")
+    Q = Q.detach()
+    if Q.ndim != 2:
+        raise ValueError(f"{name} must have shape (n, d) (one row per example), got shape {tuple(Q.shape)}")
+    if not Q.is_floating_point():
+        Q = Q.to(torch.float64)
+    bad_rows = int((~torch.isfinite(Q)).any(dim=1).sum())
+    if bad_rows:
+        raise ValueError(
+            f"{name} has {bad_rows} row(s) with NaN or inf out of {Q.shape[0]}; "
+            "drop those examples (or find why their loss or gradient overflowed) before estimating"
+        )
+    return Q
+
+
+def _check_n(n: int) -> None:
+    if n < 4:
+        raise ValueError(
+            f"need at least 4 examples for the unbiased U-statistics (they average over 4 distinct examples), got n={n}"
+        )
+
+
+def _column_block(rows: int) -> int:
+    return max(1, _COLUMN_ELEMENTS // max(rows, 1))
+
+
+def _cross_gram(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+    """``A B^T`` in float64, ``(a, d) x (b, d) -> (a, b)``, in column blocks so only a slice is ever cast."""
+    out = torch.zeros(A.shape[0], B.shape[0], dtype=torch.float64, device=A.device)
+    step = _column_block(A.shape[0] + B.shape[0])
+    for start in range(0, A.shape[1], step):
+        a = A[:, start:start + step].to(torch.float64)
+        b = B[:, start:start + step].to(device=A.device, dtype=torch.float64)
+        out.addmm_(a, b.T)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Sketching
+
+
+class CountSketch:
+    """A fixed random CountSketch ``R^d -> R^k``: coordinate j goes to bucket ``h(j)`` with sign ``s(j)``.
+
+    ``sketch(x)^T sketch(y)`` is an unbiased estimate of ``x^T y``. The hash and signs
+    are drawn once from ``seed``; applying the sketch costs ``O(n d)``.
+    """
+
+    def __init__(self, d: int, k: int, seed: int = 0):
+        if k < 1:
+            raise ValueError(f"sketch_dim must be a positive integer, got {k}")
+        generator = torch.Generator().manual_seed(seed)
+        self.d, self.k = d, k
+        self.bucket = torch.randint(0, k, (d,), generator=generator)
+        self.sign = torch.randint(0, 2, (d,), generator=generator).to(torch.float64) * 2 - 1
+
+    def __call__(self, rows: torch.Tensor) -> torch.Tensor:
+        """Sketch ``rows`` of shape ``(n, d)`` to ``(n, k)`` (float64, on ``rows``' device)."""
+        if rows.shape[1] != self.d:
+            raise ValueError(f"rows have dimension {rows.shape[1]}, the sketch was built for {self.d}")
+        bucket, sign = self.bucket.to(rows.device), self.sign.to(rows.device)
+        out = torch.zeros(rows.shape[0], self.k, dtype=torch.float64, device=rows.device)
+        step = _column_block(rows.shape[0])
+        for start in range(0, self.d, step):
+            block = rows[:, start:start + step].to(torch.float64) * sign[start:start + step]
+            out.index_add_(1, bucket[start:start + step], block)
+        return out
+
+
+# ---------------------------------------------------------------------------
+# U-statistics from the Gram matrix
+
+
+def _distinct_sums(G: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Sums of Gram products over distinct indices, for all n and for each leave-one-out sample.
+
+    Returns tensors ``s, p2, p3, p4`` (scalars) and ``s_loo, p2_loo, p3_loo, p4_loo``
+    (shape ``(n,)``), where for the off-diagonal Gram ``H``:
+    ``s = sum_{i!=j} H_ij``, ``p2 = sum_{i!=j} H_ij^2``,
+    ``p3 = sum_{i,j,k distinct} H_ij H_jk``, ``p4 = sum_{i,j,k,l distinct} H_ij H_kl``.
+    """
+    H = G.clone()
+    H.fill_diagonal_(0.0)
+    row = H.sum(dim=1)  # r_j = sum_{i != j} H_ij
+    row_sq = (H * H).sum(dim=1)  # c_j = sum_{i != j} H_ij^2
+    s, p2, sum_row_sq = row.sum(), row_sq.sum(), (row * row).sum()
+    p3 = sum_row_sq - p2
+    p4 = s * s - 4.0 * p3 - 2.0 * p2
+    # Removing example m: row sums lose H_jm, so sum_j r_j^2 loses r_m^2 + 2 (H r)_m - c_m.
+    s_loo = s - 2.0 * row
+    p2_loo = p2 - 2.0 * row_sq
+    p3_loo = (sum_row_sq - row * row - 2.0 * (H @ row) + row_sq) - p2_loo
+    p4_loo = s_loo * s_loo - 4.0 * p3_loo - 2.0 * p2_loo
+    return {"s": s, "p2": p2, "p3": p3, "p4": p4, "s_loo": s_loo, "p2_loo": p2_loo, "p3_loo": p3_loo, "p4_loo": p4_loo}
+
+
+def _u_statistics(n: int, s, p2, p3, p4) -> dict[str, torch.Tensor]:
+    """Unbiased moments from the distinct-index sums of n examples (works elementwise on tensors)."""
+    pairs = n * (n - 1.0)
+    triples = pairs * (n - 2.0)
+    quads = triples * (n - 3.0)
+    t2, t3, t4 = p2 / pairs, p3 / triples, p4 / quads
+    moments = {"mean_sq": s / pairs, "mean_sq_sq": t4, "directional": t3 - t4, "cov_energy": t2 - 2.0 * t3 + t4}
+    moments.update(zip(DIMENSIONS, dims_tensor(moments["mean_sq_sq"], moments["directional"], moments["cov_energy"])))
+    return moments
+
+
+def _jackknife(full: dict[str, torch.Tensor], loo: dict[str, torch.Tensor], n: int, confidence: float):
+    z = statistics.NormalDist().inv_cdf(0.5 + confidence / 2.0)
+    intervals = {}
+    for name, estimate in full.items():
+        values = loo[name]
+        estimate = float(estimate)
+        if not math.isfinite(estimate) or not bool(torch.isfinite(values).all()):
+            intervals[name] = Interval(estimate, math.nan, math.nan, math.nan)
+            continue
+        se = math.sqrt((n - 1.0) / n * float(((values - values.mean()) ** 2).sum()))
+        lo, hi = estimate - z * se, estimate + z * se
+        if name in DIMENSIONS:  # dimensions are non-negative by definition
+            lo = max(lo, 0.0)
+        intervals[name] = Interval(estimate, se, lo, hi)
+    return intervals
+
+
+def geometry_from_gram(
+    G, d: int | None = None, *, confidence: float = 0.95, sketch_dim: int | None = None
+) -> Geometry:
+    """Unbiased geometry and jackknife intervals from an ``(n, n)`` Gram matrix ``G_ij = q_i^T q_j``.
+
+    ``d`` is recorded in the result only (the estimates do not need it).
+    """
+    G = torch.as_tensor(G).to(torch.float64)
+    if G.ndim != 2 or G.shape[0] != G.shape[1]:
+        raise ValueError(f"G must be a square (n, n) Gram matrix, got shape {tuple(G.shape)}")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must lie strictly between 0 and 1, got {confidence}")
+    n = G.shape[0]
+    _check_n(n)
+    sums = _distinct_sums(G)
+    full = _u_statistics(n, sums["s"], sums["p2"], sums["p3"], sums["p4"])
+    if n >= 5:
+        loo = _u_statistics(n - 1, sums["s_loo"], sums["p2_loo"], sums["p3_loo"], sums["p4_loo"])
+        intervals = _jackknife(full, loo, n, confidence)
+    else:  # a leave-one-out sample of 3 has no 4-index U-statistic
+        intervals = {name: Interval(float(v), math.nan, math.nan, math.nan) for name, v in full.items()}
+    values = {name: float(v) for name, v in full.items()}
+    return Geometry(
+        n=n, d=-1 if d is None else int(d), sketch_dim=sketch_dim, confidence=confidence, intervals=intervals, **values
+    )
+
+
+# ---------------------------------------------------------------------------
+# Streaming and one-shot estimation
+
+
+class GeometryAccumulator:
+    """Streaming estimator: feed batches of q rows as they come off backward passes.
+
+    ``update(rows)`` takes a ``(b, d)`` batch; ``result()`` returns the same
+    :class:`Geometry` as :func:`estimate_geometry` on all rows stacked (to float
+    rounding). The exact U-statistics need every pairwise inner product, so the
+    accumulator keeps the rows it has seen (or, with ``sketch_dim=k``, only their
+    k-dimensional sketches) plus the growing Gram matrix; buffers grow by doubling.
+
+    Args:
+        sketch_dim: keep k-dimensional CountSketches instead of the rows (for huge d).
+        seed: seed of the sketch.
+        device: where the Gram matrix and the kept rows live (default: the first batch's device).
+        dtype: dtype of the kept rows (default: the first batch's floating dtype;
+            products are always accumulated in float64).
+    """
+
+    def __init__(self, *, sketch_dim: int | None = None, seed: int = 0, device=None, dtype: torch.dtype | None = None):
+        self.sketch_dim, self.seed = sketch_dim, seed
+        self.device = None if device is None else torch.device(device)
+        self.dtype = dtype
+        self._sketch: CountSketch | None = None
+        self._rows: torch.Tensor | None = None
+        self._gram: torch.Tensor | None = None
+        self.n = 0
+        self.d: int | None = None
+
+    def _grow(self, needed: int) -> None:
+        capacity = 0 if self._rows is None else self._rows.shape[0]
+        if needed <= capacity:
+            return
+        new_capacity = max(needed, 2 * capacity, 64)
+        rows = torch.empty(new_capacity, self._width, dtype=self.dtype, device=self.device)
+        gram = torch.zeros(new_capacity, new_capacity, dtype=torch.float64, device=self.device)
+        if self._rows is not None:
+            rows[: self.n] = self._rows[: self.n]
+            gram[: self.n, : self.n] = self._gram[: self.n, : self.n]
+        self._rows, self._gram = rows, gram
+
+    def update(self, rows) -> "GeometryAccumulator":
+        """Add a batch of rows of shape ``(b, d)``; returns ``self``."""
+        batch = _as_rows(rows, "rows")
+        if self.d is None:
+            self.d = batch.shape[1]
+            self.device = self.device or batch.device
+            if self.sketch_dim is not None:
+                self._sketch = CountSketch(self.d, self.sketch_dim, self.seed)
+                self.dtype = self.dtype or torch.float64
+            else:
+                self.dtype = self.dtype or batch.dtype
+            self._width = self.sketch_dim or self.d
+        elif batch.shape[1] != self.d:
+            raise ValueError(f"rows have dimension {batch.shape[1]}, earlier batches had {self.d}")
+        if batch.shape[0] == 0:
+            return self
+        batch = batch.to(self.device)
+        if self._sketch is not None:
+            batch = self._sketch(batch)
+        batch = batch.to(self.dtype)
+        b, start = batch.shape[0], self.n
+        self._grow(start + b)
+        cross = _cross_gram(batch, self._rows[:start]) if start else None
+        block = _cross_gram(batch, batch)
+        self._rows[start:start + b] = batch
+        self._gram[start:start + b, start:start + b] = block
+        if cross is not None:
+            self._gram[start:start + b, :start] = cross
+            self._gram[:start, start:start + b] = cross.T
+        self.n = start + b
+        return self
+
+    def gram(self) -> torch.Tensor:
+        """The ``(n, n)`` float64 Gram matrix of the rows seen so far (of their sketches, if sketching)."""
+        if self._gram is None:
+            return torch.zeros(0, 0, dtype=torch.float64)
+        return self._gram[: self.n, : self.n]
+
+    def rows(self) -> torch.Tensor:
+        """The kept rows, shape ``(n, d)`` (or ``(n, k)`` sketches)."""
+        if self._rows is None:
+            return torch.zeros(0, 0)
+        return self._rows[: self.n]
+
+    def result(self, confidence: float = 0.95) -> Geometry:
+        """The estimated :class:`Geometry` with jackknife intervals at level ``confidence``."""
+        _check_n(self.n)
+        return geometry_from_gram(self.gram(), self.d, confidence=confidence, sketch_dim=self.sketch_dim)
+
+
+def estimate_geometry(Q, *, sketch_dim: int | None = None, seed: int = 0, confidence: float = 0.95) -> Geometry:
+    """Unbiased estimate of the alignment geometry from per-example gradients ``Q`` of shape ``(n, d)``.
+
+    Runs on ``Q``'s device and never forms a ``d x d`` matrix: the ``(n, n)`` Gram
+    matrix is accumulated over column blocks of Q in float64, so n up to ~20,000 and d
+    up to ~10^6 work whenever Q itself fits. Every estimate comes with a delete-one
+    jackknife interval at level ``confidence``. ``sketch_dim=k`` estimates from a
+    k-dimensional CountSketch of the rows instead (see the module docstring).
+
+    Raises:
+        ValueError: n < 4, or rows containing NaN or inf (with their count).
+    """
+    Q = _as_rows(Q)
+    _check_n(Q.shape[0])
+    if sketch_dim is not None:
+        return GeometryAccumulator(sketch_dim=sketch_dim, seed=seed).update(Q).result(confidence)
+    return geometry_from_gram(_cross_gram(Q, Q), Q.shape[1], confidence=confidence)
+
+
+def plugin_geometry(Q) -> Geometry:
+    """The plug-in estimate (sample mean and sample covariance), for comparison only.
+
+    Forms the ``d x d`` sample covariance ``S`` explicitly; ``tr(S^2)`` is biased
+    upward by about ``tr(Sigma)^2 / n`` and ``||mu_hat||^2`` by ``tr(Sigma) / n``.
+    No intervals are reported.
+    """
+    Q = _as_rows(Q).to(torch.float64)
+    n = Q.shape[0]
+    _check_n(n)
+    mean = Q.mean(dim=0)
+    centered = Q - mean
+    cov = centered.T @ centered / (n - 1)
+    mean_sq = float(mean @ mean)
+    directional = float(mean @ (cov @ mean))
+    cov_energy = float((cov * cov).sum())
+    d_par, d_2, d_align = (float(v) for v in dims_tensor(*(torch.tensor(v, dtype=torch.float64) for v in (
+        mean_sq * mean_sq, directional, cov_energy))))
+    return Geometry(
+        n=n, d=Q.shape[1], mean_sq=mean_sq, mean_sq_sq=mean_sq * mean_sq, directional=directional,
+        cov_energy=cov_energy, d_par=d_par, d_2=d_2, d_align=d_align, method="plug-in",
+    )
