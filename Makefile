@@ -1,0 +1,93 @@
+# dalign: build the book, run the tests, run the benchmarks.
+#
+#   make book                 set up .venv, execute the notebooks (PROFILE=cpu), build the HTML book
+#   make test                 set up .venv, run the library tests and every notebook at PROFILE=smoke
+#   make help                 list the targets
+#
+# Everything runs through .venv/bin/python, so no shell needs to be activated.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+.DELETE_ON_ERROR:
+
+PROFILE ?= cpu
+PROFILES := smoke cpu paper
+ifneq ($(words $(PROFILE)),1)
+$(error PROFILE='$(PROFILE)' must be exactly one of: $(PROFILES))
+endif
+ifeq ($(filter $(PROFILE),$(PROFILES)),)
+$(error PROFILE='$(PROFILE)' is not a known profile; choose one of: $(PROFILES))
+endif
+
+# The interpreter used to create .venv (override: make PYTHON_BOOT=/path/to/python3.11 ...).
+PYTHON_BOOT ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.dalign-installed
+# jupyter-book 1.x has no `python -m jupyter_book`; call its CLI entry point through the venv's python.
+JB := $(PY) -c 'import sys; from jupyter_book.cli.main import main; sys.argv[0] = "jupyter-book"; sys.exit(main())'
+
+ONLY ?=
+FORCE ?=
+PYTEST_ARGS ?=
+BENCH_OUT ?= results/bench
+
+# Headless plotting for scripts, tests and benchmarks (notebook kernels get the inline backend
+# from scripts/execute_notebooks.py, so figures land in the executed notebooks).
+export MPLBACKEND := Agg
+# Tests never reach a model hub: whatever they need is made locally or shipped in a package.
+TEST_ENV := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+
+.PHONY: help setup book notebooks test bench clean distclean
+
+help: ## list the targets
+	@echo "dalign make targets (PROFILE=$(PROFILE); choose one of: $(PROFILES))"
+	@echo
+	@grep -E '^[a-z][a-zA-Z_-]*:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([^:]+):.*## (.*)$$/\1\t\2/' | \
+		awk -F'\t' '{ printf "  make %-10s %s\n", $$1, $$2 }'
+	@echo
+	@echo "Variables: PROFILE=smoke|cpu|paper (default cpu)  ONLY=<notebook stem>  FORCE=1"
+	@echo "           PYTEST_ARGS='...'  BENCH_OUT=results/bench  PYTHON_BOOT=python3.11"
+
+setup: $(STAMP) ## create .venv and install requirements.txt plus dalign_core (reruns only when those files change)
+
+$(PY):
+	@command -v $(PYTHON_BOOT) >/dev/null 2>&1 || { \
+		echo "error: $(PYTHON_BOOT) not found; install Python 3.11 or run make PYTHON_BOOT=/path/to/python3.11" >&2; exit 1; }
+	$(PYTHON_BOOT) -m venv $(VENV)
+
+$(STAMP): requirements.txt pyproject.toml | $(PY)
+	$(PY) -m pip install -r requirements.txt
+	$(PY) -m pip install --no-deps -e .
+	@touch $@
+
+notebooks: $(STAMP) ## execute notebooks/NN_*.ipynb with papermill into book/chapters/ (PROFILE, ONLY, FORCE)
+	$(PY) scripts/execute_notebooks.py --profile $(PROFILE) $(if $(ONLY),--only $(ONLY)) $(if $(FORCE),--force)
+
+book: $(STAMP) notebooks ## execute the notebooks, then build the HTML book with warnings as errors
+	$(JB) build book -W -n --keep-going
+	@echo
+	@echo "The book is at: $(abspath book/_build/html/index.html)"
+
+test: $(STAMP) ## run the library tests and every notebook at PROFILE=smoke
+	$(TEST_ENV) $(PY) -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP) ## run every benchmarks/bench_*.py with --out results/bench (BENCH_OUT=...)
+	@shopt -s nullglob; scripts=(benchmarks/bench_*.py); \
+	if [ $${#scripts[@]} -eq 0 ]; then echo "no benchmarks/bench_*.py found"; exit 0; fi; \
+	failed=(); \
+	for script in "$${scripts[@]}"; do \
+		echo "== $$script"; \
+		$(PY) "$$script" --out $(BENCH_OUT) || failed+=("$$script"); \
+	done; \
+	if [ $${#failed[@]} -gt 0 ]; then echo "benchmarks failed: $${failed[*]}" >&2; exit 1; fi; \
+	echo "benchmark results in $(abspath $(BENCH_OUT))"
+
+clean: ## remove the built book, executed notebooks, caches and results/smoke (keeps results/cpu, results/paper)
+	rm -rf book/_build book/chapters .pytest_cache results/smoke
+	find . -path ./$(VENV) -prune -o -type d -name __pycache__ -print0 | xargs -0 rm -rf
+	find . -path ./$(VENV) -prune -o -type f -name '*.tmp' -print0 | xargs -0 rm -f
+
+distclean: clean ## clean, and also remove .venv and the data cache .cache/
+	rm -rf $(VENV) .cache

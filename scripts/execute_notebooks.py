@@ -1,0 +1,167 @@
+#!/usr/bin/env python
+"""Execute the book's notebooks with papermill.
+
+Every ``notebooks/NN_*.ipynb`` (sorted by name) is run with the parameter
+``profile=<P>`` and written, executed, to ``book/chapters/<same name>.ipynb``,
+which is what ``jupyter-book build book`` renders (the book itself never
+executes anything).  Each output is first written under a temporary name and
+renamed once the notebook succeeded, so a failed run never leaves a half-done
+chapter in place of a good one.
+
+The experiments skip work whose results already exist for the same config
+(``dalign_core`` handles that), so re-executing a notebook is cheap when
+nothing changed.  ``--force`` sets ``force=True`` for notebooks whose
+parameters cell defines ``force``, which makes the experiments recompute.
+
+Usage::
+
+    python scripts/execute_notebooks.py --profile cpu
+    python scripts/execute_notebooks.py --profile smoke --only 01_theory
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = REPO_ROOT / "notebooks"
+CHAPTERS = REPO_ROOT / "book" / "chapters"
+PROFILES = ("smoke", "cpu", "paper")
+NOTEBOOK_GLOB = "[0-9][0-9]_*.ipynb"
+INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
+
+
+def find_notebooks(folder: Path = NOTEBOOKS) -> list[Path]:
+    """The book's notebooks, ``NN_name.ipynb``, sorted by name."""
+    return sorted(folder.glob(NOTEBOOK_GLOB))
+
+
+def kernel_name() -> str:
+    """The name of a Jupyter kernel that runs *this* interpreter (the venv's python).
+
+    ipykernel installs a ``python3`` kernelspec into ``sys.prefix`` whose command
+    is ``python -m ipykernel_launcher``; jupyter_client replaces a bare
+    ``python`` with ``sys.executable``, so papermill started from the venv runs
+    the notebook in the venv.  If the ``python3`` spec found first (a user-level
+    one takes precedence) names some other interpreter, a ``dalign`` kernelspec
+    pinned to ``sys.executable`` is installed into ``sys.prefix`` and used.
+    """
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    bare = {"python", f"python{sys.version_info[0]}", f"python{sys.version_info[0]}.{sys.version_info[1]}"}
+
+    def runs_this_python(name: str) -> bool:
+        try:
+            spec = KernelSpecManager().get_kernel_spec(name)
+        except NoSuchKernel:
+            return False
+        command = spec.argv[0] if spec.argv else ""
+        return command in bare or (Path(command).exists() and Path(command).resolve() == Path(sys.executable).resolve())
+
+    if runs_this_python("python3"):
+        return "python3"
+    if not runs_this_python("dalign"):
+        from ipykernel.kernelspec import install
+
+        install(prefix=sys.prefix, kernel_name="dalign", display_name="Python 3 (dalign)")
+        if not runs_this_python("dalign"):
+            raise RuntimeError(f"could not register a Jupyter kernel for {sys.executable}")
+    return "dalign"
+
+
+def parameters_of(path: Path) -> str:
+    """The source of the first cell tagged ``parameters`` (empty if none)."""
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        if "parameters" in cell.get("metadata", {}).get("tags", []):
+            return cell.source
+    return ""
+
+
+def execute(path: Path, profile: str, out_dir: Path, kernel: str, force: bool) -> None:
+    """Run one notebook with papermill into ``out_dir/<name>``, atomically."""
+    import papermill as pm
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / path.name
+    tmp = out_dir / f".{path.stem}.{os.getpid()}.tmp.ipynb"
+    parameters = {"profile": profile}
+    if force and "force" in parameters_of(path):
+        parameters["force"] = True
+    try:
+        pm.execute_notebook(
+            str(path),
+            str(tmp),
+            parameters=parameters,
+            kernel_name=kernel,
+            cwd=str(path.parent),
+            progress_bar=False,
+            log_output=False,
+            request_save_on_cell_execute=False,
+        )
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--profile", choices=PROFILES, required=True, help="smoke | cpu | paper")
+    parser.add_argument("--only", action="append", default=[], metavar="NAME",
+                        help="run only this notebook (stem such as 01_theory, or a file name); repeatable")
+    parser.add_argument("--force", action="store_true",
+                        help="pass force=True to notebooks that take it, so experiments recompute")
+    parser.add_argument("--out", type=Path, default=CHAPTERS, help="where executed notebooks go (default: book/chapters)")
+    args = parser.parse_args(argv)
+
+    # The kernel inherits this process's environment. `make` exports MPLBACKEND=Agg for
+    # scripts and tests, but under Agg a notebook's figures never reach its outputs;
+    # the inline backend captures them (and needs no display).
+    os.environ["MPLBACKEND"] = INLINE_BACKEND
+    notebooks = find_notebooks()
+    if args.only:
+        wanted = {Path(name).stem for name in args.only}
+        unknown = wanted - {nb.stem for nb in notebooks}
+        if unknown:
+            parser.error(f"no notebook named {', '.join(sorted(unknown))} in {NOTEBOOKS}; "
+                         f"have: {', '.join(nb.stem for nb in notebooks) or 'none'}")
+        notebooks = [nb for nb in notebooks if nb.stem in wanted]
+    if not notebooks:
+        print(f"no notebooks matching {NOTEBOOK_GLOB} in {NOTEBOOKS}; nothing to do")
+        return 0
+
+    kernel = kernel_name()
+    print(f"executing {len(notebooks)} notebook(s) with profile={args.profile} (kernel {kernel}, {sys.executable})",
+          flush=True)
+    failures: list[tuple[str, str]] = []
+    total = time.perf_counter()
+    for path in notebooks:
+        print(f"-> {path.name} ...", flush=True)
+        start = time.perf_counter()
+        try:
+            execute(path, args.profile, args.out, kernel, args.force)
+        except Exception as error:  # papermill raises PapermillExecutionError with the cell's traceback
+            elapsed = time.perf_counter() - start
+            message = str(error).strip().splitlines()
+            summary = message[-1] if message else type(error).__name__
+            print(f"   FAILED after {elapsed:.1f} s: {type(error).__name__}: {summary}", flush=True)
+            print(str(error), file=sys.stderr, flush=True)
+            failures.append((path.name, summary))
+            continue
+        print(f"   ok in {time.perf_counter() - start:.1f} s -> {args.out.relative_to(REPO_ROOT) if args.out.is_relative_to(REPO_ROOT) else args.out}/{path.name}", flush=True)
+    print(f"done in {time.perf_counter() - total:.1f} s: {len(notebooks) - len(failures)} ok, {len(failures)} failed")
+    if failures:
+        for name, summary in failures:
+            print(f"FAILED: {name}: {summary}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

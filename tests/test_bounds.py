@@ -1,0 +1,139 @@
+"""Each formula of dalign_core.bounds against brute-force numpy, plus the documented edge cases."""
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from dalign_core import bounds
+
+
+def random_geometry(rng, d):
+    mu = rng.normal(size=d) * rng.uniform(0.1, 2.0)
+    A = rng.normal(size=(d, d)) / math.sqrt(d)
+    sigma = A @ A.T
+    return mu, sigma
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_formulas_against_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    d = int(rng.integers(1, 40))
+    M, K = int(rng.integers(1, 200)), int(rng.integers(1, 200))
+    mu, sigma = random_geometry(rng, d)
+
+    mean = mu @ mu
+    directional = mu @ sigma @ mu
+    cov_energy = np.trace(sigma @ sigma)
+    var = (1 / M + 1 / K) * directional + cov_energy / (M * K)
+    d_par, d_2 = mean**2 / directional, mean**2 / cov_energy
+    n_eff = M * K / (M + K + 1)
+
+    assert bounds.n_eff(M, K) == pytest.approx(n_eff, rel=1e-12)
+    assert bounds.alignment_mean(mu) == pytest.approx(mean, rel=1e-12)
+    assert bounds.alignment_variance(mu, sigma, M, K) == pytest.approx(var, rel=1e-10)
+    dims = bounds.effective_dims(mu, sigma)
+    assert dims.d_par == pytest.approx(d_par, rel=1e-10)
+    assert dims.d_2 == pytest.approx(d_2, rel=1e-10)
+    assert dims.d_align == pytest.approx(min(d_par, d_2), rel=1e-10)
+    assert bounds.b_exact(mu, sigma, M, K) == pytest.approx(var / (var + mean**2), rel=1e-10)
+    assert bounds.b_align(dims.d_align, M, K) == pytest.approx(1 / (1 + n_eff * min(d_par, d_2)), rel=1e-10)
+
+
+@pytest.mark.parametrize("seed", range(50))
+def test_b_exact_never_exceeds_b_align(seed):
+    rng = np.random.default_rng(1000 + seed)
+    d = int(rng.integers(1, 30))
+    mu, sigma = random_geometry(rng, d)
+    # Also low-rank covariances, where one of the two dimensions dominates.
+    if seed % 3 == 0:
+        v = rng.normal(size=(d, 1))
+        sigma = v @ v.T
+    M, K = int(rng.integers(1, 500)), int(rng.integers(1, 500))
+    exact = bounds.b_exact(mu, sigma, M, K)
+    align = bounds.b_align(bounds.effective_dims(mu, sigma).d_align, M, K)
+    assert 0.0 <= exact <= align + 1e-12 <= 1.0 + 1e-12
+
+
+def test_alignment_moments_match_monte_carlo():
+    """The exact mean and variance hold for a simulated Gaussian q (a sanity check of the algebra)."""
+    rng = np.random.default_rng(7)
+    d, M, K, trials = 5, 3, 4, 200_000
+    mu, sigma = random_geometry(rng, d)
+    L = np.linalg.cholesky(sigma + 1e-12 * np.eye(d))
+    mu_M = mu + rng.normal(size=(trials, d)) @ L.T / math.sqrt(M)
+    g_K = mu + rng.normal(size=(trials, d)) @ L.T / math.sqrt(K)
+    stat = (mu_M * g_K).sum(axis=1)
+    se_mean = stat.std() / math.sqrt(trials)
+    assert abs(stat.mean() - bounds.alignment_mean(mu)) < 4 * se_mean
+    assert stat.var() == pytest.approx(bounds.alignment_variance(mu, sigma, M, K), rel=0.02)
+
+
+def test_torch_inputs_match_numpy():
+    rng = np.random.default_rng(3)
+    mu, sigma = random_geometry(rng, 6)
+    for convert in (torch.tensor, lambda a: torch.tensor(a, dtype=torch.float32)):
+        mu_t, sigma_t = convert(mu), convert(sigma)
+        sigma_t = (sigma_t + sigma_t.T) / 2
+        got = bounds.b_exact(mu_t, sigma_t, 5, 7)
+        assert isinstance(got, float)
+        assert got == pytest.approx(bounds.b_exact(mu, sigma, 5, 7), rel=1e-5)
+    assert isinstance(bounds.alignment_variance(torch.tensor(mu), torch.tensor(sigma), 2, 3), float)
+
+
+def test_zero_mean_gives_zero_dims_and_trivial_bounds_quietly():
+    d = 4
+    mu, sigma = np.zeros(d), np.eye(d)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dims = bounds.effective_dims(mu, sigma)
+        assert (dims.d_par, dims.d_2, dims.d_align) == (0.0, 0.0, 0.0)
+        assert bounds.b_exact(mu, sigma, 3, 3) == 1.0
+        assert bounds.b_align(dims.d_align, 3, 3) == 1.0
+        # Zero covariance too: still nothing certified.
+        assert bounds.b_exact(mu, np.zeros((d, d)), 3, 3) == 1.0
+
+
+def test_noiseless_nonzero_mean_is_certain():
+    mu, sigma = np.ones(3), np.zeros((3, 3))
+    dims = bounds.effective_dims(mu, sigma)
+    assert math.isinf(dims.d_align)
+    assert bounds.b_exact(mu, sigma, 2, 2) == 0.0
+    assert bounds.b_align(dims.d_align, 2, 2) == 0.0
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_input_names_the_argument(bad):
+    mu, sigma = np.ones(3), np.eye(3)
+    mu_bad = mu.copy()
+    mu_bad[1] = bad
+    with pytest.raises(ValueError, match=r"mu contains 1 non-finite.*index \(1,\)"):
+        bounds.b_exact(mu_bad, sigma, 2, 2)
+    sigma_bad = sigma.copy()
+    sigma_bad[2, 0] = bad
+    with pytest.raises(ValueError, match=r"sigma contains 1 non-finite.*index \(2, 0\)"):
+        bounds.alignment_variance(mu, sigma_bad, 2, 2)
+    with pytest.raises(ValueError, match="M must be finite|d_align must be"):
+        bounds.n_eff(bad, 2) if not np.isnan(bad) else bounds.b_align(bad, 2, 2)
+
+
+@pytest.mark.parametrize("M,K", [(0, 5), (5, 0), (0.5, 2), (-1, 3)])
+def test_budgets_below_one_are_rejected(M, K):
+    with pytest.raises(ValueError, match="at least 1"):
+        bounds.n_eff(M, K)
+    with pytest.raises(ValueError, match="at least 1"):
+        bounds.alignment_variance(np.ones(2), np.eye(2), M, K)
+
+
+def test_bad_sigma_shape_or_asymmetry():
+    mu = np.ones(3)
+    with pytest.raises(ValueError, match=r"shape \(d, d\) = \(3, 3\)"):
+        bounds.b_exact(mu, np.eye(4), 2, 2)
+    with pytest.raises(ValueError, match="symmetric"):
+        bounds.effective_dims(mu, np.array([[1.0, 0.5, 0], [0, 1, 0], [0, 0, 1]]))
+    with pytest.raises(ValueError, match=r"mu must be a vector"):
+        bounds.alignment_mean(np.ones((2, 2)))
+    with pytest.raises(ValueError, match="non-negative"):
+        bounds.b_align(-0.1, 2, 2)
