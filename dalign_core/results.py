@@ -54,7 +54,7 @@ def check_profile(profile: str) -> str:
 
 def default_results_dir(profile: str) -> Path:
     """``results/<profile>`` at the repository root (override with ``DALIGN_RESULTS``)."""
-    root = Path(os.environ.get("DALIGN_RESULTS", REPO_ROOT / "results"))
+    root = Path(os.environ.get("DALIGN_RESULTS") or REPO_ROOT / "results")
     return root / check_profile(profile)
 
 
