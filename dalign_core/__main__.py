@@ -1,0 +1,8 @@
+"""``python -m dalign_core`` runs the ``dalign`` command (see :mod:`dalign_core.cli`)."""
+
+import sys
+
+from dalign_core.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

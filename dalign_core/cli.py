@@ -1,0 +1,299 @@
+"""The ``dalign`` command (also ``python -m dalign_core``).
+
+``dalign estimate --model MODEL --layer LAYER|all --data DATA --examples N [--m M --k K] [--out FILE]``
+estimates the activation-gradient geometry at one or more insertion points of a
+causal language model and prints ‖μ‖², d_∥, d_2 and d_align with jackknife
+confidence intervals, and the misalignment certificates B_exact and B_align for
+train/test budgets M and K. ``--layer all`` scans every residual block (decoder
+layer) in one backward pass per batch and ranks them by d_align: where a block
+inserted near zero output would have its training direction carry over to test
+data best.
+
+``dalign layers --model MODEL`` lists the insertion points.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+__all__ = ["main", "build_parser", "estimate", "format_table"]
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dalign",
+        description="Measure the effective alignment dimension d_align of a model's activation gradients.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    est = sub.add_parser(
+        "estimate",
+        help="estimate d_align and the misalignment certificates at one layer or every residual block",
+        description=(
+            "Estimate the geometry of q = dℓ/dz at the output z of a layer from N held-out examples "
+            "(one forward+backward pass per batch) and print d_align with confidence intervals and the "
+            "certificates B_exact, B_align for budgets M (train) and K (test)."
+        ),
+    )
+    est.add_argument("--model", required=True, help="local checkpoint folder (save_pretrained output) or Hugging Face id")
+    est.add_argument("--layer", required=True,
+                     help="module path as in model.named_modules() (e.g. model.layers.1), several separated by commas, "
+                          "or 'all' for every residual block")
+    est.add_argument("--data", required=True, help="local UTF-8 text file, or a Hugging Face dataset name (network)")
+    est.add_argument("--examples", "-n", type=int, required=True, help="number of examples (sequences), at least 5")
+    est.add_argument("--m", type=float, default=None, help="train budget M for the certificates (default: N)")
+    est.add_argument("--k", type=float, default=None, help="test budget K for the certificates (default: N)")
+    est.add_argument("--seq-len", type=int, default=128, help="tokens per example (default: 128)")
+    est.add_argument("--batch-size", type=int, default=16, help="examples per forward/backward pass (default: 16)")
+    est.add_argument("--split-mode", choices=("chunks", "lines"), default="chunks",
+                     help="chunks: consecutive windows of --seq-len tokens (default); lines: one example per line")
+    est.add_argument("--reduction", choices=("shared", "full"), default="shared",
+                     help="shared: sum q over positions (dimension N, default); full: keep positions (T·N)")
+    est.add_argument("--confidence", type=float, default=0.95, help="confidence level of the intervals (default: 0.95)")
+    est.add_argument("--sketch-dim", type=int, default=None, help="keep k-dim CountSketches of q instead of q")
+    est.add_argument("--tokenizer", default=None, help="tokenizer folder or id (default: the model's)")
+    est.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, … (default: cuda if available)")
+    est.add_argument("--dtype", choices=("float32", "bfloat16", "float16", "float64"), default="float32",
+                     help="model dtype (default: float32)")
+    est.add_argument("--dataset-config", default=None, help="Hugging Face dataset config name")
+    est.add_argument("--dataset-split", default="validation", help="Hugging Face dataset split (default: validation)")
+    est.add_argument("--text-field", default="text", help="Hugging Face dataset text column (default: text)")
+    est.add_argument("--out", type=Path, default=None, help="write the results as CSV (atomically)")
+    est.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+
+    lay = sub.add_parser("layers", help="list a model's residual blocks (insertion points)")
+    lay.add_argument("--model", required=True, help="local checkpoint folder or Hugging Face id")
+    lay.add_argument("--all-modules", action="store_true", help="list every named module, not only residual blocks")
+    return parser
+
+
+# ---------------------------------------------------------------------------
+# Formatting
+
+
+def _fmt(x) -> str:
+    if x is None:
+        return "-"
+    x = float(x)
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    if x == 0:
+        return "0"
+    if 1e-3 <= abs(x) < 1e4:
+        return f"{x:.4g}"
+    return f"{x:.3e}"
+
+
+def _ci(row: dict, name: str) -> str:
+    lo, hi = row.get(f"{name}_lo"), row.get(f"{name}_hi")
+    if lo is None or hi is None:
+        return "-"
+    return f"[{_fmt(lo)}, {_fmt(hi)}]"
+
+
+def _render(headers: list[str], rows: list[list[str]], align: list[str]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    lines = []
+
+    def line(cells):
+        return "  ".join(c.ljust(w) if a == "l" else c.rjust(w) for c, w, a in zip(cells, widths, align)).rstrip()
+
+    lines.append(line(headers))
+    lines.append("  ".join("-" * w for w in widths))
+    lines.extend(line(r) for r in rows)
+    return "\n".join(lines)
+
+
+def format_table(records: list[dict], confidence: float) -> str:
+    """Human-readable results: a detailed table for one layer, a ranked table for several."""
+    pct = f"{confidence * 100:g}%"
+    if len(records) == 1:
+        r = records[0]
+        header = (f"layer {r['layer']}: n={r['n']} examples, d={r['d']} ({r['reduction']} reduction), "
+                  f"{pct} jackknife intervals")
+        rows = [
+            ["||mu||^2", _fmt(r["mean_sq"]), _ci(r, "mean_sq")],
+            ["d_par", _fmt(r["d_par"]), _ci(r, "d_par")],
+            ["d_2", _fmt(r["d_2"]), _ci(r, "d_2")],
+            ["d_align", _fmt(r["d_align"]), _ci(r, "d_align")],
+            [f"B_exact (M={_fmt(r['M'])}, K={_fmt(r['K'])})", _fmt(r["b_exact"]), ""],
+            [f"B_align (M={_fmt(r['M'])}, K={_fmt(r['K'])})", _fmt(r["b_align"]), ""],
+        ]
+        return header + "\n" + _render(["quantity", "estimate", f"{pct} CI"], rows, ["l", "r", "l"])
+    ranked = sorted(records, key=lambda r: r["rank"])
+    rows = [
+        [str(r["rank"]), r["layer"], _fmt(r["mean_sq"]), _fmt(r["d_par"]), _fmt(r["d_2"]), _fmt(r["d_align"]),
+         _ci(r, "d_align"), _fmt(r["b_exact"]), _fmt(r["b_align"])]
+        for r in ranked
+    ]
+    first = ranked[0]
+    header = (
+        f"{len(records)} insertion points, ranked by d_align (highest first: where an inserted block's training "
+        f"direction would carry over to test data best)\n"
+        f"n={first['n']} examples, d={first['d']} ({first['reduction']} reduction), {pct} jackknife intervals, "
+        f"certificates at M={_fmt(first['M'])}, K={_fmt(first['K'])}"
+    )
+    headers = ["rank", "layer", "||mu||^2", "d_par", "d_2", "d_align", f"d_align {pct} CI", "B_exact", "B_align"]
+    return header + "\n" + _render(headers, rows, ["r", "l", "r", "r", "r", "r", "l", "r", "r"])
+
+
+CSV_COLUMNS = [
+    "rank", "model", "layer", "layer_index", "data", "reduction", "seq_len", "n", "d", "M", "K", "confidence",
+    "mean_sq", "mean_sq_lo", "mean_sq_hi", "mean_sq_se",
+    "d_par", "d_par_lo", "d_par_hi", "d_par_se",
+    "d_2", "d_2_lo", "d_2_hi", "d_2_se",
+    "d_align", "d_align_lo", "d_align_hi", "d_align_se",
+    "b_exact", "b_align",
+    "mean_sq_sq", "directional", "cov_energy", "method", "sketch_dim", "wall_time_s",
+]
+
+
+def _write_csv(path: Path, records: list[dict]) -> None:
+    import pandas as pd
+
+    from dalign_core.results import atomic_write_text
+
+    frame = pd.DataFrame(records)
+    columns = CSV_COLUMNS + [c for c in frame.columns if c not in CSV_COLUMNS]
+    frame = frame.reindex(columns=columns).sort_values("rank")
+    buffer = io.StringIO()
+    frame.to_csv(buffer, index=False)
+    atomic_write_text(path, buffer.getvalue())  # temp file in the same folder, then os.replace
+
+
+# ---------------------------------------------------------------------------
+# Commands
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: CUDA is not available on this machine; use --device cpu")
+    return device
+
+
+def estimate(args: argparse.Namespace) -> list[dict]:
+    """Run ``dalign estimate``; return one record per layer (also printed and optionally written)."""
+    from dalign_core.hooks import accumulate_geometry, insertion_points, resolve_layers
+    from dalign_core.loading import (
+        dataset_text_examples,
+        load_model,
+        load_tokenizer,
+        make_batches,
+        read_text_examples,
+        resolve_model_source,
+    )
+
+    if args.examples < 5:
+        raise ValueError(f"--examples must be at least 5 (the intervals need n >= 5), got {args.examples}")
+    if args.seq_len < 2:
+        raise ValueError(f"--seq-len must be at least 2 (a next-token loss needs two tokens), got {args.seq_len}")
+    if not 0 < args.confidence < 1:
+        raise ValueError(f"--confidence must lie strictly between 0 and 1, got {args.confidence}")
+    for flag, value in (("--m", args.m), ("--k", args.k)):
+        if value is not None and not value >= 1:
+            raise ValueError(f"{flag} is a number of examples and must be at least 1, got {value}")
+    device = _device(args.device)
+    start = time.perf_counter()
+
+    source = resolve_model_source(args.model)
+    tokenizer = load_tokenizer(args.tokenizer if args.tokenizer else source)
+    model = load_model(source, device=device, dtype=getattr(torch, args.dtype))
+    layer_arg = args.layer if args.layer == "all" else [s.strip() for s in args.layer.split(",") if s.strip()]
+    modules = resolve_layers(model, layer_arg)  # unknown names fail here, before any data is read
+    order = {name: i for i, name in enumerate(insertion_points(model))} if args.layer == "all" else {}
+
+    data_path = Path(args.data).expanduser()
+    if data_path.exists() or args.data.endswith((".txt", ".text", ".md")) or args.data.startswith((".", "/", "~")):
+        sequences = read_text_examples(data_path, tokenizer, args.examples, args.seq_len, args.split_mode)
+    else:
+        sequences = dataset_text_examples(args.data, tokenizer, args.examples, args.seq_len,
+                                          config=args.dataset_config, split=args.dataset_split,
+                                          text_field=args.text_field, mode=args.split_mode)
+    if len(sequences) < 5:
+        raise ValueError(
+            f"{args.data} gives only {len(sequences)} example(s) of up to {args.seq_len} tokens; at least 5 are "
+            "needed: use more text or a smaller --seq-len"
+        )
+    if len(sequences) < args.examples:
+        print(f"note: {args.data} holds only {len(sequences)} examples of {args.seq_len} tokens; using all of them",
+              file=sys.stderr)
+    n = len(sequences)
+    batches = make_batches(sequences, args.batch_size, pad_id=0)
+    accumulators = accumulate_geometry(
+        model, list(modules), batches, examples=n, reduction=args.reduction, sketch_dim=args.sketch_dim,
+        progress=not args.quiet, desc=f"capture ({len(modules)} layer{'s' if len(modules) > 1 else ''})",
+    )
+    M = args.m if args.m is not None else n
+    K = args.k if args.k is not None else n
+    wall = time.perf_counter() - start
+    records = []
+    for index, (name, accumulator) in enumerate(accumulators.items()):
+        geometry = accumulator.result(args.confidence)
+        row = geometry.to_row()
+        row.update(
+            model=args.model, layer=name, layer_index=order.get(name, index), data=args.data,
+            reduction=args.reduction, seq_len=args.seq_len, M=M, K=K, confidence=args.confidence,
+            b_exact=geometry.b_exact(M, K), b_align=geometry.b_align(M, K), wall_time_s=round(wall, 3),
+        )
+        records.append(row)
+    ranked = sorted(records, key=lambda r: (-r["d_align"] if not math.isnan(r["d_align"]) else math.inf))
+    for rank, row in enumerate(ranked, start=1):
+        row["rank"] = rank
+    print(format_table(records, args.confidence))
+    if args.out is not None:
+        _write_csv(args.out, records)
+        print(f"wrote {args.out}")
+    return records
+
+
+def _layers(args: argparse.Namespace) -> None:
+    from dalign_core.hooks import insertion_points
+    from dalign_core.loading import load_model
+
+    model = load_model(args.model)
+    names = [n for n, _ in model.named_modules() if n] if args.all_modules else insertion_points(model)
+    for name in names:
+        print(name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``dalign`` console script; returns the exit status."""
+    from dalign_core.hooks import CaptureError
+    from dalign_core.loading import LoadError
+
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as err:  # argparse exits on --help (0) and usage errors (2)
+        return int(err.code or 0)
+    try:
+        if args.command == "estimate":
+            estimate(args)
+        elif args.command == "layers":
+            _layers(args)
+    except (LoadError, CaptureError, ValueError, FileNotFoundError) as err:
+        print(f"dalign: error: {err}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("dalign: interrupted", file=sys.stderr)
+        return 130
+    return EXIT_OK
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

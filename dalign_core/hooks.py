@@ -1,0 +1,514 @@
+"""Capture per-example activation gradients q_i = ∂ℓ_i/∂z_i at an insertion point, in one backward pass.
+
+The insertion point is the output ``z`` of a submodule, named by its dotted path as
+``model.named_modules()`` prints it (``"model.layers.1"`` for a LLaMA decoder layer,
+``"gpt_neox.layers.3"`` for GPT-NeoX, ``"layer2.0"`` for a CIFAR ResNet block).
+``ℓ_i`` is example i's own loss: for a causal language model the mean next-token
+cross-entropy over its non-padding target tokens, for a classifier the
+cross-entropy of its label (or any per-example loss through ``loss_fn``).
+
+How: a forward hook keeps a reference to ``z`` (the first element when the
+module returns a tuple, as some transformers decoder layers do), the model runs
+one ordinary forward pass, and ``torch.autograd.grad`` differentiates the *sum*
+of the per-example losses with respect to ``z`` only. Because examples do not
+interact (per-example normalization: LayerNorm, RMSNorm, BatchNorm with running
+statistics), row i of that gradient is exactly ∂ℓ_i/∂z_i. Parameters' ``.grad``
+are never touched, and only the part of the backward pass that leads to ``z``
+runs (no weight gradients are formed).
+
+Mode policy: the model is used exactly as given; this module never switches it
+between train and eval. It *refuses* states that would couple examples or make
+the gradient random — a BatchNorm in training mode (or one without running
+statistics), active dropout (``nn.Dropout`` with p > 0 in training mode, or a
+module's or config's attention dropout > 0 in training mode) — so call
+``model.eval()`` first (that is what the ``dalign`` command does). A dropout-free,
+BatchNorm-free model may be captured in training mode. The model is left exactly
+as it was — no hooks, no parameter, ``requires_grad`` or mode change — also when
+an error is raised.
+
+Shapes: ``reduction="shared"`` sums over positions — tokens for a 3-D output
+``(batch, tokens, features)``, the spatial dims for a ≥4-D output ``(batch, channels,
+*spatial)`` — giving the gradient of a zero-initialized residual bias shared over
+positions (dimension N or C). ``reduction="full"`` keeps every position (T·N or
+C·H·W, flattened in the output's memory order). A 2-D output ``(batch, d)`` is
+returned as is by both.
+
+Batches for the iterator forms are any of: a ``Mapping`` (e.g. a tokenizer's
+``BatchEncoding`` with ``input_ids``/``attention_mask``, optionally ``labels``),
+a tensor of inputs, or a pair ``(inputs, targets)``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dalign_core.estimators import GeometryAccumulator
+
+__all__ = [
+    "CaptureError",
+    "IGNORE_INDEX",
+    "activation_gradients",
+    "iter_activation_gradients",
+    "accumulate_geometry",
+    "insertion_points",
+    "resolve_layers",
+    "check_capturable",
+    "per_example_loss",
+]
+
+IGNORE_INDEX = -100
+"""Target value ignored by the causal-LM loss (the transformers convention)."""
+
+REDUCTIONS = ("shared", "full")
+TASKS = ("auto", "causal_lm", "classification")
+_BLOCK_CLASS = re.compile(r"(DecoderLayer|EncoderLayer|Layer|Block|Bottleneck)$")
+_ATTN_DROPOUT_ATTRS = ("attention_dropout", "attn_dropout", "attention_probs_dropout_prob", "dropout_p", "dropout")
+
+LossFn = Callable[[Any, Any], torch.Tensor]
+
+
+class CaptureError(ValueError):
+    """The model, layer or batch would give wrong activation gradients; the message says why and what to do."""
+
+
+# ---------------------------------------------------------------------------
+# Layers
+
+
+def _module_names(model: nn.Module) -> list[str]:
+    return [name for name, _ in model.named_modules() if name]
+
+
+def insertion_points(model: nn.Module) -> list[str]:
+    """Dotted names of the model's residual blocks (decoder layers), in forward order.
+
+    A block is a numbered child of a container (``….layers.3``, ``layer2.0``) whose
+    class name ends in ``DecoderLayer``, ``EncoderLayer``, ``Layer``, ``Block`` or
+    ``Bottleneck``; blocks nested inside another block are skipped. If none match,
+    the children of the longest ``ModuleList``/``Sequential`` are returned.
+    """
+    names: list[str] = []
+    for name, module in model.named_modules():
+        if not name or not name.rsplit(".", 1)[-1].isdigit():
+            continue
+        if _BLOCK_CLASS.search(type(module).__name__) and not any(name.startswith(p + ".") for p in names):
+            names.append(name)
+    if names:
+        return names
+    best: list[str] = []
+    for name, module in model.named_modules():
+        if isinstance(module, (nn.ModuleList, nn.Sequential)) and len(module) > len(best):
+            best = [f"{name}.{child}" if name else child for child, _ in module.named_children()]
+    if not best:
+        raise CaptureError(
+            f"found no residual blocks in {type(model).__name__}; name the insertion point explicitly "
+            "(one of the names in model.named_modules())"
+        )
+    return best
+
+
+def resolve_layers(model: nn.Module, layer: str | Sequence[str]) -> dict[str, nn.Module]:
+    """Map each requested name (or ``"all"`` = :func:`insertion_points`) to its submodule.
+
+    Raises:
+        CaptureError: a name that is not a submodule; the message lists the nearest names.
+    """
+    if isinstance(layer, str):
+        requested = insertion_points(model) if layer == "all" else [layer]
+    else:
+        requested = list(layer)
+        if not requested:
+            raise CaptureError("no layer given: name at least one submodule")
+    modules = dict(model.named_modules())
+    out: dict[str, nn.Module] = {}
+    for name in requested:
+        if not isinstance(name, str):
+            raise TypeError(f"layer names must be strings, got {type(name).__name__}")
+        if name not in modules or not name:
+            candidates = _module_names(model)
+            near = difflib.get_close_matches(name, candidates, n=5, cutoff=0.3)
+            hint = f"; nearest names: {', '.join(near)}" if near else ""
+            blocks = ""
+            try:
+                points = insertion_points(model)
+                blocks = f"; residual blocks: {points[0]} … {points[-1]} ({len(points)})"
+            except CaptureError:
+                pass
+            raise CaptureError(
+                f"{type(model).__name__} has no submodule named {name!r}{hint}{blocks}. "
+                "Names are dotted paths as printed by model.named_modules()."
+            )
+        out[name] = modules[name]
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Refusals
+
+
+def check_capturable(model: nn.Module) -> None:
+    """Raise :class:`CaptureError` if the model's current state couples examples or is random.
+
+    Refused: a BatchNorm in training mode or without running statistics (batch
+    statistics couple the examples), ``nn.Dropout``-like modules with p > 0 in
+    training mode, a module in training mode with a float attention-dropout
+    attribute > 0 (transformers' ``attention_dropout``), and a model in training
+    mode whose ``config`` has an attention-dropout probability > 0.
+    """
+    problems: list[str] = []
+    for name, module in model.named_modules():
+        label = name or type(model).__name__
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            if module.training:
+                problems.append(f"BatchNorm {label!r} is in training mode (batch statistics couple the examples)")
+            elif module.running_mean is None:
+                problems.append(f"BatchNorm {label!r} has no running statistics (track_running_stats=False), "
+                                "so it always normalizes with batch statistics, which couple the examples")
+        if not module.training:
+            continue
+        if isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0:
+            problems.append(f"dropout {label!r} is active (p={module.p} in training mode)")
+            continue
+        for attr in _ATTN_DROPOUT_ATTRS:
+            value = getattr(module, attr, None)
+            if isinstance(value, (float, int)) and not isinstance(value, bool) and value > 0:
+                problems.append(f"{label!r} applies attention dropout ({attr}={value} in training mode)")
+                break
+    config = getattr(model, "config", None)
+    if model.training and config is not None:
+        for key, value in sorted(vars(config).items()):
+            if ("attn" in key or "attention" in key) and "drop" in key and isinstance(value, (float, int)) \
+                    and not isinstance(value, bool) and value > 0:
+                problems.append(f"config.{key}={value} with the model in training mode (attention dropout)")
+    if problems:
+        shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+        raise CaptureError(
+            f"cannot capture per-example activation gradients: {shown}. Call model.eval() first "
+            "(or set the dropout probabilities to 0); the capture never changes the model's mode itself."
+        )
+
+
+# ---------------------------------------------------------------------------
+# Losses
+
+
+def _logits(output: Any) -> torch.Tensor:
+    if isinstance(output, torch.Tensor):
+        return output
+    logits = getattr(output, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    raise CaptureError(
+        f"cannot find logits in the model output of type {type(output).__name__}; pass loss_fn=(output, targets) -> "
+        "per-example losses of shape (batch,)"
+    )
+
+
+def per_example_loss(output: Any, inputs: Any, targets: Any = None, task: str = "auto") -> torch.Tensor:
+    """Per-example losses ``(batch,)`` from a model output.
+
+    * ``causal_lm`` (logits ``(b, T, V)``): mean next-token cross-entropy over each
+      example's target tokens. ``targets`` follow the transformers ``labels``
+      convention (aligned with the inputs, shifted here, ``-100`` ignored); the
+      default is the input ids. Positions with ``attention_mask == 0`` are ignored.
+    * ``classification`` (logits ``(b, C)``): cross-entropy of each example's label
+      (class indices ``(b,)`` or class probabilities ``(b, C)``).
+    """
+    logits = _logits(output)
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+    if task == "auto":
+        task = "causal_lm" if logits.ndim == 3 else "classification" if logits.ndim == 2 else ""
+        if not task:
+            raise CaptureError(f"cannot tell the task from logits of shape {tuple(logits.shape)}; pass task= or loss_fn=")
+    if task == "classification":
+        if targets is None:
+            raise CaptureError("a classifier needs targets (the labels of the batch) to define each example's loss")
+        return F.cross_entropy(logits.float(), targets, reduction="none")
+    # causal LM
+    mask = inputs.get("attention_mask") if isinstance(inputs, Mapping) else None
+    if targets is None:
+        ids = inputs.get("input_ids") if isinstance(inputs, Mapping) else inputs
+        if not isinstance(ids, torch.Tensor) or ids.is_floating_point():
+            raise CaptureError("a causal LM needs integer input_ids (or explicit targets) to define next-token losses")
+        targets = ids
+    labels = targets.clone()
+    if mask is not None:
+        labels = labels.masked_fill(mask.to(labels.device) == 0, IGNORE_INDEX)
+    if logits.ndim != 3 or labels.shape != logits.shape[:2]:
+        raise CaptureError(f"causal-LM targets of shape {tuple(labels.shape)} do not match logits {tuple(logits.shape)}")
+    shift_labels = labels[:, 1:]
+    token_loss = F.cross_entropy(
+        logits[:, :-1].flatten(0, 1).float(), shift_labels.flatten(), ignore_index=IGNORE_INDEX, reduction="none"
+    ).view(shift_labels.shape)
+    counts = (shift_labels != IGNORE_INDEX).sum(dim=1)
+    empty = torch.nonzero(counts == 0).flatten().tolist()
+    if empty:
+        raise CaptureError(
+            f"example(s) {empty[:10]} have no target token (fewer than 2 non-padding tokens), so their loss is undefined; "
+            "drop them"
+        )
+    return token_loss.sum(dim=1) / counts
+
+
+# ---------------------------------------------------------------------------
+# Capture
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    for tensor in model.parameters():
+        return tensor.device
+    for tensor in model.buffers():
+        return tensor.device
+    return torch.device("cpu")
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, Mapping):
+        return {k: _to(v, device) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return type(value)(_to(v, device) for v in value)
+    return value
+
+
+def _split_batch(batch: Any) -> tuple[Any, Any]:
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+        return batch[0], batch[1]
+    return batch, None
+
+
+def _call(model: nn.Module, inputs: Any) -> Any:
+    if isinstance(inputs, Mapping):
+        kwargs = {k: v for k, v in inputs.items() if k != "labels"}
+        if hasattr(getattr(model, "config", None), "use_cache") or "use_cache" in _forward_params(model):
+            kwargs.setdefault("use_cache", False)  # no key/value cache: it only costs memory here
+        return model(**kwargs)
+    return model(inputs)
+
+
+def _forward_params(model: nn.Module) -> set[str]:
+    try:
+        return set(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
+def _primary(output: Any) -> tuple[torch.Tensor, Callable[[torch.Tensor], Any]]:
+    """The hidden-state tensor of a module output and a function that rebuilds the output around a replacement."""
+    if isinstance(output, torch.Tensor):
+        return output, lambda t: t
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
+        return output[0], lambda t: type(output)((t, *output[1:])) if isinstance(output, tuple) else [t, *output[1:]]
+    raise CaptureError(
+        f"the layer returned {type(output).__name__}, not a tensor or a tuple starting with one; "
+        "capture a submodule whose output is the hidden state"
+    )
+
+
+def _reduce(grad: torch.Tensor, reduction: str) -> torch.Tensor:
+    if grad.dtype in (torch.float16, torch.bfloat16):
+        grad = grad.float()
+    b = grad.shape[0]
+    if grad.ndim <= 2:
+        return grad.reshape(b, -1)
+    if reduction == "full":
+        return grad.reshape(b, -1)
+    if grad.ndim == 3:  # (batch, positions, features)
+        return grad.sum(dim=1)
+    return grad.sum(dim=tuple(range(2, grad.ndim)))  # (batch, channels, *spatial)
+
+
+def _capture(model, modules: dict[str, nn.Module], inputs, targets, reduction, task, loss_fn) -> dict[str, torch.Tensor]:
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    check_capturable(model)
+    device = _device_of(model)
+    inputs, targets = _to(inputs, device), _to(targets, device)
+    captured: dict[str, list[torch.Tensor]] = {name: [] for name in modules}
+
+    def make_hook(name: str):
+        def hook(module, args, output):
+            tensor, rebuild = _primary(output)
+            if not tensor.requires_grad:  # e.g. frozen parameters upstream: make z a leaf we can differentiate
+                tensor = tensor.detach().requires_grad_(True)
+                captured[name].append(tensor)
+                return rebuild(tensor)
+            captured[name].append(tensor)
+            return None
+        return hook
+
+    handles = []
+    try:
+        for name, module in modules.items():
+            handles.append(module.register_forward_hook(make_hook(name)))
+        with torch.enable_grad():
+            output = _call(model, inputs)
+            for handle in handles:  # no hook may outlive the forward pass
+                handle.remove()
+            handles = []
+            for name, seen in captured.items():
+                if len(seen) != 1:
+                    what = "did not run" if not seen else f"ran {len(seen)} times"
+                    raise CaptureError(
+                        f"layer {name!r} {what} in one forward pass; an insertion point must be a submodule that runs "
+                        "exactly once per forward"
+                    )
+            losses = loss_fn(output, targets) if loss_fn is not None else per_example_loss(output, inputs, targets, task)
+            if losses.ndim != 1:
+                raise CaptureError(f"per-example losses must have shape (batch,), got {tuple(losses.shape)}")
+            bad = torch.nonzero(~torch.isfinite(losses.detach())).flatten().tolist()
+            if bad:
+                raise CaptureError(
+                    f"non-finite loss for example(s) {bad[:10]} of {losses.shape[0]} "
+                    f"(values {[float(losses.detach()[i]) for i in bad[:3]]}); check the inputs, targets and the model's dtype"
+                )
+            zs = [captured[name][0] for name in modules]
+            for name, z in zip(modules, zs):
+                if z.shape[0] != losses.shape[0]:
+                    raise CaptureError(
+                        f"layer {name!r} output has leading dimension {z.shape[0]}, the batch has {losses.shape[0]} "
+                        "examples; the insertion point's output must be batch-first"
+                    )
+            if not losses.requires_grad:
+                raise CaptureError(f"the loss does not depend on the output of {list(modules)}")
+            grads = torch.autograd.grad(losses.sum(), zs, allow_unused=True, materialize_grads=True)
+    finally:
+        for handle in handles:
+            handle.remove()
+    out = {}
+    for name, grad in zip(modules, grads):
+        rows = _reduce(grad.detach(), reduction)
+        bad_rows = torch.nonzero(~torch.isfinite(rows).all(dim=1)).flatten().tolist()
+        if bad_rows:
+            raise CaptureError(f"non-finite activation gradient at {name!r} for example(s) {bad_rows[:10]}")
+        out[name] = rows
+    return out
+
+
+def activation_gradients(
+    model: nn.Module,
+    layer: str | Sequence[str],
+    inputs: Any,
+    targets: Any = None,
+    reduction: str = "shared",
+    *,
+    task: str = "auto",
+    loss_fn: LossFn | None = None,
+) -> torch.Tensor | dict[str, torch.Tensor]:
+    """Per-example activation gradients at ``layer`` from one forward and one backward pass.
+
+    Args:
+        model: any ``nn.Module``; runs on its own device (inputs are moved there).
+        layer: a dotted submodule name, a list of names, or ``"all"`` (every residual block).
+        inputs: what the model takes: a tensor, or a mapping of keyword arguments
+            (``input_ids``, ``attention_mask``, …) for transformers models.
+        targets: labels for a classifier; for a causal LM, optional ``labels`` in the
+            transformers convention (default: the input ids; padding ignored).
+        reduction: ``"shared"`` (sum over positions) or ``"full"`` (keep positions).
+        task: ``"auto"`` (3-D logits → causal LM, 2-D → classifier), ``"causal_lm"``, ``"classification"``.
+        loss_fn: ``loss_fn(output, targets) -> (batch,)`` per-example losses, overriding ``task``.
+
+    Returns:
+        A ``(batch, d)`` tensor (float32 for half-precision models) whose row i is
+        ∂ℓ_i/∂z_i; a dict name → tensor when ``layer`` is a list or ``"all"``.
+
+    Raises:
+        CaptureError: unknown layer, BatchNorm in training mode, active dropout,
+            non-finite loss or gradient, a layer that does not run exactly once.
+    """
+    modules = resolve_layers(model, layer)
+    rows = _capture(model, modules, inputs, targets, reduction, task, loss_fn)
+    if isinstance(layer, str) and layer != "all":
+        return rows[layer]
+    return rows
+
+
+def iter_activation_gradients(
+    model: nn.Module,
+    layer: str | Sequence[str],
+    batches: Iterable[Any],
+    *,
+    reduction: str = "shared",
+    task: str = "auto",
+    loss_fn: LossFn | None = None,
+) -> Iterator[torch.Tensor | dict[str, torch.Tensor]]:
+    """Yield :func:`activation_gradients` for each batch (one forward+backward per batch).
+
+    Each batch is a tensor, a mapping, or a pair ``(inputs, targets)``. Hooks live only
+    during each batch's forward pass, so abandoning the iterator leaves the model clean.
+    """
+    modules = resolve_layers(model, layer)  # fail before the first batch
+    single = isinstance(layer, str) and layer != "all"
+    for batch in batches:
+        inputs, targets = _split_batch(batch)
+        rows = _capture(model, modules, inputs, targets, reduction, task, loss_fn)
+        yield rows[next(iter(modules))] if single else rows
+
+
+def accumulate_geometry(
+    model: nn.Module,
+    layer: str | Sequence[str],
+    batches: Iterable[Any],
+    *,
+    examples: int | None = None,
+    reduction: str = "shared",
+    task: str = "auto",
+    loss_fn: LossFn | None = None,
+    sketch_dim: int | None = None,
+    seed: int = 0,
+    device=None,
+    progress: bool = False,
+    desc: str = "capturing q",
+) -> GeometryAccumulator | dict[str, GeometryAccumulator]:
+    """Stream activation gradients into one :class:`GeometryAccumulator` per layer.
+
+    Several layers (a list, or ``"all"``) share each forward and backward pass. At most
+    ``examples`` rows are used (the last batch is truncated); the q rows are not
+    kept beyond what the accumulator keeps (with ``sketch_dim=k`` only k-dim sketches).
+    Call ``.result(confidence)`` on an accumulator for the :class:`Geometry`.
+
+    Returns:
+        The accumulator, or a dict name → accumulator for a list of layers or ``"all"``.
+    """
+    modules = resolve_layers(model, layer)
+    single = isinstance(layer, str) and layer != "all"
+    if examples is not None and examples < 1:
+        raise ValueError(f"examples must be a positive number, got {examples}")
+    accumulators = {
+        name: GeometryAccumulator(sketch_dim=sketch_dim, seed=seed, device=device) for name in modules
+    }
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=examples, desc=desc, unit="ex", leave=False)
+    seen = 0
+    try:
+        for rows in iter_activation_gradients(model, list(modules), batches, reduction=reduction, task=task,
+                                              loss_fn=loss_fn):
+            take = None if examples is None else examples - seen
+            for name, batch_rows in rows.items():
+                accumulators[name].update(batch_rows if take is None else batch_rows[:take])
+            added = len(next(iter(rows.values()))) if take is None else min(take, len(next(iter(rows.values()))))
+            seen += added
+            if bar is not None:
+                bar.update(added)
+            if examples is not None and seen >= examples:
+                break
+    finally:
+        if bar is not None:
+            bar.close()
+    return accumulators[next(iter(modules))] if single else accumulators
+

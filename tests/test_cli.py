@@ -1,0 +1,164 @@
+"""The `dalign` command end to end on a tiny checkpoint saved in the test, offline."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from dalign_core.cli import CSV_COLUMNS, main
+
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+
+REPO = Path(__file__).resolve().parent.parent
+TEXT = (
+    "From fairest creatures we desire increase, that thereby beauty's rose might never die, "
+    "but as the riper should by time decease, his tender heir might bear his memory. "
+    "But thou, contracted to thine own bright eyes, feed'st thy light's flame with self-substantial fuel, "
+    "making a famine where abundance lies, thyself thy foe, to thy sweet self too cruel.\n"
+)
+
+
+def _train_tokenizer(folder: Path) -> transformers.PreTrainedTokenizerFast:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "<eos>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator([TEXT] * 4, trainer=trainer)
+    wrapped = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
+    wrapped.save_pretrained(folder)
+    return wrapped
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dalign_cli")
+    folder = root / "tiny-llama"
+    tokenizer = _train_tokenizer(folder)
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=len(tokenizer), max_position_embeddings=128,
+    )
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    assert (folder / "model.safetensors").exists()
+    data = root / "held_out.txt"
+    data.write_text(TEXT * 6, encoding="utf-8")
+    return folder, data
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+
+
+def test_estimate_one_layer_prints_table_and_writes_csv(checkpoint, tmp_path, capsys):
+    folder, data = checkpoint
+    out = tmp_path / "sub" / "one.csv"
+    rc = main(["estimate", "--model", str(folder), "--layer", "model.layers.1", "--data", str(data),
+               "--examples", "12", "--seq-len", "16", "--batch-size", "5", "--m", "100", "--k", "50",
+               "--out", str(out), "--quiet"])
+    printed = capsys.readouterr().out
+    assert rc == 0
+    for label in ("layer model.layers.1", "||mu||^2", "d_par", "d_2", "d_align", "95% CI",
+                  "B_exact (M=100, K=50)", "B_align (M=100, K=50)"):
+        assert label in printed, label
+    table = pd.read_csv(out)
+    assert list(table.columns[:len(CSV_COLUMNS)]) == CSV_COLUMNS
+    assert len(table) == 1
+    row = table.iloc[0]
+    assert row["layer"] == "model.layers.1" and row["n"] == 12 and row["d"] == 32
+    assert row["M"] == 100 and row["K"] == 50
+    assert 0 <= row["b_exact"] <= row["b_align"] + 1e-12 <= 1 + 1e-12
+    assert not list(out.parent.glob(".*tmp"))  # no temporary file left behind
+
+
+def test_estimate_all_layers_ranked(checkpoint, tmp_path, capsys):
+    folder, data = checkpoint
+    out = tmp_path / "all.csv"
+    rc = main(["estimate", "--model", str(folder), "--layer", "all", "--data", str(data),
+               "--examples", "10", "--seq-len", "12", "--batch-size", "4", "--reduction", "full",
+               "--out", str(out), "--quiet"])
+    printed = capsys.readouterr().out
+    assert rc == 0
+    assert "ranked by d_align" in printed
+    table = pd.read_csv(out)
+    assert sorted(table["layer"]) == ["model.layers.0", "model.layers.1", "model.layers.2"]
+    assert list(table["rank"]) == [1, 2, 3]
+    assert table["d_align"].is_monotonic_decreasing
+    assert (table["d"] == 12 * 32).all()
+    # the printed table lists the layers in rank order
+    positions = [printed.index(name) for name in table["layer"]]
+    assert positions == sorted(positions)
+
+
+def test_python_dash_m_runs_the_same_command(checkpoint, tmp_path):
+    folder, data = checkpoint
+    out = tmp_path / "m.csv"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "dalign_core", "estimate", "--model", str(folder), "--layer", "model.layers.0",
+         "--data", str(data), "--examples", "8", "--seq-len", "16", "--out", str(out)],
+        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "d_align" in proc.stdout
+    assert pd.read_csv(out).loc[0, "n"] == 8
+
+
+def test_unknown_hub_id_offline_fails_fast_with_instructions(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO), "HF_HOME": str(tmp_path / "hf")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "dalign_core", "estimate", "--model", "no-such-org/no-such-model", "--layer", "all",
+         "--data", str(tmp_path / "x.txt"), "--examples", "8"],
+        capture_output=True, text=True, timeout=120, env=env,  # a hang would raise TimeoutExpired
+    )
+    assert proc.returncode != 0
+    message = proc.stderr
+    assert "no-such-org/no-such-model" in message
+    assert "HF_HUB_OFFLINE" in message and "hf download" in message and "--model" in message
+    assert "Traceback" not in message
+
+
+def test_clear_errors(checkpoint, tmp_path, capsys):
+    folder, data = checkpoint
+    base = ["estimate", "--data", str(data), "--examples", "8", "--seq-len", "16", "--quiet"]
+    # unknown layer: nearest names are listed
+    assert main(base + ["--model", str(folder), "--layer", "model.layer.1"]) == 1
+    assert "nearest names: model.layers.1" in capsys.readouterr().err
+    # a checkpoint folder without a tokenizer
+    bare = tmp_path / "no-tokenizer"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (bare / name).write_bytes((folder / name).read_bytes())
+    assert main(base + ["--model", str(bare), "--layer", "all"]) == 1
+    err = capsys.readouterr().err
+    assert "has no tokenizer" in err and "--tokenizer" in err
+    # ... which --tokenizer fixes
+    assert main(base + ["--model", str(bare), "--tokenizer", str(folder), "--layer", "model.layers.2"]) == 0
+    capsys.readouterr()
+    # a missing model folder and a missing data file
+    assert main(base + ["--model", str(tmp_path / "nowhere"), "--layer", "all"]) == 1
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["estimate", "--model", str(folder), "--layer", "all", "--data", str(tmp_path / "none.txt"),
+                 "--examples", "8", "--quiet"]) == 1
+    assert "does not exist" in capsys.readouterr().err
+    # too few examples
+    assert main(base[:3] + ["--examples", "3", "--model", str(folder), "--layer", "all"]) == 1
+    assert "at least 5" in capsys.readouterr().err
+
+
+def test_layers_command_lists_decoder_layers(checkpoint, capsys):
+    folder, _ = checkpoint
+    assert main(["layers", "--model", str(folder)]) == 0
+    assert capsys.readouterr().out.split() == ["model.layers.0", "model.layers.1", "model.layers.2"]

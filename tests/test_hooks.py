@@ -1,0 +1,323 @@
+"""dalign_core.hooks: one-pass capture equals brute-force per-example autograd; refusals; model left unchanged."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dalign_core.estimators import estimate_geometry
+from dalign_core.hooks import (
+    CaptureError,
+    accumulate_geometry,
+    activation_gradients,
+    insertion_points,
+    iter_activation_gradients,
+)
+from dalign_core.models.resnet import BasicBlock, resnet20, residual_block_names
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 64
+
+
+def tiny_llama(seed: int = 0):
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=VOCAB, max_position_embeddings=64,
+    )
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def tiny_neox(seed: int = 0):
+    torch.manual_seed(seed)
+    config = transformers.GPTNeoXConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=VOCAB,
+        max_position_embeddings=64, rotary_pct=0.25,
+    )
+    return transformers.GPTNeoXForCausalLM(config).eval()
+
+
+def tiny_resnet(seed: int = 0):
+    torch.manual_seed(seed)
+    model = resnet20(width=1, num_classes=10)
+    # Non-trivial running statistics, as after training.
+    for module in model.modules():
+        if isinstance(module, nn.BatchNorm2d):
+            module.running_mean.uniform_(-0.2, 0.2)
+            module.running_var.uniform_(0.5, 1.5)
+            module.weight.data.uniform_(0.5, 1.5)
+            module.bias.data.uniform_(-0.1, 0.1)
+    return model.eval()
+
+
+def lm_batch(seed: int = 1, b: int = 5, T: int = 12):
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, VOCAB, (b, T), generator=generator)
+    lengths = [T, T - 3, 5, T, 2][:b]
+    mask = torch.zeros(b, T, dtype=torch.long)
+    for i, length in enumerate(lengths):
+        mask[i, :length] = 1
+    ids = ids.masked_fill(mask == 0, 0)  # right padding with id 0
+    return {"input_ids": ids, "attention_mask": mask}, lengths
+
+
+def _brute_force(model, layer, make_input, loss_of) -> torch.Tensor:
+    """∂ℓ/∂z for one example alone, by plain autograd on a copy of the model (independent of dalign_core)."""
+    model = copy.deepcopy(model)
+    store = {}
+
+    def hook(module, args, output):
+        z = output[0] if isinstance(output, tuple) else output
+        z.retain_grad()
+        store["z"] = z
+
+    handle = dict(model.named_modules())[layer].register_forward_hook(hook)
+    output = model(make_input())
+    handle.remove()
+    loss_of(output).backward()
+    return store["z"].grad[0]
+
+
+def _lm_loss(output, ids):
+    logits = output.logits[0, :-1]
+    return F.cross_entropy(logits.float(), ids[0, 1:])  # mean over the example's own next tokens
+
+
+def _reduce(z_grad, reduction, channels_first=False):
+    if reduction == "full":
+        return z_grad.reshape(-1)
+    return z_grad.sum(dim=(1, 2)) if channels_first else z_grad.sum(dim=0)
+
+
+def snapshot(model):
+    return {
+        "state": {k: v.detach().clone() for k, v in model.state_dict().items()},
+        "modes": {n: m.training for n, m in model.named_modules()},
+        "requires_grad": {n: p.requires_grad for n, p in model.named_parameters()},
+        "grads": {n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()},
+    }
+
+
+def assert_unchanged(model, before):
+    after = snapshot(model)
+    assert after["modes"] == before["modes"]
+    assert after["requires_grad"] == before["requires_grad"]
+    assert before["state"].keys() == after["state"].keys()
+    for key, value in before["state"].items():
+        torch.testing.assert_close(after["state"][key], value, rtol=0, atol=0, equal_nan=True, msg=key)
+    for key, value in before["grads"].items():
+        assert (value is None) == (after["grads"][key] is None), key
+        if value is not None:
+            assert torch.equal(value, after["grads"][key]), key
+    for name, module in model.named_modules():
+        assert not module._forward_hooks, name
+        assert not module._forward_pre_hooks, name
+        assert not module._backward_hooks, name
+
+
+@pytest.mark.parametrize("factory,layer", [(tiny_llama, "model.layers.0"), (tiny_neox, "gpt_neox.layers.1")])
+@pytest.mark.parametrize("reduction", ["shared", "full"])
+def test_lm_capture_matches_per_example_autograd(factory, layer, reduction):
+    model = factory()
+    head = model.get_output_embeddings().weight
+    head.grad = torch.full_like(head, 0.5)  # an existing parameter gradient must survive untouched
+    before = snapshot(model)
+    batch, lengths = lm_batch()
+    q = activation_gradients(model, layer, batch, reduction=reduction)
+    T, N = batch["input_ids"].shape[1], model.config.hidden_size
+    assert q.shape == (len(lengths), N if reduction == "shared" else T * N)
+    for i, length in enumerate(lengths):
+        ids = batch["input_ids"][i:i + 1, :length]
+        expected = _reduce(_brute_force(model, layer, lambda: ids, lambda out: _lm_loss(out, ids)), reduction)
+        if reduction == "full":  # padded positions get exactly zero gradient
+            assert torch.all(q[i, length * N:] == 0)
+            got = q[i, :length * N]
+        else:
+            got = q[i]
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
+        assert expected.abs().max() > 0
+    assert_unchanged(model, before)
+
+
+@pytest.mark.parametrize("reduction", ["shared", "full"])
+def test_resnet_capture_matches_per_example_autograd(reduction):
+    model = tiny_resnet()
+    before = snapshot(model)
+    generator = torch.Generator().manual_seed(2)
+    images = torch.randn(4, 3, 16, 16, generator=generator)
+    labels = torch.tensor([0, 3, 7, 3])
+    layer = "layer2.1"
+    q = activation_gradients(model, layer, images, labels, reduction=reduction)
+    assert q.shape == (4, 32 if reduction == "shared" else 32 * 8 * 8)
+    for i in range(4):
+        expected = _brute_force(
+            model, layer, lambda: images[i:i + 1], lambda out: F.cross_entropy(out, labels[i:i + 1])
+        )
+        torch.testing.assert_close(q[i], _reduce(expected, reduction, channels_first=True), rtol=1e-4, atol=1e-6)
+    assert_unchanged(model, before)
+
+
+def test_explicit_lm_targets_and_tuple_batches():
+    model = tiny_llama()
+    batch, _ = lm_batch(b=4)  # every example keeps scored tokens after the first 4
+    labels = batch["input_ids"].clone()
+    labels[:, :4] = -100  # only score the later tokens
+    q = activation_gradients(model, "model.layers.1", batch, labels)
+    ids = batch["input_ids"][:1]
+
+    def loss(out):
+        return F.cross_entropy(out.logits[0, :-1], labels[0, 1:], ignore_index=-100)
+
+    expected = _brute_force(model, "model.layers.1", lambda: ids, loss).sum(dim=0)
+    torch.testing.assert_close(q[0], expected, rtol=1e-4, atol=1e-6)
+    # the iterator form accepts (inputs, targets) pairs and agrees with the one-shot form
+    rows = list(iter_activation_gradients(model, "model.layers.1", [(batch, labels)]))
+    torch.testing.assert_close(rows[0], q)
+
+
+def test_several_layers_in_one_pass_and_streaming_geometry():
+    model = tiny_llama()
+    batches = [lm_batch(seed=s, b=4)[0] for s in range(3)]
+    for b in batches:
+        b["attention_mask"][:] = 1
+    together = [activation_gradients(model, "all", b) for b in batches]
+    assert list(together[0]) == insertion_points(model) == ["model.layers.0", "model.layers.1"]
+    single = torch.cat([activation_gradients(model, "model.layers.1", b) for b in batches])
+    torch.testing.assert_close(torch.cat([t["model.layers.1"] for t in together]), single)
+    accumulators = accumulate_geometry(model, "all", batches, examples=10)
+    assert set(accumulators) == {"model.layers.0", "model.layers.1"}
+    acc = accumulators["model.layers.1"]
+    assert acc.n == 10
+    streamed, direct = acc.result(), estimate_geometry(single[:10])
+    assert streamed.d_align == pytest.approx(direct.d_align, rel=1e-6)
+    assert streamed.mean_sq == pytest.approx(direct.mean_sq, rel=1e-6)
+    one = accumulate_geometry(model, "model.layers.0", iter(batches))
+    assert one.n == 12
+
+
+def test_resnet_blocks_are_insertion_points():
+    model = tiny_resnet()
+    assert insertion_points(model) == residual_block_names(model)
+    assert all(isinstance(dict(model.named_modules())[n], BasicBlock) for n in insertion_points(model))
+    assert sum(p.numel() for p in model.parameters()) == pytest.approx(0.27e6, rel=0.01)
+
+
+def test_frozen_parameters_still_work():
+    model = tiny_llama()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    before = snapshot(model)
+    batch, _ = lm_batch()
+    reference = activation_gradients(tiny_llama(), "model.layers.0", batch)
+    torch.testing.assert_close(activation_gradients(model, "model.layers.0", batch), reference)
+    assert_unchanged(model, before)
+
+
+# ---------------------------------------------------------------------------
+# Refusals, each leaving the model exactly as it was
+
+
+def _expect_refusal(model, layer, inputs, targets=None, match=""):
+    before = snapshot(model)
+    with pytest.raises(CaptureError, match=match):
+        activation_gradients(model, layer, inputs, targets)
+    assert_unchanged(model, before)
+
+
+def test_refuses_batchnorm_in_training_mode():
+    model = tiny_resnet().train()
+    _expect_refusal(model, "layer1.0", torch.randn(4, 3, 8, 8), torch.zeros(4, dtype=torch.long), match="BatchNorm")
+    model = tiny_resnet()
+    model.layer1[0].bn1.track_running_stats = False
+    model.layer1[0].bn1.running_mean = None
+    model.layer1[0].bn1.running_var = None
+    _expect_refusal(model, "layer1.0", torch.randn(4, 3, 8, 8), torch.zeros(4, dtype=torch.long),
+                    match="running statistics")
+
+
+def test_refuses_active_dropout():
+    model = nn.Sequential(nn.Linear(6, 8), nn.Dropout(0.1), nn.ReLU(), nn.Linear(8, 3)).train()
+    _expect_refusal(model, "0", torch.randn(5, 6), torch.zeros(5, dtype=torch.long), match="dropout")
+    # p = 0 in training mode is fine: nothing random happens
+    model[1].p = 0.0
+    assert activation_gradients(model, "0", torch.randn(5, 6), torch.zeros(5, dtype=torch.long)).shape == (5, 8)
+
+
+def test_refuses_transformers_attention_dropout_in_training_mode():
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=VOCAB, attention_dropout=0.1,
+    )
+    model = transformers.LlamaForCausalLM(config).train()
+    batch, _ = lm_batch()
+    _expect_refusal(model, "model.layers.0", batch, match="attention dropout")
+    model.eval()  # in eval mode the attention dropout is off
+    assert activation_gradients(model, "model.layers.0", batch).shape == (5, 32)
+
+
+def test_refuses_unknown_layer_with_nearest_names():
+    model = tiny_llama()
+    batch, _ = lm_batch()
+    _expect_refusal(model, "model.layer.1", batch, match=r"nearest names: model\.layers\.1")
+
+
+def test_refuses_non_finite_loss():
+    model = tiny_llama()
+    with torch.no_grad():
+        model.lm_head.weight[3, 0] = float("nan")
+    batch, _ = lm_batch()
+    _expect_refusal(model, "model.layers.0", batch, match="non-finite loss")
+
+
+def test_refuses_examples_without_target_tokens_and_shared_modules():
+    model = tiny_llama()
+    batch, _ = lm_batch()
+    batch["attention_mask"][2, 1:] = 0
+    _expect_refusal(model, "model.layers.0", batch, match="no target token")
+    shared = nn.Linear(4, 4)
+    looped = nn.Sequential(shared, nn.ReLU(), shared)
+    _expect_refusal(looped, "0", torch.randn(4, 4), torch.zeros(4, dtype=torch.long), match="ran 2 times")
+
+
+def test_iterator_leaves_no_hooks_when_abandoned():
+    model = tiny_llama()
+    batch, _ = lm_batch()
+    before = snapshot(model)
+    iterator = iter_activation_gradients(model, "model.layers.0", [batch, batch, batch])
+    next(iterator)
+    assert_unchanged(model, before)  # between batches nothing is attached
+    del iterator
+    assert_unchanged(model, before)
+
+
+def test_layer_returning_a_tuple():
+    class TupleBlock(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(6, 6)
+
+        def forward(self, x):
+            return x + torch.tanh(self.linear(x)), None  # hidden states first, as older decoder layers do
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = TupleBlock()
+            self.head = nn.Linear(6, 3)
+
+        def forward(self, x):
+            return self.head(self.block(x)[0])
+
+    torch.manual_seed(0)
+    model = Net().eval()
+    x, y = torch.randn(5, 6), torch.tensor([0, 1, 2, 1, 0])
+    q = activation_gradients(model, "block", x, y)
+    for i in range(5):
+        expected = _brute_force(model, "block", lambda: x[i:i + 1], lambda out: F.cross_entropy(out, y[i:i + 1]))
+        torch.testing.assert_close(q[i], expected)
