@@ -45,6 +45,8 @@ __all__ = [
     "Geometry",
     "GeometryAccumulator",
     "CountSketch",
+    "as_rows",
+    "gram_product",
     "estimate_geometry",
     "geometry_from_gram",
     "plugin_geometry",
@@ -115,8 +117,11 @@ class Geometry:
 # Input handling
 
 
-def _as_rows(Q, name: str = "Q") -> torch.Tensor:
-    """Q as a 2-D floating tensor on its own device (no copy for float tensors)."""
+def as_rows(Q, name: str = "Q") -> torch.Tensor:
+    """``Q`` as a 2-D floating tensor ``(n, d)`` on its own device (no copy for float tensors).
+
+    Raises ValueError naming ``name`` for a wrong shape or for rows holding NaN or inf.
+    """
     if isinstance(Q, np.ndarray):
         Q = torch.from_numpy(Q)
     if not isinstance(Q, torch.Tensor):
@@ -146,8 +151,12 @@ def _column_block(rows: int) -> int:
     return max(1, _COLUMN_ELEMENTS // max(rows, 1))
 
 
-def _cross_gram(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
-    """``A B^T`` in float64, ``(a, d) x (b, d) -> (a, b)``, in column blocks so only a slice is ever cast."""
+def gram_product(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+    """``A B^T`` in float64, ``(a, d) x (b, d) -> (a, b)``, on A's device.
+
+    Accumulated over column blocks so that only one float64 slice of each input
+    exists at a time: float32 rows of any d need little extra memory.
+    """
     out = torch.zeros(A.shape[0], B.shape[0], dtype=torch.float64, device=A.device)
     step = _column_block(A.shape[0] + B.shape[0])
     for start in range(0, A.shape[1], step):
@@ -316,7 +325,7 @@ class GeometryAccumulator:
 
     def update(self, rows) -> "GeometryAccumulator":
         """Add a batch of rows of shape ``(b, d)``; returns ``self``."""
-        batch = _as_rows(rows, "rows")
+        batch = as_rows(rows, "rows")
         if self.d is None:
             self.d = batch.shape[1]
             self.device = self.device or batch.device
@@ -336,8 +345,8 @@ class GeometryAccumulator:
         batch = batch.to(self.dtype)
         b, start = batch.shape[0], self.n
         self._grow(start + b)
-        cross = _cross_gram(batch, self._rows[:start]) if start else None
-        block = _cross_gram(batch, batch)
+        cross = gram_product(batch, self._rows[:start]) if start else None
+        block = gram_product(batch, batch)
         self._rows[start:start + b] = batch
         self._gram[start:start + b, start:start + b] = block
         if cross is not None:
@@ -376,11 +385,11 @@ def estimate_geometry(Q, *, sketch_dim: int | None = None, seed: int = 0, confid
     Raises:
         ValueError: n < 4, or rows containing NaN or inf (with their count).
     """
-    Q = _as_rows(Q)
+    Q = as_rows(Q)
     _check_n(Q.shape[0])
     if sketch_dim is not None:
         return GeometryAccumulator(sketch_dim=sketch_dim, seed=seed).update(Q).result(confidence)
-    return geometry_from_gram(_cross_gram(Q, Q), Q.shape[1], confidence=confidence)
+    return geometry_from_gram(gram_product(Q, Q), Q.shape[1], confidence=confidence)
 
 
 def plugin_geometry(Q) -> Geometry:
@@ -390,7 +399,7 @@ def plugin_geometry(Q) -> Geometry:
     upward by about ``tr(Sigma)^2 / n`` and ``||mu_hat||^2`` by ``tr(Sigma) / n``.
     No intervals are reported.
     """
-    Q = _as_rows(Q).to(torch.float64)
+    Q = as_rows(Q).to(torch.float64)
     n = Q.shape[0]
     _check_n(n)
     mean = Q.mean(dim=0)

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from dalign_core._tensor import check_finite
+from dalign_core.estimators import as_rows, gram_product
 
 __all__ = ["MisalignmentEstimate", "cross_gram", "draw_indices", "resample_alignment", "misalignment_probability"]
 
@@ -57,45 +58,20 @@ class MisalignmentEstimate:
         return asdict(self)
 
 
-def _as_matrix(q, name: str) -> torch.Tensor:
-    if isinstance(q, np.ndarray):
-        if not np.issubdtype(q.dtype, np.number):
-            raise TypeError(f"{name} must hold numbers, got dtype {q.dtype}")
-        q = torch.from_numpy(q)
-    elif not isinstance(q, torch.Tensor):
-        raise TypeError(f"{name} must be a numpy array or torch tensor, got {type(q).__name__}")
-    if q.ndim != 2:
-        raise ValueError(f"{name} must be a 2-D (examples, d) matrix, got shape {tuple(q.shape)}")
-    if q.shape[0] < 1 or q.shape[1] < 1:
-        raise ValueError(f"{name} is empty: shape {tuple(q.shape)}")
-    return q.detach()
+def cross_gram(q_train, q_test=None) -> torch.Tensor:
+    """``C = Q_tr Q_te^T`` in float64, shape (n1, n2), on the pools' device.
 
-
-def cross_gram(q_train, q_test=None, *, block: int = 8192) -> torch.Tensor:
-    """``C = Q_tr Q_te^T`` in float64, shape (n1, n2), accumulated over blocks of ``block`` columns of d.
-
-    Each block is converted to float64 and checked for NaN/inf before use, so a float32
-    pool of any d needs only one float64 block of extra memory.  ``q_test=None`` gives
-    the Gram matrix of ``q_train`` with itself.  Computed on the pools' device.
+    Accumulated over column blocks of d (see :func:`dalign_core.estimators.gram_product`),
+    so a float32 pool of any d needs little extra memory. ``q_test=None`` gives the Gram
+    matrix of ``q_train`` with itself. Pools with NaN or inf rows are refused.
     """
-    a = _as_matrix(q_train, "q_train")
-    b = a if q_test is None else _as_matrix(q_test, "q_test")
+    a = as_rows(q_train, "q_train")
+    b = a if q_test is None else as_rows(q_test, "q_test")
     if a.shape[1] != b.shape[1]:
         raise ValueError(f"q_train has d={a.shape[1]} but q_test has d={b.shape[1]}; the pools must match")
     if a.device != b.device:
         raise ValueError(f"q_train is on {a.device} and q_test on {b.device}")
-    d = a.shape[1]
-    out = torch.zeros(a.shape[0], b.shape[0], dtype=torch.float64, device=a.device)
-    for s in range(0, d, block):
-        ab = a[:, s:s + block].to(torch.float64)
-        check_finite(ab, "q_train")
-        if q_test is None:
-            bb = ab
-        else:
-            bb = b[:, s:s + block].to(torch.float64)
-            check_finite(bb, "q_test")
-        out.addmm_(ab, bb.T)
-    return out
+    return gram_product(a, b)
 
 
 def draw_indices(n: int, size: int, count: int, generator: torch.Generator) -> torch.Tensor:
