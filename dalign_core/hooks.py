@@ -491,7 +491,7 @@ def accumulate_geometry(
     }
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from tqdm import tqdm
 
         bar = tqdm(total=examples, desc=desc, unit="ex", leave=False)
     seen = 0

@@ -42,7 +42,7 @@ from typing import Any, Callable
 
 import safetensors.torch
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 __all__ = [
     "TrainConfig",
