@@ -10,7 +10,7 @@ memory budget; the table says so where it does not.
 
     python benchmarks/bench_estimators.py --out results/bench [--dims 1024 16384] [--ns 256 1024]
 
-Writes ``<out>/estimators.csv`` and ``<out>/estimators.json`` (provenance).
+Writes ``<out>/bench_estimators.csv`` and ``<out>/bench_estimators.json`` (provenance).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from dalign_core import estimators  # noqa: E402
 from dalign_core.estimators import estimate_geometry, plugin_geometry  # noqa: E402
 from dalign_core.results import ExperimentConfig, write_table  # noqa: E402
 
@@ -77,6 +78,11 @@ def plugin_bytes(n: int, d: int) -> int:
     return 2 * 8 * d * d + 8 * n * d
 
 
+def u_statistic_bytes(n: int) -> int:
+    """Memory the U-statistics need beside Q: the Gram matrix and three n x n temporaries, two float64 column slices."""
+    return 4 * 8 * n * n + 2 * 8 * estimators._COLUMN_ELEMENTS
+
+
 def available_bytes(device: str) -> int:
     if device == "cuda":
         free, _ = torch.cuda.mem_get_info()
@@ -111,7 +117,7 @@ def main(argv=None) -> None:
             q_bytes = 4 * n * d
             for method in ("u-statistic", "plug-in"):
                 row = {"method": method, "n": n, "d": d, "device": args.device, "q_gb": q_bytes / 2**30}
-                needed = q_bytes + (plugin_bytes(n, d) if method == "plug-in" else 8 * (n * n + n * min(d, 1 << 24)))
+                needed = q_bytes + (plugin_bytes(n, d) if method == "plug-in" else u_statistic_bytes(n))
                 if needed > budget:
                     row.update(status=f"skipped: needs {needed / 2**30:.1f} GiB, budget {budget / 2**30:.1f} GiB")
                     rows.append(row)
@@ -135,7 +141,7 @@ def main(argv=None) -> None:
         wide["plug-in / u-statistic"] = wide["plug-in"] / wide["u-statistic"]
     print("\nwall time (s); empty = not run (see status):")
     print(wide.to_string(float_format=lambda v: f"{v:.3g}"))
-    path = write_table(table, args.out, "estimators", config, time.perf_counter() - started)
+    path = write_table(table, args.out, "bench_estimators", config, time.perf_counter() - started)
     print(f"\nwrote {path} and its provenance")
 
 

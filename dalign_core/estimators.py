@@ -131,7 +131,11 @@ def as_rows(Q, name: str = "Q") -> torch.Tensor:
         raise ValueError(f"{name} must have shape (n, d) (one row per example), got shape {tuple(Q.shape)}")
     if not Q.is_floating_point():
         Q = Q.to(torch.float64)
-    bad_rows = int((~torch.isfinite(Q)).any(dim=1).sum())
+    bad = torch.zeros(Q.shape[0], dtype=torch.bool, device=Q.device)
+    step = _column_block(Q.shape[0])
+    for start in range(0, Q.shape[1], step):  # in column blocks: no (n, d) boolean temporary
+        bad |= ~torch.isfinite(Q[:, start:start + step]).all(dim=1)
+    bad_rows = int(bad.sum())
     if bad_rows:
         raise ValueError(
             f"{name} has {bad_rows} row(s) with NaN or inf out of {Q.shape[0]}; "
