@@ -65,3 +65,19 @@ def test_rerun_skips_and_is_deterministic(tiny_run, tmp_path, capsys):
     # Forcing a rerun resumes the finished training from its checkpoints and measures again.
     llama_width.run(config, out_dir=out, force=True)
     pd.testing.assert_frame_equal(pd.read_csv(out / "llama_geometry.csv"), first)
+
+
+def test_checkpoints_are_keyed_by_what_determines_the_weights():
+    config = llama_width.Config.for_profile("smoke")
+    root = llama_width.checkpoint_root(config)
+    assert llama_width.checkpoint_root(llama_width.Config.for_profile("smoke", resamples=7, pool_size=9)) == root
+    assert llama_width.checkpoint_root(llama_width.Config.for_profile("smoke", lr=1e-4)) != root
+    assert llama_width.checkpoint_root(llama_width.Config.for_profile("cpu")).parent.parent.name == "cpu"
+
+
+def test_describe_runs_reports_failures_and_loss_trend():
+    runs = pd.DataFrame(dict(width=[32, 64, 64], seed=[0, 0, 1], heldout_loss=[4.3, 4.1, 9.0],
+                             trained_ok=[True, True, False]))
+    text = llama_width.describe_runs(runs)
+    assert text.startswith("**1 of 3 runs failed**") and "N=64 seed 1" in text
+    assert "N=32: 4.300, N=64: 4.100" in text and "falls with every increase" in text

@@ -28,7 +28,8 @@ Run without Jupyter: ``python -m dalign_core.experiments.llama_width --profile p
 
 from __future__ import annotations
 
-import dataclasses
+import hashlib
+import json
 import os
 import sys
 import time
@@ -116,10 +117,22 @@ def _device(config: Config) -> torch.device:
     return torch.device(config.device)
 
 
+TRAINING_FIELDS = ("depth", "head_dim", "context", "vocab_size", "corpus", "batch_size", "steps", "lr", "warmup_steps",
+                   "weight_decay", "checkpoint_steps", "autocast_dtype")
+"""The config fields that determine the trained weights (with width and seed)."""
+
+
 def checkpoint_root(config: Config) -> Path:
-    """Where training checkpoints live: ``checkpoints/<profile>/llama_width/<config hash>`` (override ``DALIGN_CHECKPOINTS``)."""
+    """Where training checkpoints live: ``checkpoints/<profile>/llama_width/<training hash>``.
+
+    The hash covers only :data:`TRAINING_FIELDS`, so changing how the models are
+    measured (pools, budgets, resamples) reuses the trained models. Override the
+    root with ``DALIGN_CHECKPOINTS``.
+    """
     root = Path(os.environ.get("DALIGN_CHECKPOINTS") or REPO_ROOT / "checkpoints")
-    return root / config.profile / "llama_width" / config.config_hash()
+    fields = {name: getattr(config, name) for name in TRAINING_FIELDS}
+    key = hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return root / config.profile / "llama_width" / key
 
 
 def _pool_batches(sequences: torch.Tensor, batch_size: int):
@@ -225,6 +238,31 @@ def sample_unit_rows(config: Config, model, sequences: torch.Tensor, base: dict)
                 trained_ok=base["trained_ok"],
             ))
     return rows
+
+
+def run_summary(provenance: dict) -> pd.DataFrame:
+    """One row per trained model (width, seed, parameters, losses, ``trained_ok``) from a results provenance."""
+    columns = ["width", "seed", "parameters", "final_train_loss", "heldout_loss", "baseline_loss", "trained_ok"]
+    return pd.DataFrame(provenance["runs"])[columns]
+
+
+def describe_runs(runs: pd.DataFrame) -> str:
+    """Plain-language sentences on which runs failed the bigram check and how held-out loss moves with width."""
+    failed = runs[~runs.trained_ok]
+    if len(failed):
+        text = (f"**{len(failed)} of {len(runs)} runs failed** to beat the bigram baseline and are excluded from the "
+                "figures: " + ", ".join(f"N={r.width} seed {r.seed}" for r in failed.itertuples()) + ".")
+    else:
+        text = f"All {len(runs)} runs beat the bigram baseline on held-out text."
+    loss_by_width = runs[runs.trained_ok].groupby("width").heldout_loss.mean()
+    if len(loss_by_width) > 1:
+        text += " Mean held-out loss by width: " + ", ".join(f"N={w}: {v:.3f}" for w, v in loss_by_width.items())
+        if loss_by_width.is_monotonic_decreasing:
+            text += " nats; it falls with every increase of width."
+        else:
+            text += (f" nats; it is lowest at N={loss_by_width.idxmin()}: with one learning rate and step budget "
+                     "shared by all widths, the widest models are not the best trained, the price of a matched budget.")
+    return text
 
 
 def run(config: Config, out_dir: str | Path | None = None, force: bool = False) -> Path:
