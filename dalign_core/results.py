@@ -200,7 +200,11 @@ def read_table(out_dir: str | os.PathLike, name: str) -> tuple[pd.DataFrame, dic
             f"{csv_path} (with its provenance {json_path.name}) does not exist; run the experiment that "
             f"writes it first, e.g. `make notebooks PROFILE={out_dir.name}`"
         )
-    return pd.read_csv(csv_path), json.loads(json_path.read_text())
+    try:
+        table = pd.read_csv(csv_path)
+    except pd.errors.EmptyDataError:  # an experiment with nothing to report (e.g. every run failed)
+        table = pd.DataFrame()
+    return table, json.loads(json_path.read_text())
 
 
 def results_current(out_dir: str | os.PathLike, names: Iterable[str], config: ExperimentConfig) -> bool:

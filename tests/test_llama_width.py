@@ -81,3 +81,22 @@ def test_describe_runs_reports_failures_and_loss_trend():
     text = llama_width.describe_runs(runs)
     assert text.startswith("**1 of 3 runs failed**") and "N=64 seed 1" in text
     assert "N=32: 4.300, N=64: 4.100" in text and "falls with every increase" in text
+
+
+def test_a_diverged_run_is_reported_as_failed(tmp_path, monkeypatch):
+    def diverge(*args, **kwargs):
+        raise FloatingPointError("loss is nan at step 3; lower the learning rate")
+
+    monkeypatch.setattr(llama_width, "load_corpus", lambda name: tiny_corpus())
+    monkeypatch.setattr(llama_width, "train", diverge)
+    monkeypatch.setenv("DALIGN_CHECKPOINTS", str(tmp_path / "checkpoints"))
+    monkeypatch.setenv("DALIGN_CACHE", str(tmp_path / "cache"))
+    config = llama_width.Config.for_profile("smoke", widths=(32,), vocab_size=300, eval_sequences=16)
+    out = llama_width.run(config, out_dir=tmp_path / "results")
+    from dalign_core.results import read_table
+
+    geometry, provenance = read_table(out, "llama_geometry")
+    assert geometry.empty and llama_width.trained_only(geometry).empty
+    runs = llama_width.run_summary(provenance)
+    assert not runs.trained_ok.any() and "failure" in provenance["runs"][0]
+    assert "1 of 1 runs failed" in llama_width.describe_runs(runs)

@@ -163,15 +163,19 @@ def train_and_measure(config: Config, width: int, run: int, data, baseline_loss:
         checkpoint_every=max(config.steps // 4, 1), checkpoint_steps=config.checkpoint_steps,
         progress=sys.stderr.isatty(),
     )
-    result = train(model, data.train, train_config, description=f"N={width} seed={seed}")
+    base = dict(family="llama", model=f"llama-N{width}-L{config.depth}", width=width, depth=config.depth, seed=seed,
+                parameters=count_parameters(model), baseline_loss=baseline_loss)
+    try:
+        result = train(model, data.train, train_config, description=f"N={width} seed={seed}")
+    except FloatingPointError as err:  # diverged: a failed run, reported, never measured
+        print(f"  N={width} seed={seed}: training diverged ({err})")
+        return [], [], [], {**base, "heldout_loss": float("nan"), "trained_ok": False,
+                            "final_train_loss": float("nan"), "failure": str(err)}
     model.eval()
     heldout_loss = evaluate_lm_loss(model, data.test[: config.eval_sequences], batch_size=64)
-    trained_ok = heldout_loss < baseline_loss
-    base = dict(
-        family="llama", model=f"llama-N{width}-L{config.depth}", width=width, depth=config.depth, seed=seed,
-        parameters=count_parameters(model), heldout_loss=heldout_loss, baseline_loss=baseline_loss,
-        trained_ok=trained_ok, final_train_loss=result.history[-1]["loss"] if result.history else float("nan"),
-    )
+    base.update(heldout_loss=heldout_loss, trained_ok=heldout_loss < baseline_loss,
+                final_train_loss=result.history[-1]["loss"] if result.history else float("nan"))
+    trained_ok = base["trained_ok"]
     pools = {"train": data.train[: config.pool_size], "heldout": data.test[: config.pool_size]}
     layers = [f"model.layers.{i}" for i in range(config.depth)]
     geometry_rows, misalignment_rows = [], []
@@ -244,6 +248,11 @@ def run_summary(provenance: dict) -> pd.DataFrame:
     """One row per trained model (width, seed, parameters, losses, ``trained_ok``) from a results provenance."""
     columns = ["width", "seed", "parameters", "final_train_loss", "heldout_loss", "baseline_loss", "trained_ok"]
     return pd.DataFrame(provenance["runs"])[columns]
+
+
+def trained_only(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows of models that beat the bigram baseline (an empty table stays empty)."""
+    return table[table.trained_ok.astype(bool)] if "trained_ok" in table else table
 
 
 def describe_runs(runs: pd.DataFrame) -> str:
