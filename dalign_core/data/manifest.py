@@ -43,6 +43,8 @@ from typing import Any, Mapping
 
 import yaml
 
+from dalign_core.results import atomic_path
+
 __all__ = [
     "Manifest",
     "Source",
@@ -210,18 +212,12 @@ def _resolve_local(value: str) -> Path:
 def _install_verified(candidate: Path, final: Path, manifest: Manifest, *, move: bool) -> Path:
     """Verify ``candidate``, copy or move it to a temp name beside ``final``, verify again, rename."""
     verify_file(candidate, manifest)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".part", dir=final.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
+    with atomic_path(final, suffix=".part") as tmp:
         if move:
             shutil.move(str(candidate), tmp)
         else:
             shutil.copyfile(candidate, tmp)
         verify_file(tmp, manifest)
-        os.replace(tmp, final)
-    finally:
-        tmp.unlink(missing_ok=True)
     return final
 
 
@@ -241,15 +237,10 @@ def _pip_download(spec: str, manifest: Manifest, final: Path, timeout: float) ->
 
 
 def _url_download(url: str, manifest: Manifest, final: Path, timeout: float) -> Path:
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".part", dir=final.parent)
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as resp:
+    with atomic_path(final, suffix=".part") as tmp:
+        with open(tmp, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as resp:
             shutil.copyfileobj(resp, out)
-        verify_file(tmp, manifest)
-        os.replace(tmp, final)
-    finally:
-        tmp.unlink(missing_ok=True)
+        verify_file(tmp, manifest)  # raises before the rename: a bad download never replaces anything
     return final
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -29,6 +28,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from dalign_core.data.manifest import default_cache_dir
+from dalign_core.results import atomic_path
 
 __all__ = [
     "BPESettings",
@@ -174,17 +174,11 @@ def train_bpe(
     tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
     if not use_cache:
         return BPETokenizer(tok, path=None, cache_key=key, cache_hit=False)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tokenizer.", suffix=".json.part", dir=path.parent)
-    os.close(fd)
-    try:
-        tok.save(tmp)
+    with atomic_path(path, suffix=".part") as tmp:
+        tok.save(str(tmp))
         meta = {"key": key, "settings": asdict(settings), "tokenizers": tokenizers.__version__,
                 "n_texts": len(texts), "n_chars": sum(map(len, texts))}
         (path.parent / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
     return BPETokenizer(tok, path=path, cache_key=key, cache_hit=False)
 
 
@@ -224,13 +218,8 @@ def encode_cached(tok: BPETokenizer, texts: Sequence[str]) -> torch.Tensor:
     if path.is_file():
         return safetensors.torch.load_file(str(path))["ids"]
     ids = tok.encode_documents(texts)
-    fd, tmp = tempfile.mkstemp(prefix=".tokens.", suffix=".part", dir=path.parent)
-    os.close(fd)
-    try:
-        safetensors.torch.save_file({"ids": ids}, tmp)
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    with atomic_path(path, suffix=".part") as tmp:
+        safetensors.torch.save_file({"ids": ids}, str(tmp))
     return ids
 
 
