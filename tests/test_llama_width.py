@@ -100,3 +100,19 @@ def test_a_diverged_run_is_reported_as_failed(tmp_path, monkeypatch):
     runs = llama_width.run_summary(provenance)
     assert not runs.trained_ok.any() and "failure" in provenance["runs"][0]
     assert "1 of 1 runs failed" in llama_width.describe_runs(runs)
+
+
+def test_same_seed_and_profile_give_the_same_numbers(tmp_path, monkeypatch):
+    """Two independent runs (separate checkpoints, caches and results) agree exactly on the CPU."""
+    monkeypatch.setattr(llama_width, "load_corpus", lambda name: tiny_corpus())
+    config = llama_width.Config.for_profile(
+        "smoke", widths=(32,), vocab_size=300, steps=4, checkpoint_steps=(0, 4), resamples=300, eval_sequences=16,
+    )
+    tables = []
+    for attempt in ("first", "second"):
+        monkeypatch.setenv("DALIGN_CHECKPOINTS", str(tmp_path / attempt / "checkpoints"))
+        monkeypatch.setenv("DALIGN_CACHE", str(tmp_path / attempt / "cache"))
+        out = llama_width.run(config, out_dir=tmp_path / attempt / "results")
+        tables.append([pd.read_csv(out / f"{name}.csv") for name in llama_width.TABLES])
+    for first, second in zip(*tables):
+        pd.testing.assert_frame_equal(first, second)
