@@ -66,6 +66,9 @@ class Config(ExperimentConfig):
     context: int = 64
     vocab_size: int = 2048
     corpus: str = "shakespeare"
+    """``"shakespeare"`` (offline, about 1.6M tokens at vocabulary 2048) or ``"hf:<dataset>[/<config>]"``
+    (web text, needs network). The ``paper`` budget (82M tokens) repeats Shakespeare for dozens of
+    epochs; where the GPU machine has network, pass ``corpus="hf:..."`` to train on fresh text."""
     batch_size: int = 32
     steps: int = 600
     lr: float = 3e-3
