@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from dalign_core._tensor import resolve_device
+
 __all__ = ["main", "build_parser", "estimate", "format_table"]
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
@@ -177,15 +179,6 @@ def _write_csv(path: Path, records: list[dict]) -> None:
 # Commands
 
 
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: CUDA is not available on this machine; use --device cpu")
-    return device
-
-
 def estimate(args: argparse.Namespace) -> list[dict]:
     """Run ``dalign estimate``; return one record per layer (also printed and optionally written)."""
     from dalign_core.hooks import accumulate_geometry, insertion_points, resolve_layers
@@ -207,7 +200,7 @@ def estimate(args: argparse.Namespace) -> list[dict]:
     for flag, value in (("--m", args.m), ("--k", args.k)):
         if value is not None and not value >= 1:
             raise ValueError(f"{flag} is a number of examples and must be at least 1, got {value}")
-    device = _device(args.device)
+    device = resolve_device(args.device)
     start = time.perf_counter()
 
     source = resolve_model_source(args.model)

@@ -25,6 +25,8 @@ from urllib.parse import urlparse
 
 import torch
 
+from dalign_core._env import hub_offline
+
 __all__ = [
     "LoadError",
     "ModelSource",
@@ -57,12 +59,6 @@ class ModelSource:
     @property
     def local_files_only(self) -> bool:
         return self.local or self.cached
-
-
-def hub_offline() -> bool:
-    """True when ``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) is set to a true value."""
-    return any(os.environ.get(v, "").strip().lower() in {"1", "true", "yes", "on"}
-               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 
 def _hub_cache() -> str:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from dalign_core._env import hub_offline
 from dalign_core.data.manifest import Manifest, fetch, load_manifest, verify_file
 
 __all__ = [
@@ -152,13 +153,6 @@ def load_shakespeare(
     )
 
 
-def _hf_offline() -> bool:
-    return any(
-        os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
-        for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
-    )
-
-
 def load_hf_text(
     dataset_name: str,
     *,
@@ -188,7 +182,7 @@ def load_hf_text(
         import datasets  # noqa: PLC0415  (optional path; keep the default import light)
     except ImportError as err:  # pragma: no cover
         raise RuntimeError("load_hf_text needs the `datasets` package: pip install datasets") from err
-    offline = _hf_offline()
+    offline = hub_offline(include_datasets=True)
     try:
         ds = datasets.load_dataset(
             dataset_name, config_name, split=split,

@@ -40,6 +40,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
+from dalign_core._tensor import resolve_device
 from dalign_core.baselines import bigram_heldout_loss
 from dalign_core.data import load_corpus, prepare_lm_data
 from dalign_core.estimators import estimate_geometry
@@ -114,12 +115,6 @@ class Config(ExperimentConfig):
         return f"model.layers.{self.insertion_layer}"
 
 
-def _device(config: Config) -> torch.device:
-    if config.device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(config.device)
-
-
 TRAINING_FIELDS = ("depth", "head_dim", "context", "vocab_size", "corpus", "batch_size", "steps", "lr", "warmup_steps",
                    "weight_decay", "checkpoint_steps", "autocast_dtype")
 """The config fields that determine the trained weights (with width and seed)."""
@@ -155,7 +150,7 @@ def train_and_measure(config: Config, width: int, run: int, data, baseline_loss:
 
     Returns (geometry rows, misalignment rows, sample-unit rows, summary dict).
     """
-    device = _device(config)
+    device = resolve_device(config.device)
     seed = config.seed + run
     spec = config.spec(width, data.vocab_size)
     model = build_llama(spec, seed=seed, device=device)
@@ -307,7 +302,7 @@ def run(config: Config, out_dir: str | Path | None = None, force: bool = False) 
         print(f"  N={width:5d} seed={summary['seed']}: held-out loss {summary['heldout_loss']:.3f} "
               f"(bigram {baseline_loss:.3f}) {status}; {time.perf_counter() - job_start:.0f} s")
     wall = time.perf_counter() - started
-    extra = dict(data=data.summary(), runs=runs, device=str(_device(config)))
+    extra = dict(data=data.summary(), runs=runs, device=str(resolve_device(config.device)))
     for name, rows in zip(TABLES, (geometry, misalignment, units)):
         write_table(pd.DataFrame(rows), out_dir, name, config, wall, **extra)
     print(f"llama_width: wrote {', '.join(TABLES)} to {out_dir} in {wall:.0f} s")
