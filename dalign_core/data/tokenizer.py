@@ -7,7 +7,7 @@ pre-tokenizer options) and the ``tokenizers`` version.  The file is written unde
 temporary name and renamed, so a half-written tokenizer is never picked up.
 
 A document is encoded as its tokens followed by one end-of-text token; documents are
-concatenated into one stream per split, which :func:`make_sequences` cuts into
+concatenated into one stream per split (train, validation, test), which :func:`make_sequences` cuts into
 non-overlapping windows of ``seq_len`` tokens (the tail shorter than ``seq_len`` is
 dropped).  A causal LM trained on a window predicts its tokens 1..seq_len-1 from the
 ones before, i.e. ``seq_len - 1`` predictions per sequence.
@@ -28,7 +28,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from dalign_core.data.manifest import default_cache_dir
-from dalign_core.results import atomic_path
+from dalign_core.atomic import atomic_path
 
 __all__ = [
     "BPESettings",
@@ -225,7 +225,13 @@ def encode_cached(tok: BPETokenizer, texts: Sequence[str]) -> torch.Tensor:
 
 @dataclass
 class LMData:
-    """Tokenized train and held-out sequences for a causal LM."""
+    """Tokenized train, validation and held-out sequences for a causal LM.
+
+    ``validation`` comes last and defaults to an empty ``(0, seq_len)`` tensor, so data
+    built without a validation split (``LMData(train, test, tokenizer, seq_len)``) keeps
+    working; code that needs validation sequences should check with
+    :func:`~dalign_core.data.supply.require_sequences`.
+    """
 
     train: torch.Tensor
     """int64 ``(n_train, seq_len)``, windows of the train stream."""
@@ -234,22 +240,33 @@ class LMData:
     tokenizer: BPETokenizer
     seq_len: int
     source: str = ""
+    validation: torch.Tensor | None = None
+    """int64 ``(n_validation, seq_len)``, windows of the validation stream (for choosing the
+    learning rate; never a q pool, never test text); ``(0, seq_len)`` when the corpus has none."""
+
+    def __post_init__(self):
+        if self.validation is None:
+            self.validation = torch.empty((0, self.seq_len), dtype=torch.int64)
 
     @property
     def vocab_size(self) -> int:
         return self.tokenizer.vocab_size
 
     def summary(self) -> dict:
-        return {
-            "source": self.source,
-            "vocab_size": self.vocab_size,
-            "seq_len": self.seq_len,
-            "n_train_seqs": int(self.train.shape[0]),
-            "n_test_seqs": int(self.test.shape[0]),
-            "train_tokens": int(self.train.numel()),
-            "test_tokens": int(self.test.numel()),
-            "tokenizer_key": self.tokenizer.cache_key,
-        }
+        out: dict = {"source": self.source, "vocab_size": self.vocab_size, "seq_len": self.seq_len}
+        splits = {"train": self.train, "validation": self.validation, "test": self.test}
+        out.update({f"n_{name}_seqs": int(x.shape[0]) for name, x in splits.items()})
+        out.update({f"{name}_tokens": int(x.numel()) for name, x in splits.items()})
+        out["tokenizer_key"] = self.tokenizer.cache_key
+        return out
+
+
+def _windows(split: str, stream: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """:func:`make_sequences` of one split's stream, with an error that names the split."""
+    if stream.numel() < seq_len:
+        raise ValueError(f"the {split} split encodes to {stream.numel()} tokens, fewer than one sequence of "
+                         f"seq_len={seq_len}; use a larger corpus or a shorter context")
+    return make_sequences(stream, seq_len)
 
 
 def prepare_lm_data(
@@ -260,15 +277,17 @@ def prepare_lm_data(
     cache_dir: "str | os.PathLike | None" = None,
     min_frequency: int = 2,
 ) -> LMData:
-    """Train/load the BPE on ``corpus.train_texts`` and cut both splits into sequences.
+    """Train/load the BPE on ``corpus.train_texts`` and cut every split into sequences.
 
     ``corpus`` is a :class:`~dalign_core.data.text.TextCorpus` (anything with
-    ``train_texts``, ``test_texts`` and optionally ``source``).
+    ``train_texts``, ``test_texts`` and optionally ``validation_texts`` and ``source``).
+    The tokenizer never sees the validation or test texts.  A corpus without validation
+    documents gives an empty ``(0, seq_len)`` validation tensor.
     """
     tok = train_bpe(corpus.train_texts, vocab_size, min_frequency=min_frequency, cache_dir=cache_dir)
-    streams = {}
-    for split, texts in (("train", corpus.train_texts), ("test", corpus.test_texts)):
-        streams[split] = encode_cached(tok, texts)
-    train = make_sequences(streams["train"], seq_len)
-    test = make_sequences(streams["test"], seq_len)
-    return LMData(train=train, test=test, tokenizer=tok, seq_len=seq_len, source=getattr(corpus, "source", ""))
+    texts = {"train": corpus.train_texts, "validation": tuple(getattr(corpus, "validation_texts", ())),
+             "test": corpus.test_texts}
+    windows = {split: _windows(split, encode_cached(tok, t), seq_len) for split, t in texts.items()
+               if t or split != "validation"}
+    return LMData(train=windows["train"], test=windows["test"], validation=windows.get("validation"),
+                  tokenizer=tok, seq_len=seq_len, source=getattr(corpus, "source", ""))
