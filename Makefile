@@ -12,7 +12,8 @@ SHELL := /bin/bash
 .DELETE_ON_ERROR:
 
 PROFILE ?= cpu
-PROFILES := smoke cpu paper
+# The same list as dalign_core.config.PROFILES (tests/test_notebooks.py checks that they agree).
+PROFILES := smoke cpu gpu paper
 ifneq ($(words $(PROFILE)),1)
 $(error PROFILE='$(PROFILE)' must be exactly one of: $(PROFILES))
 endif
@@ -28,6 +29,7 @@ STAMP := $(VENV)/.dalign-installed
 # jupyter-book 1.x has no `python -m jupyter_book`; call its CLI entry point through the venv's python.
 JB := $(PY) -c 'import sys; from jupyter_book.cli.main import main; sys.argv[0] = "jupyter-book"; sys.exit(main())'
 
+space := $() $()
 ONLY ?=
 FORCE ?=
 PYTEST_ARGS ?=
@@ -36,8 +38,7 @@ BENCH_OUT ?= results/bench
 # Headless plotting for scripts, tests and benchmarks (notebook kernels get the inline backend
 # from scripts/execute_notebooks.py, so figures land in the executed notebooks).
 export MPLBACKEND := Agg
-# Tests never reach a model hub: whatever they need is made locally or shipped in a package.
-TEST_ENV := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+# Tests never reach a model hub: tests/conftest.py sets the offline variables for them.
 
 .PHONY: help setup book notebooks test bench clean distclean
 
@@ -47,7 +48,7 @@ help: ## list the targets
 	@grep -E '^[a-z][a-zA-Z_-]*:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([^:]+):.*## (.*)$$/\1\t\2/' | \
 		awk -F'\t' '{ printf "  make %-10s %s\n", $$1, $$2 }'
 	@echo
-	@echo "Variables: PROFILE=smoke|cpu|paper (default cpu)  ONLY=<notebook stem>  FORCE=1"
+	@echo "Variables: PROFILE=$(subst $(space),|,$(PROFILES)) (default cpu)  ONLY=<notebook stem>  FORCE=1"
 	@echo "           PYTEST_ARGS='...'  BENCH_OUT=results/bench  PYTHON_BOOT=python3.11"
 
 setup: $(STAMP) ## create .venv and install requirements.txt plus dalign_core (reruns only when those files change)
@@ -71,7 +72,7 @@ book: $(STAMP) notebooks ## execute the notebooks, then build the HTML book with
 	@echo "The book is at: $(abspath book/_build/html/index.html)"
 
 test: $(STAMP) ## run the library tests and every notebook at PROFILE=smoke
-	$(TEST_ENV) $(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP) ## run every benchmarks/bench_*.py with --out results/bench (BENCH_OUT=...)
 	@shopt -s nullglob; scripts=(benchmarks/bench_*.py); \
@@ -84,7 +85,7 @@ bench: $(STAMP) ## run every benchmarks/bench_*.py with --out results/bench (BEN
 	if [ $${#failed[@]} -gt 0 ]; then echo "benchmarks failed: $${failed[*]}" >&2; exit 1; fi; \
 	echo "benchmark results in $(abspath $(BENCH_OUT))"
 
-clean: ## remove the built book, executed notebooks, caches and results/smoke (keeps results/cpu, results/paper)
+clean: ## remove the built book, executed notebooks, caches and results/smoke (keeps the other profiles' results)
 	rm -rf book/_build book/chapters .pytest_cache results/smoke
 	find . -path ./$(VENV) -prune -o -type d -name __pycache__ -print0 | xargs -0 rm -rf
 	find . -path ./$(VENV) -prune -o -type f -name '*.tmp' -print0 | xargs -0 rm -f

@@ -268,7 +268,7 @@ def _run_in_child(fn, case):
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    from dalign_core.results import atomic_write_text
+    from dalign_core.atomic import atomic_write_text
 
     atomic_write_text(path, text)
 

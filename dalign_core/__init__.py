@@ -5,7 +5,10 @@ The bottom of the library knows nothing of models or files:
 * :mod:`dalign_core.bounds` — exact moments, effective dimensions, B_exact and B_align.
 * :mod:`dalign_core.estimators` — unbiased Gram U-statistics from per-example gradients.
 
-Above them, :mod:`dalign_core.results` writes results with provenance and
+Beside them, :mod:`dalign_core.config` holds the profiles (smoke, cpu, gpu, paper),
+the repository root and the experiments' config base class, and
+:mod:`dalign_core.atomic` the atomic file writes. Above them,
+:mod:`dalign_core.results` writes results with provenance and
 :mod:`dalign_core.experiments` ties data, models and estimators together.
 """
 

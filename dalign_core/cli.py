@@ -165,7 +165,7 @@ CSV_COLUMNS = [
 def _write_csv(path: Path, records: list[dict]) -> None:
     import pandas as pd
 
-    from dalign_core.results import atomic_write_text
+    from dalign_core.atomic import atomic_write_text
 
     frame = pd.DataFrame(records)
     columns = CSV_COLUMNS + [c for c in frame.columns if c not in CSV_COLUMNS]

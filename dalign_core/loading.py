@@ -7,9 +7,9 @@ Safety and offline behaviour:
   ``pytorch_model.bin`` is read by transformers with ``torch.load(weights_only=True)``,
   so no pickled code ever runs. ``trust_remote_code`` is always off.
 * A Hugging Face id is first looked up in the local cache. If it is not cached and
-  the Hub is unreachable (``HF_HUB_OFFLINE=1``, or no connection within a few
-  seconds), loading fails at once with a :class:`LoadError` that says what to
-  download and where to put it — never a hang.
+  the Hub is unreachable (``HF_HUB_OFFLINE=1`` or ``TRANSFORMERS_OFFLINE=1``, or no
+  connection within a few seconds), loading fails at once with a :class:`LoadError`
+  that says what to download and where to put it — never a hang.
 * Text comes from a local file, or (network) from a Hugging Face dataset.
 """
 
@@ -25,7 +25,7 @@ from urllib.parse import urlparse
 
 import torch
 
-from dalign_core._env import hub_offline
+from dalign_core._env import offline_variable
 
 __all__ = [
     "LoadError",
@@ -36,7 +36,6 @@ __all__ = [
     "read_text_examples",
     "dataset_text_examples",
     "make_batches",
-    "hub_offline",
 ]
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "spiece.model")
@@ -81,8 +80,9 @@ def _hub_reachable(timeout: float = _PROBE_TIMEOUT_S) -> bool:
         return False
 
 
-def _unreachable_message(kind: str, spec: str, flag: str) -> str:
-    reason = "HF_HUB_OFFLINE is set" if hub_offline() else "the Hugging Face Hub cannot be reached from here"
+def _unreachable_message(kind: str, spec: str, flag: str, offline: str | None) -> str:
+    """What to do when ``spec`` is neither local nor cached; ``offline`` names the offline variable set, if any."""
+    reason = f"{offline} is set" if offline else "the Hugging Face Hub cannot be reached from here"
     return (
         f"{kind} {spec!r} is not a local {'folder' if kind == 'model' else 'file'}, it is not in the Hugging Face cache "
         f"({_hub_cache()}), and {reason}. Either download it on a machine with network access, e.g. "
@@ -90,7 +90,7 @@ def _unreachable_message(kind: str, spec: str, flag: str) -> str:
         f"copy that folder here and pass {flag} ./{spec.split('/')[-1]}"
         + (" (a folder with config.json, model.safetensors and the tokenizer files)" if kind == "model" else "")
         + f"; or copy a Hugging Face cache that holds it to {_hub_cache()} (or point HF_HOME at it)"
-        + ("" if not hub_offline() else "; or unset HF_HUB_OFFLINE if this machine has network access")
+        + (f"; or unset {offline} if this machine has network access" if offline else "")
         + "."
     )
 
@@ -120,8 +120,9 @@ def resolve_model_source(spec: str) -> ModelSource:
     cached = try_to_load_from_cache(spec, "config.json")
     if isinstance(cached, str):
         return ModelSource(spec, spec, local=False, cached=True)
-    if hub_offline() or not _hub_reachable():
-        raise LoadError(_unreachable_message("model", spec, "--model"))
+    offline = offline_variable()
+    if offline or not _hub_reachable():
+        raise LoadError(_unreachable_message("model", spec, "--model", offline))
     return ModelSource(spec, spec, local=False, cached=False)
 
 
@@ -256,9 +257,10 @@ def dataset_text_examples(name: str, tokenizer, examples: int, seq_len: int, *, 
                           split: str = "validation", text_field: str = "text",
                           mode: str = "chunks") -> list[list[int]]:
     """Token id sequences from a Hugging Face dataset (streamed; needs network or a cached copy)."""
-    if hub_offline() or not _hub_reachable():
-        if os.environ.get("HF_DATASETS_OFFLINE") is None:
-            os.environ["HF_DATASETS_OFFLINE"] = "1"  # let datasets try its cache without network calls
+    offline = offline_variable(include_datasets=True)  # read before the line below may set one
+    if offline or not _hub_reachable():
+        # Let datasets (which reads this once, at import) try its cache without network calls.
+        os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     try:
         import datasets
 
@@ -268,8 +270,8 @@ def dataset_text_examples(name: str, tokenizer, examples: int, seq_len: int, *, 
     except KeyError as err:
         raise LoadError(f"dataset {name!r} has no text field {text_field!r}; pass --text-field") from err
     except Exception as err:  # datasets raises many types (ConnectionError, FileNotFoundError, DatasetNotFoundError)
-        if hub_offline() or not _hub_reachable(1.0):
-            raise LoadError(_unreachable_message("dataset", name, "--data") +
+        if offline or not _hub_reachable(1.0):
+            raise LoadError(_unreachable_message("dataset", name, "--data", offline) +
                             " (for a local text file, pass its path)") from err
         raise LoadError(f"could not read dataset {name!r} (config {config!r}, split {split!r}): {err}") from err
 

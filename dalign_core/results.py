@@ -5,124 +5,31 @@ and ``results/<profile>/<name>.json`` (config, config hash, seed, git commit,
 hardware, wall time, package versions).  The book, the benchmarks and other tools
 read these files; nothing reads an experiment's in-memory state.
 
-A file is first written under a temporary name in the same folder and then
-renamed, so a reader never sees half a file and an interrupted run leaves the
-previous good file in place.
+Both files are written atomically (:mod:`dalign_core.atomic`), so a reader never
+sees half a file and an interrupted run leaves the previous good file in place.
+Profiles, the results folder of a profile and the config base class live in
+:mod:`dalign_core.config`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import hashlib
 import importlib.metadata
 import json
 import os
 import platform
 import subprocess
-import tempfile
 import time
 from pathlib import Path
-from typing import Any, ClassVar, Iterable, Iterator, Mapping
+from typing import Any, Iterable
 
 import pandas as pd
 
-__all__ = [
-    "PROFILES",
-    "ExperimentConfig",
-    "atomic_path",
-    "atomic_write_bytes",
-    "atomic_write_text",
-    "provenance",
-    "write_table",
-    "read_table",
-    "results_current",
-    "default_results_dir",
-]
+from dalign_core.atomic import atomic_write_text
+from dalign_core.config import REPO_ROOT, ExperimentConfig
 
-PROFILES = ("smoke", "cpu", "paper")
-"""smoke: seconds, for tests; cpu: the default small-scale reproduction on a laptop; paper: the paper's scales, for a GPU."""
+__all__ = ["provenance", "write_table", "read_table", "results_current"]
 
 _PACKAGES = ("torch", "torchvision", "numpy", "pandas", "transformers", "tokenizers", "safetensors")
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-def check_profile(profile: str) -> str:
-    """Return ``profile`` if it is one of :data:`PROFILES`, else raise ValueError listing them."""
-    if profile not in PROFILES:
-        raise ValueError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
-    return profile
-
-
-def default_results_dir(profile: str) -> Path:
-    """``results/<profile>`` at the repository root (override with ``DALIGN_RESULTS``)."""
-    root = Path(os.environ.get("DALIGN_RESULTS") or REPO_ROOT / "results")
-    return root / check_profile(profile)
-
-
-@dataclasses.dataclass(frozen=True)
-class ExperimentConfig:
-    """Base class of every experiment's config dataclass.
-
-    Subclasses are frozen dataclasses with a ``profile`` and a ``seed`` field and a
-    class attribute ``PROFILES`` mapping each profile name to the field values that
-    differ from the defaults.  ``Config.for_profile("cpu", seed=3)`` builds one.
-    """
-
-    PROFILES: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
-
-    @classmethod
-    def for_profile(cls, profile: str = "cpu", **overrides):
-        """The config for ``profile`` (smoke | cpu | paper), with keyword ``overrides`` applied last."""
-        values = dict(cls.PROFILES.get(check_profile(profile), {}))
-        values.update(overrides)
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - names)
-        if unknown:
-            raise TypeError(f"{cls.__qualname__} has no field(s) {unknown}; fields are {sorted(names)}")
-        return cls(profile=profile, **values)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The config as plain JSON-ready values."""
-        return json.loads(json.dumps(dataclasses.asdict(self), default=str))
-
-    def config_hash(self) -> str:
-        """A short stable hash of the config: equal configs give equal hashes."""
-        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
-        return hashlib.sha256(blob).hexdigest()[:16]
-
-
-@contextlib.contextmanager
-def atomic_path(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; on success rename it onto ``path``, on error delete it.
-
-    For writers that take a file name (``safetensors.torch.save_file``, ``Tokenizer.save``)
-    as well as our own: a reader never sees half a file, and an interrupted write
-    leaves the previous good file in place.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
-    os.close(fd)
-    try:
-        yield Path(tmp)
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    """Write ``data`` to ``path`` via a temporary file in the same folder and an atomic rename."""
-    with atomic_path(path) as tmp, open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    return Path(path)
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Text version of :func:`atomic_write_bytes` (UTF-8)."""
-    return atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def _git_commit() -> dict[str, Any]:

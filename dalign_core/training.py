@@ -28,6 +28,7 @@ in memory as CPU state dicts.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -36,7 +37,7 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -140,10 +141,9 @@ class TrainResult:
     final_step: int
     resumed_from: int | None = None
     wall_time_s: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def to_frame(self):
-        """The history as a pandas DataFrame."""
+        """The history as a pandas DataFrame with columns ``step``, ``loss``, ``lr`` (one row per step)."""
         import pandas as pd  # noqa: PLC0415
 
         return pd.DataFrame(self.history, columns=["step", "loss", "lr"])
@@ -169,6 +169,28 @@ def _take(data, idx: torch.Tensor, device):
     if isinstance(data, torch.Tensor):
         return data[idx].to(device, non_blocking=True)
     return tuple(t[idx].to(device, non_blocking=True) for t in data)
+
+
+def _autocast(device: torch.device, dtype_name: str | None):
+    """``torch.autocast`` to ``dtype_name`` (e.g. ``"bfloat16"``) on ``device``'s type; a no-op context for None."""
+    if not dtype_name:
+        return contextlib.nullcontext()
+    dtype = getattr(torch, dtype_name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"autocast_dtype {dtype_name!r} is not a torch dtype; use e.g. 'bfloat16' or 'float16', "
+                         "or None for full precision")
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+@contextlib.contextmanager
+def _eval_mode(model: torch.nn.Module):
+    """``model.eval()`` inside the block; the model's train/eval mode is restored afterwards."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
 
 
 def _epoch_seed(seed: int, epoch: int) -> int:
@@ -420,13 +442,16 @@ def train(
             "config": fingerprint,
         }
 
+    def is_resume_point(step: int) -> bool:
+        return step == config.steps or bool(config.checkpoint_every and step % config.checkpoint_every == 0)
+
     def save(step: int) -> None:
-        resume_point = step == config.steps or (config.checkpoint_every and step % config.checkpoint_every == 0)
+        resume_point = is_resume_point(step)
         if root is None:
             if step in requested or step == config.steps:
                 memory_ckpts[step] = _weights(model)
             return
-        meta = {"step": step, "requested": step in requested, "resume_point": bool(resume_point),
+        meta = {"step": step, "requested": step in requested, "resume_point": resume_point,
                 "config": fingerprint, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
         _write_checkpoint(root, step, model, resume_state(step) if resume_point else None, meta)
         if resume_point:
@@ -435,8 +460,7 @@ def train(
     if start == 0 and (0 in requested or config.steps == 0):
         save(0)
 
-    autocast = (torch.autocast(device_type=device.type, dtype=getattr(torch, config.autocast_dtype))
-                if config.autocast_dtype else None)
+    autocast = _autocast(device, config.autocast_dtype)
     model.train()
     bar = tqdm(total=config.steps, initial=start, desc=description, disable=not config.progress,
                dynamic_ncols=True, leave=False)
@@ -446,10 +470,7 @@ def train(
             for group in optimizer.param_groups:
                 group["lr"] = lr
             batch = _take(data, order.batch(step, config.batch_size), device)
-            if autocast is not None:
-                with autocast:
-                    loss = loss_fn(model, batch)
-            else:
+            with autocast:
                 loss = loss_fn(model, batch)
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"loss is {loss.item()} at step {step}; lower the learning rate")
@@ -462,8 +483,7 @@ def train(
             history.append({"step": done, "loss": float(loss.detach()), "lr": lr})
             bar.update(1)
             bar.set_postfix(loss=f"{history[-1]['loss']:.3f}", lr=f"{lr:.2e}", refresh=False)
-            if done in requested or done == config.steps or (
-                    config.checkpoint_every and done % config.checkpoint_every == 0):
+            if done in requested or is_resume_point(done):
                 save(done)
     finally:
         bar.close()
@@ -500,16 +520,11 @@ def evaluate_lm_loss(
     if max_sequences is not None:
         sequences = sequences[:max_sequences]
     device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
     total, count = 0.0, 0
-    try:
+    with _eval_mode(model):
         for i in range(0, sequences.shape[0], batch_size):
             batch = sequences[i:i + batch_size].to(device)
-            if autocast_dtype:
-                with torch.autocast(device_type=device.type, dtype=getattr(torch, autocast_dtype)):
-                    logits = model(input_ids=batch).logits
-            else:
+            with _autocast(device, autocast_dtype):
                 logits = model(input_ids=batch).logits
             logits = logits[:, :-1].float()
             targets = batch[:, 1:]
@@ -517,8 +532,6 @@ def evaluate_lm_loss(
                 logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum")
             total += float(nll.double())
             count += targets.numel()
-    finally:
-        model.train(was_training)
     return total / count
 
 
@@ -530,20 +543,21 @@ def evaluate_loss(
     *,
     batch_size: int = 64,
 ) -> float:
-    """Mean of ``loss_fn`` over ``data`` in batches, weighted by batch size (eval mode).
+    """Mean of ``loss_fn`` over ``data`` in batches, weighted by batch size, in eval mode.
 
-    For a loss that is itself a per-example mean (a classifier's cross-entropy, or an LM
-    with equal-length sequences) this is the mean over all examples.
+    ``data`` is laid out as for :func:`train`: a tensor or a tuple of tensors whose first
+    dimension indexes examples, e.g. ``(images (n, C, H, W), labels (n,))`` for a
+    classifier with ``loss_fn = lambda m, b: F.cross_entropy(m(b[0]), b[1])``.  For a
+    loss that is itself a per-example mean (that one, or :func:`lm_loss` on
+    equal-length sequences) the result is the mean over all ``n`` examples, in the
+    loss's units (nats for cross-entropy), whatever ``batch_size``.  The model's
+    train/eval mode is restored afterwards.
     """
     n = _data_len(data)
     device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
     total = 0.0
-    try:
+    with _eval_mode(model):
         for i in range(0, n, batch_size):
             idx = torch.arange(i, min(i + batch_size, n))
             total += float(loss_fn(model, _take(data, idx, device)).double()) * len(idx)
-    finally:
-        model.train(was_training)
     return total / n

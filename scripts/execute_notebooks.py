@@ -4,8 +4,8 @@
 Every ``notebooks/NN_*.ipynb`` (sorted by name) is run with the parameter
 ``profile=<P>`` and written, executed, to ``book/chapters/<same name>.ipynb``,
 which is what ``jupyter-book build book`` renders (the book itself never
-executes anything).  Each output is first written under a temporary name and
-renamed once the notebook succeeded, so a failed run never leaves a half-done
+executes anything).  An executed notebook is written only once it succeeded,
+under a temporary name then renamed, so a failed run never leaves a half-done
 chapter in place of a good one.
 
 The experiments skip work whose results already exist for the same config
@@ -13,24 +13,37 @@ The experiments skip work whose results already exist for the same config
 nothing changed.  ``--force`` sets ``force=True`` for notebooks whose
 parameters cell defines ``force``, which makes the experiments recompute.
 
+Papermill injects the run's parameters as a cell after the notebook's own
+``parameters`` cell.  Every parameter is injected (the notebook's defaults
+with ``profile`` and ``force`` overridden) and the original cell is tagged
+``remove-cell``, so the book shows one parameters cell holding the values
+that produced the page.
+
 Usage::
 
     python scripts/execute_notebooks.py --profile cpu
     python scripts/execute_notebooks.py --profile smoke --only 01_theory
+    python scripts/execute_notebooks.py --profile cpu --force
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+try:
+    from dalign_core.atomic import atomic_path
+    from dalign_core.config import PROFILES, REPO_ROOT
+except ImportError:  # run with some other interpreter than the venv's
+    sys.exit(f"{sys.executable} cannot import dalign_core; run `make notebooks` or use .venv/bin/python")
+
 NOTEBOOKS = REPO_ROOT / "notebooks"
 CHAPTERS = REPO_ROOT / "book" / "chapters"
-PROFILES = ("smoke", "cpu", "paper")
 NOTEBOOK_GLOB = "[0-9][0-9]_*.ipynb"
 INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 
@@ -73,46 +86,81 @@ def kernel_name() -> str:
     return "dalign"
 
 
-def parameters_of(path: Path) -> str:
-    """The source of the first cell tagged ``parameters`` (empty if none)."""
-    import nbformat
-
-    nb = nbformat.read(path, as_version=4)
+def parameters_cell(nb):
+    """The first cell of notebook ``nb`` tagged ``parameters``; ValueError if there is none."""
     for cell in nb.cells:
         if "parameters" in cell.get("metadata", {}).get("tags", []):
-            return cell.source
-    return ""
+            return cell
+    raise ValueError("no cell is tagged 'parameters'; tag the code cell that assigns profile, seed and force")
 
 
-def execute(path: Path, profile: str, out_dir: Path, kernel: str, force: bool) -> None:
-    """Run one notebook with papermill into ``out_dir/<name>``, atomically."""
+def parameter_defaults(nb) -> dict[str, Any]:
+    """``{name: value}`` for every ``name = <literal>`` in the parameters cell of notebook ``nb``.
+
+    Values must be Python literals (papermill overrides them by value); anything else
+    raises ValueError naming the assignment.
+    """
+    defaults: dict[str, Any] = {}
+    for node in ast.parse(parameters_cell(nb).source).body:
+        if isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets = [node.target]
+        elif isinstance(node, ast.Assign):
+            targets = node.targets
+        else:
+            continue
+        for target in targets:
+            if not isinstance(target, ast.Name):
+                raise ValueError(f"parameters cell: {ast.unparse(node)!r} must assign plain names")
+            try:
+                defaults[target.id] = ast.literal_eval(node.value)
+            except ValueError:
+                raise ValueError(f"parameters cell: the default of {target.id!r} must be a literal "
+                                 f"(a number, string, bool, None, list or dict), not {ast.unparse(node.value)!r}") from None
+    return defaults
+
+
+def execute(path: Path, profile: str, out_dir: Path, kernel: str, force: bool,
+            cell_timeout_s: float | None = None) -> Path:
+    """Run one notebook with papermill into ``out_dir/<name>``, atomically; return that path.
+
+    ``cell_timeout_s`` bounds each cell (None: no limit).
+    """
+    import nbformat
     import papermill as pm
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    target = out_dir / path.name
-    tmp = out_dir / f".{path.stem}.{os.getpid()}.tmp.ipynb"
-    parameters = {"profile": profile}
-    if force and "force" in parameters_of(path):
-        parameters["force"] = True
+    nb = nbformat.read(path, as_version=4)
     try:
-        pm.execute_notebook(
-            str(path),
-            str(tmp),
-            parameters=parameters,
-            kernel_name=kernel,
-            cwd=str(path.parent),
-            progress_bar=False,
-            log_output=False,
-            request_save_on_cell_execute=False,
-        )
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
+        parameters = parameter_defaults(nb)
+    except (ValueError, SyntaxError) as error:
+        raise ValueError(f"{path}: {error}") from None
+    parameters["profile"] = profile
+    if force and "force" in parameters:
+        parameters["force"] = True
+    # Papermill's injected cell, placed right after this one, shows every value the run used.
+    parameters_cell(nb).metadata.setdefault("tags", []).append("remove-cell")
+
+    executed = pm.execute_notebook(
+        nb,
+        None,  # written below, once it succeeded
+        parameters=parameters,
+        kernel_name=kernel,
+        cwd=str(path.parent),
+        progress_bar=False,
+        log_output=False,
+        request_save_on_cell_execute=False,
+        execution_timeout=cell_timeout_s,
+    )
+    target = out_dir / path.name
+    # Papermill was handed the notebook in memory: record its file, not a copy of its cells.
+    executed.metadata.papermill.update(input_path=str(path), output_path=str(target))
+    with atomic_path(target) as tmp:
+        nbformat.write(executed, tmp)
+    return target
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--profile", choices=PROFILES, required=True, help="smoke | cpu | paper")
+    parser.add_argument("--profile", choices=PROFILES, required=True, help=" | ".join(PROFILES))
     parser.add_argument("--only", action="append", default=[], metavar="NAME",
                         help="run only this notebook (stem such as 01_theory, or a file name); repeatable")
     parser.add_argument("--force", action="store_true",

@@ -8,13 +8,16 @@ from pathlib import Path
 
 import pytest
 
-# Before anything imports matplotlib or huggingface_hub.
-os.environ.setdefault("MPLBACKEND", "Agg")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# These (and dalign_core/__init__) load numpy and torch, not matplotlib or huggingface_hub.
+from dalign_core._env import OFFLINE_VARIABLES
+from dalign_core.config import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+# Before anything imports matplotlib or huggingface_hub (which read these once, at import).
+# Tests never reach a model hub: whatever they need is made locally or shipped in a package.
+# Set here, they also reach subprocesses and notebook kernels.
+os.environ.setdefault("MPLBACKEND", "Agg")
+for _name in OFFLINE_VARIABLES:
+    os.environ.setdefault(_name, "1")
 
 
 @pytest.fixture(scope="session")

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from dalign_core.cli import CSV_COLUMNS, main
+from dalign_core.config import REPO_ROOT
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
-REPO = Path(__file__).resolve().parent.parent
 TEXT = (
     "From fairest creatures we desire increase, that thereby beauty's rose might never die, "
     "but as the riper should by time decease, his tender heir might bear his memory. "
@@ -105,7 +105,7 @@ def test_estimate_all_layers_ranked(checkpoint, tmp_path, capsys):
 def test_python_dash_m_runs_the_same_command(checkpoint, tmp_path):
     folder, data = checkpoint
     out = tmp_path / "m.csv"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO_ROOT)}
     proc = subprocess.run(
         [sys.executable, "-m", "dalign_core", "estimate", "--model", str(folder), "--layer", "model.layers.0",
          "--data", str(data), "--examples", "8", "--seq-len", "16", "--out", str(out)],
@@ -117,7 +117,7 @@ def test_python_dash_m_runs_the_same_command(checkpoint, tmp_path):
 
 
 def test_unknown_hub_id_offline_fails_fast_with_instructions(tmp_path):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO), "HF_HOME": str(tmp_path / "hf")}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO_ROOT), "HF_HOME": str(tmp_path / "hf")}
     proc = subprocess.run(
         [sys.executable, "-m", "dalign_core", "estimate", "--model", "no-such-org/no-such-model", "--layer", "all",
          "--data", str(tmp_path / "x.txt"), "--examples", "8"],
@@ -162,3 +162,31 @@ def test_layers_command_lists_decoder_layers(checkpoint, capsys):
     folder, _ = checkpoint
     assert main(["layers", "--model", str(folder)]) == 0
     assert capsys.readouterr().out.split() == ["model.layers.0", "model.layers.1", "model.layers.2"]
+
+
+def test_offline_flags_are_parsed_in_one_place(monkeypatch):
+    from dalign_core._env import env_flag, hub_offline, offline_variable
+
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    assert not hub_offline(include_datasets=True) and offline_variable(include_datasets=True) is None
+    for value, expected in [("1", True), (" Yes ", True), ("ON", True), ("true", True),
+                            ("0", False), ("", False), ("off", False), ("auto", False)]:
+        monkeypatch.setenv("TRANSFORMERS_OFFLINE", value)
+        assert env_flag("TRANSFORMERS_OFFLINE") is expected, value
+        assert hub_offline() is expected, value
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "0")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # applies to data sets, not to models
+    assert offline_variable() is None and offline_variable(include_datasets=True) == "HF_DATASETS_OFFLINE"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert offline_variable(include_datasets=True) == "HF_HUB_OFFLINE"
+
+
+def test_offline_message_names_the_variable_that_is_set(monkeypatch):
+    from dalign_core.loading import LoadError, resolve_model_source
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    with pytest.raises(LoadError, match="TRANSFORMERS_OFFLINE is set") as info:
+        resolve_model_source("no-such-org/no-such-model")
+    assert "unset TRANSFORMERS_OFFLINE" in str(info.value) and "HF_HUB_OFFLINE" not in str(info.value)

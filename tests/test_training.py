@@ -1,4 +1,4 @@
-"""Training loop: resume after an interruption gives bitwise the same weights (tiny Llama, CPU)."""
+"""Training loop: resume after an interruption gives bitwise the same weights (tiny Llama, CPU); evaluation."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ from dalign_core.baselines import bigram_heldout_loss
 from dalign_core.models import LlamaWidthSpec, build_llama
 from dalign_core.training import (
     TrainConfig,
+    TrainResult,
     batch_indices,
     evaluate_lm_loss,
+    evaluate_loss,
     list_checkpoints,
     lm_loss,
     load_state,
@@ -70,6 +72,9 @@ def test_resume_after_interrupt_is_bitwise_identical(tmp_path):
     assert res.resumed_from == 6
     assert _same(fresh, full)
     assert [h["loss"] for h in res.history] == [h["loss"] for h in ref.history]
+    frame = res.to_frame()
+    assert list(frame.columns) == ["step", "loss", "lr"] and frame.step.tolist() == list(range(1, 10))
+    assert frame.loss.tolist() == [h["loss"] for h in ref.history] and frame.lr.iloc[0] == _config(tmp_path).lr_at(0)
     assert sorted(res.checkpoints) == [0, 4, 9] == sorted(ref.checkpoints)
     # the requested checkpoints hold the same weights in both runs
     for step in (0, 4, 9):
@@ -120,3 +125,42 @@ def test_training_beats_bigram_on_learnable_stream():
     after = evaluate_lm_loss(model, test_seqs)
     bigram = bigram_heldout_loss(train_seqs, test_seqs, SPEC.vocab_size)
     assert after < bigram < before
+
+
+def test_empty_history_frame_keeps_its_columns():
+    frame = TrainResult(history=[], checkpoints={}, final_step=0).to_frame()
+    assert frame.empty and list(frame.columns) == ["step", "loss", "lr"]
+
+
+def test_evaluate_loss_is_the_mean_over_examples_whatever_the_batch_size():
+    # A classifier on (features, labels) tuples: the loop the ResNet experiments use.
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(23, 5, generator=g), torch.randint(0, 3, (23,), generator=g)
+    classifier = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 3))
+    classifier.train()
+
+    def cross_entropy(model, batch):
+        return torch.nn.functional.cross_entropy(model(batch[0]), batch[1])
+
+    with torch.no_grad():
+        classifier.eval()
+        exact = float(torch.nn.functional.cross_entropy(classifier(x), y))  # dropout off, as in evaluation
+        classifier.train()
+    for batch_size in (1, 5, 23, 64):  # 5 leaves a last batch of 3
+        assert evaluate_loss(classifier, (x, y), cross_entropy, batch_size=batch_size) == pytest.approx(exact, rel=1e-6)
+    assert classifier.training  # the mode is restored
+    # For an LM on equal-length sequences, the default lm_loss gives evaluate_lm_loss's per-token mean.
+    model, data = build_llama(SPEC, seed=0), _data()
+    assert evaluate_loss(model, data, batch_size=7) == pytest.approx(evaluate_lm_loss(model, data), rel=1e-5)
+
+
+def test_autocast_trains_and_evaluates_and_a_bad_dtype_is_named():
+    data = _data()
+    model = build_llama(SPEC, seed=0)
+    res = train(model, data, TrainConfig(steps=2, batch_size=4, autocast_dtype="bfloat16", progress=False))
+    assert all(math.isfinite(h["loss"]) for h in res.history)
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # autocast computes in bf16, keeps fp32 weights
+    full = evaluate_lm_loss(model, data)
+    assert evaluate_lm_loss(model, data, autocast_dtype="bfloat16") == pytest.approx(full, rel=0.05)
+    with pytest.raises(ValueError, match="'bfloat' is not a torch dtype"):
+        train(build_llama(SPEC, seed=0), data, TrainConfig(steps=1, autocast_dtype="bfloat", progress=False))

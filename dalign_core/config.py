@@ -1,0 +1,74 @@
+"""Profiles, the repository root, and the base class of every experiment's config.
+
+A profile names a scale at which every experiment runs:
+
+* ``smoke``: seconds, for tests;
+* ``cpu``: the default, a faithful small-scale reproduction on a 2-core laptop;
+* ``gpu``: minutes on one GPU (each chapter within a short window);
+* ``paper``: the paper's scales, hours on GPUs.
+
+This module sits at the bottom of the library (it imports nothing of dalign_core), so
+the data layer, the experiments and the command line share one list of profiles.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, ClassVar, Mapping
+
+__all__ = ["PROFILES", "REPO_ROOT", "ExperimentConfig", "check_profile", "default_results_dir"]
+
+PROFILES = ("smoke", "cpu", "gpu", "paper")
+"""smoke: seconds, for tests; cpu: the default reproduction on a laptop; gpu: minutes on one GPU; paper: the paper's scales."""
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+"""The repository root (where ``results/``, ``checkpoints/`` and ``.cache/`` live by default)."""
+
+
+def check_profile(profile: str) -> str:
+    """Return ``profile`` if it is one of :data:`PROFILES`, else raise ValueError listing them."""
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
+    return profile
+
+
+def default_results_dir(profile: str) -> Path:
+    """``results/<profile>`` at the repository root (override with ``DALIGN_RESULTS``)."""
+    root = Path(os.environ.get("DALIGN_RESULTS") or REPO_ROOT / "results")
+    return root / check_profile(profile)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentConfig:
+    """Base class of every experiment's config dataclass.
+
+    Subclasses are frozen dataclasses with a ``profile`` and a ``seed`` field and a
+    class attribute ``PROFILES`` mapping each profile name to the field values that
+    differ from the defaults.  ``Config.for_profile("cpu", seed=3)`` builds one.
+    """
+
+    PROFILES: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
+
+    @classmethod
+    def for_profile(cls, profile: str = "cpu", **overrides):
+        """The config for ``profile`` (smoke | cpu | gpu | paper), with keyword ``overrides`` applied last."""
+        values = dict(cls.PROFILES.get(check_profile(profile), {}))
+        values.update(overrides)
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise TypeError(f"{cls.__qualname__} has no field(s) {unknown}; fields are {sorted(names)}")
+        return cls(profile=profile, **values)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as plain JSON-ready values."""
+        return json.loads(json.dumps(dataclasses.asdict(self), default=str))
+
+    def config_hash(self) -> str:
+        """A short stable hash of the config: equal configs give equal hashes."""
+        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
