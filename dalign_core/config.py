@@ -56,7 +56,11 @@ class ExperimentConfig:
     @classmethod
     def for_profile(cls, profile: str = "cpu", **overrides):
         """The config for ``profile`` (smoke | cpu | gpu | paper), with keyword ``overrides`` applied last."""
-        values = dict(cls.PROFILES.get(check_profile(profile), {}))
+        check_profile(profile)
+        if cls.PROFILES and profile not in cls.PROFILES:  # never run one profile's sizes under another's name
+            raise ValueError(f"{cls.__qualname__} defines no settings for profile {profile!r} "
+                             f"(it has {', '.join(cls.PROFILES)}); add them to its PROFILES")
+        values = dict(cls.PROFILES.get(profile, {}))
         values.update(overrides)
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - names)

@@ -23,6 +23,7 @@ approaches that of independent draws.  Compare with B_exact / B_align from
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from dataclasses import asdict, dataclass
 
@@ -32,7 +33,14 @@ import torch
 from dalign_core._tensor import check_finite
 from dalign_core.estimators import as_rows, gram_product
 
-__all__ = ["MisalignmentEstimate", "cross_gram", "draw_indices", "resample_alignment", "misalignment_probability"]
+__all__ = [
+    "MisalignmentEstimate",
+    "cross_gram",
+    "draw_indices",
+    "resample_alignment",
+    "misalignment_probability",
+    "wilson_interval",
+]
 
 
 @dataclass(frozen=True)
@@ -42,7 +50,11 @@ class MisalignmentEstimate:
     p_misalign: float
     """Fraction of resamples with ``mu_M^T g_K <= 0``."""
     p_misalign_se: float
-    """Binomial standard error ``sqrt(p (1 - p) / trials)``."""
+    """Binomial standard error ``sqrt(p (1 - p) / trials)`` (0 at p = 0 or 1: use the interval there)."""
+    p_misalign_lo: float
+    p_misalign_hi: float
+    """Wilson score interval at level ``confidence``; honest at p = 0 (``hi = z^2 / (R + z^2)``)."""
+    confidence: float
     mean: float
     """Mean of ``mu_M^T g_K`` over resamples."""
     variance: float
@@ -72,6 +84,27 @@ def cross_gram(q_train, q_test=None) -> torch.Tensor:
     if a.device != b.device:
         raise ValueError(f"q_train is on {a.device} and q_test on {b.device}")
     return gram_product(a, b)
+
+
+def wilson_interval(successes: int, trials: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion: ``(lo, hi)`` in [0, 1].
+
+    Unlike the normal interval ``p +- z se``, it never collapses to a point: with no
+    successes in R trials it is ``[0, z^2 / (R + z^2)]`` (about ``3.8 / R`` at 95%).
+    """
+    if trials < 1:
+        raise ValueError(f"trials must be >= 1, got {trials}")
+    if not 0 <= successes <= trials:
+        raise ValueError(f"successes must be in [0, trials={trials}], got {successes}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    z = statistics.NormalDist().inv_cdf(0.5 + confidence / 2)
+    p = successes / trials
+    denominator = 1 + z * z / trials
+    centre = (p + z * z / (2 * trials)) / denominator
+    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denominator
+    # At p = 0 (or 1) the exact bound is 0 (or 1); clamp the rounding.
+    return (0.0 if successes == 0 else max(0.0, centre - half), 1.0 if successes == trials else min(1.0, centre + half))
 
 
 def draw_indices(n: int, size: int, count: int, generator: torch.Generator) -> torch.Tensor:
@@ -166,6 +199,7 @@ def misalignment_probability(
     C: torch.Tensor | None = None,
     one_pool: bool | None = None,
     chunk: int | None = None,
+    confidence: float = 0.95,
 ) -> MisalignmentEstimate:
     """Estimate ``Pr(mu_M^T g_K <= 0)`` from ``trials`` resamples of the q pools.
 
@@ -181,10 +215,11 @@ def misalignment_probability(
         one_pool: whether ``C`` is one pool's Gram matrix (disjoint subsets drawn);
             default: True when only ``q_train`` is given, False otherwise.
         chunk: resamples per vectorized chunk (default: about 2^22 gathered entries).
+        confidence: level of the Wilson interval on ``p_misalign``.
 
     Returns:
-        :class:`MisalignmentEstimate` with ``p_misalign``, its standard error
-        ``sqrt(p(1-p)/R)``, and the mean and variance of the statistic.
+        :class:`MisalignmentEstimate` with ``p_misalign``, its Wilson interval and
+        standard error, and the mean and variance of the statistic.
     """
     t0 = time.perf_counter()
     if one_pool is None:
@@ -200,10 +235,15 @@ def misalignment_probability(
     else:
         check_finite(C, "C")
     stats = resample_alignment(C, M, K, trials, seed=seed, one_pool=one_pool, chunk=chunk)
-    p = float((stats <= 0).double().mean())
+    misaligned = int((stats <= 0).sum())
+    p = misaligned / trials
+    lo, hi = wilson_interval(misaligned, trials, confidence)
     return MisalignmentEstimate(
         p_misalign=p,
         p_misalign_se=math.sqrt(p * (1.0 - p) / trials),
+        p_misalign_lo=lo,
+        p_misalign_hi=hi,
+        confidence=confidence,
         mean=float(stats.mean()),
         variance=float(stats.var(correction=1)) if trials > 1 else float("nan"),
         M=int(M), K=int(K), trials=int(trials), seed=int(seed),

@@ -307,6 +307,9 @@ def load_state(checkpoint: "str | os.PathLike", map_location="cpu") -> dict[str,
 def _write_checkpoint(root: Path, step: int, model, state: dict | None, meta: dict) -> Path:
     final = root / _STEP_DIR.format(step)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)  # mkdtemp makes 0700; a checkpoint should be as readable as any other folder
     try:
         safetensors.torch.save_file(_weights(model), str(tmp / "model.safetensors"), metadata={"step": str(step)})
         if state is not None:

@@ -1,39 +1,54 @@
-"""The LLaMA width experiment end to end on a tiny corpus made here (no download)."""
+"""The LLaMA family end to end on a tiny corpus made here (no download), and its sample-unit study."""
 
+import logging
 import random
 
 import pandas as pd
 import pytest
+import torch
 
+from dalign_core import sweep
 from dalign_core.data.text import TextCorpus
 from dalign_core.experiments import llama_width
+from dalign_core.models.llama import build_llama
 
 GEOMETRY_COLUMNS = {
-    "family", "model", "width", "depth", "seed", "layer", "n", "mean_sq", "directional", "cov_energy",
-    "d_par", "d_2", "d_align", "d_align_lo", "d_align_hi", "heldout_loss", "baseline_loss",
+    "family", "model", "width", "seed", "lr", "step", "pool", "layer", "n", "mean_sq", "directional", "cov_energy",
+    "d_par", "d_2", "d_align", "d_align_lo", "d_align_hi", "heldout_loss", "baseline_loss", "trained_ok",
 }
 MISALIGNMENT_COLUMNS = {
-    "family", "model", "width", "seed", "layer", "M", "K", "trials", "p_misalign", "p_misalign_se", "b_exact", "b_align",
+    "family", "model", "width", "seed", "layer", "setting", "M", "K", "trials", "p_misalign", "p_misalign_lo",
+    "p_misalign_hi", "b_exact", "b_align", "b_align_at_lo", "bound_note",
 }
 
 
 def tiny_corpus() -> TextCorpus:
     rng = random.Random(0)
     words = "the king and queen of verona speak to a lord who loves her well but fears the night".split()
-    docs = [" ".join(rng.choice(words) for _ in range(3000)) + "." for _ in range(6)]
-    return TextCorpus(tuple(docs[:5]), tuple(docs[5:]), tuple(f"w{i}" for i in range(5)), ("w5",), source="test")
+    docs = [" ".join(rng.choice(words) for _ in range(4000)) + "." for _ in range(9)]
+    names = [f"w{i}" for i in range(9)]
+    return TextCorpus(tuple(docs[:5]), tuple(docs[7:]), tuple(names[:5]), tuple(names[7:]), source="test",
+                      validation_texts=tuple(docs[5:7]), validation_names=tuple(names[5:7]))
+
+
+def tiny_config(**overrides):
+    values = dict(widths=(16, 32, 48), vocab_size=300, steps=6, warmup_steps=1, checkpoint_steps=(0, 4, 6),
+                  resamples=300, trend_resamples=50)
+    return llama_width.Config.for_profile("smoke", **{**values, **overrides})
 
 
 @pytest.fixture
-def tiny_run(tmp_path, monkeypatch):
+def tiny_env(tmp_path, monkeypatch):
     monkeypatch.setattr(llama_width, "load_corpus", lambda name: tiny_corpus())
     monkeypatch.setenv("DALIGN_CHECKPOINTS", str(tmp_path / "checkpoints"))
     monkeypatch.setenv("DALIGN_CACHE", str(tmp_path / "cache"))
-    config = llama_width.Config.for_profile(
-        "smoke", widths=(32,), vocab_size=300, steps=6, checkpoint_steps=(0, 6), resamples=500, eval_sequences=16,
-    )
-    out = llama_width.run(config, out_dir=tmp_path / "results")
-    return config, out
+    return tmp_path
+
+
+@pytest.fixture
+def tiny_run(tiny_env):
+    config = tiny_config()
+    return config, llama_width.run(config, out_dir=tiny_env / "results")
 
 
 def test_tables_have_the_documented_columns(tiny_run):
@@ -43,76 +58,65 @@ def test_tables_have_the_documented_columns(tiny_run):
     units = pd.read_csv(out / "llama_sample_unit.csv")
     assert GEOMETRY_COLUMNS <= set(geometry.columns)
     assert MISALIGNMENT_COLUMNS <= set(misalignment.columns)
-    # One row per (step, pool, layer) for the single (width, seed).
-    assert len(geometry) == 2 * 2 * config.depth
-    assert set(geometry.step) == {0, 6} and set(geometry.pool) == {"train", "heldout"}
-    assert (geometry.n == config.pool_size).all() and (geometry.d == 32).all()
-    assert set(misalignment.setting) == {"heldout/heldout", "train/heldout"}
-    assert len(misalignment) == 2 * len(config.budgets)
-    assert (misalignment.b_exact <= misalignment.b_align + 1e-12).all()
+    assert set(geometry.layer) == {"model.layers.0", "model.layers.1"}
+    assert (geometry.n == config.pool_size).all()
     assert set(units.unit) == {"sequence", "token"} and set(units.context) == set(config.unit_contexts)
-    assert (units[units.reduction == "full"].d == units[units.reduction == "full"].context * 32).all()
-    # A six-step model cannot beat the bigram baseline: it must be marked as a failed run.
-    assert not geometry.trained_ok.any()
+    full = units[units.reduction == "full"]
+    assert (full.d == full.context * full.width).all()
+    assert (units.n == config.pool_size).all()
+    # A six-step model cannot beat the bigram baseline: every run is marked as failed.
+    assert not geometry.trained_ok.any() and not pd.read_csv(out / "llama_runs.csv").trained_ok.any()
 
 
-def test_rerun_skips_and_is_deterministic(tiny_run, tmp_path, capsys):
+def test_rerun_skips_and_force_measures_the_same_models_again(tiny_run, caplog):
     config, out = tiny_run
     first = pd.read_csv(out / "llama_geometry.csv")
-    capsys.readouterr()
-    llama_width.run(config, out_dir=out)
-    assert "skipping" in capsys.readouterr().out
-    # Forcing a rerun resumes the finished training from its checkpoints and measures again.
-    llama_width.run(config, out_dir=out, force=True)
+    with caplog.at_level(logging.INFO, logger="dalign"):
+        llama_width.run(config, out_dir=out)
+    assert "reusing them" in caplog.text
+    llama_width.run(config, out_dir=out, force=True)  # finished training is loaded from its checkpoints
     pd.testing.assert_frame_equal(pd.read_csv(out / "llama_geometry.csv"), first)
 
 
 def test_checkpoints_are_keyed_by_what_determines_the_weights():
     config = llama_width.Config.for_profile("smoke")
-    root = llama_width.checkpoint_root(config)
-    assert llama_width.checkpoint_root(llama_width.Config.for_profile("smoke", resamples=7, pool_size=9)) == root
-    assert llama_width.checkpoint_root(llama_width.Config.for_profile("smoke", lr=1e-4)) != root
-    assert llama_width.checkpoint_root(llama_width.Config.for_profile("cpu")).parent.parent.name == "cpu"
+    root = sweep.checkpoint_root(config, llama_width.FAMILY)
+    measured_differently = llama_width.Config.for_profile("smoke", resamples=7, pool_size=9, lr_candidates=(1.0,))
+    assert sweep.checkpoint_root(measured_differently, llama_width.FAMILY) == root
+    assert sweep.checkpoint_root(llama_width.Config.for_profile("smoke", depth=3), llama_width.FAMILY) != root
+    assert sweep.checkpoint_root(llama_width.Config.for_profile("cpu"), llama_width.FAMILY).parent.parent.name == "cpu"
 
 
-def test_describe_runs_reports_failures_and_loss_trend():
-    runs = pd.DataFrame(dict(width=[32, 64, 64], seed=[0, 0, 1], heldout_loss=[4.3, 4.1, 9.0],
-                             trained_ok=[True, True, False]))
-    text = llama_width.describe_runs(runs)
-    assert text.startswith("**1 of 3 runs failed**") and "N=64 seed 1" in text
-    assert "N=32: 4.300, N=64: 4.100" in text and "falls with every increase" in text
+def test_the_token_unit_is_each_tokens_own_loss():
+    """q of the token unit equals the gradient of that one token's loss, found by a separate backward pass."""
+    config = tiny_config(unit_contexts=(8,))
+    model = build_llama(16, depth=2, head_dim=16, vocab_size=50, context=8, seed=0).eval()
+    sequences = torch.randint(0, 50, (4, 8), generator=torch.Generator().manual_seed(1))
+    labels = llama_width._token_targets(sequences, seed=0)
+    assert ((labels != -100).sum(dim=1) == 1).all() and (labels[:, 0] == -100).all()
+    from dalign_core.hooks import activation_gradients
+
+    q = activation_gradients(model, "model.layers.0", {"input_ids": sequences}, labels)
+    for i in range(len(sequences)):
+        position = int((labels[i] != -100).nonzero())
+        captured = {}
+        handle = model.model.layers[0].register_forward_hook(
+            lambda module, args, output: captured.setdefault("z", output[0] if isinstance(output, tuple) else output))
+        logits = model(input_ids=sequences[i:i + 1]).logits
+        handle.remove()
+        loss = torch.nn.functional.cross_entropy(logits[0, position - 1], sequences[i, position])
+        (grad,) = torch.autograd.grad(loss, captured["z"])
+        torch.testing.assert_close(q[i], grad[0].sum(dim=0), rtol=1e-4, atol=1e-6)
+    assert config.unit_contexts == (8,)
 
 
-def test_a_diverged_run_is_reported_as_failed(tmp_path, monkeypatch):
-    def diverge(*args, **kwargs):
-        raise FloatingPointError("loss is nan at step 3; lower the learning rate")
-
-    monkeypatch.setattr(llama_width, "load_corpus", lambda name: tiny_corpus())
-    monkeypatch.setattr(llama_width, "train", diverge)
-    monkeypatch.setenv("DALIGN_CHECKPOINTS", str(tmp_path / "checkpoints"))
-    monkeypatch.setenv("DALIGN_CACHE", str(tmp_path / "cache"))
-    config = llama_width.Config.for_profile("smoke", widths=(32,), vocab_size=300, eval_sequences=16)
-    out = llama_width.run(config, out_dir=tmp_path / "results")
-    from dalign_core.results import read_table
-
-    geometry, provenance = read_table(out, "llama_geometry")
-    assert geometry.empty and llama_width.trained_only(geometry).empty
-    runs = llama_width.run_summary(provenance)
-    assert not runs.trained_ok.any() and "failure" in provenance["runs"][0]
-    assert "1 of 1 runs failed" in llama_width.describe_runs(runs)
+@pytest.mark.parametrize("profile", ["smoke", "cpu", "gpu", "paper"])
+def test_every_profile_is_a_valid_config(profile):
+    config = llama_width.Config.for_profile(profile)
+    assert config.steps in config.checkpoint_steps and config.last_third
+    assert all(4 * (M + K) <= config.pool_size for M, K in config.budgets)
 
 
-def test_same_seed_and_profile_give_the_same_numbers(tmp_path, monkeypatch):
-    """Two independent runs (separate checkpoints, caches and results) agree exactly on the CPU."""
-    monkeypatch.setattr(llama_width, "load_corpus", lambda name: tiny_corpus())
-    config = llama_width.Config.for_profile(
-        "smoke", widths=(32,), vocab_size=300, steps=4, checkpoint_steps=(0, 4), resamples=300, eval_sequences=16,
-    )
-    tables = []
-    for attempt in ("first", "second"):
-        monkeypatch.setenv("DALIGN_CHECKPOINTS", str(tmp_path / attempt / "checkpoints"))
-        monkeypatch.setenv("DALIGN_CACHE", str(tmp_path / attempt / "cache"))
-        out = llama_width.run(config, out_dir=tmp_path / attempt / "results")
-        tables.append([pd.read_csv(out / f"{name}.csv") for name in llama_width.TABLES])
-    for first, second in zip(*tables):
-        pd.testing.assert_frame_equal(first, second)
+def test_a_bad_insertion_layer_is_refused():
+    with pytest.raises(ValueError, match="insertion_layer 5 is not a layer of a depth-2 model"):
+        llama_width.Config.for_profile("cpu", insertion_layer=5)

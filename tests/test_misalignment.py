@@ -102,3 +102,28 @@ def test_bigram_against_direct_counts():
     assert unigram_heldout_loss(train, held, V) > 0
     with pytest.raises(ValueError, match="outside"):
         bigram_heldout_loss(train, torch.tensor([[0, 3]]), V, k=k)
+
+
+def test_wilson_interval_is_honest_at_the_edges():
+    from dalign_core.misalignment import wilson_interval
+
+    z = 1.959963984540054
+    lo, hi = wilson_interval(0, 1000)
+    assert lo == 0.0 and hi == pytest.approx(z * z / (1000 + z * z))
+    lo, hi = wilson_interval(1000, 1000)
+    assert hi == 1.0 and lo == pytest.approx(1000 / (1000 + z * z))
+    lo, hi = wilson_interval(500, 1000)
+    assert lo < 0.5 < hi and hi - lo == pytest.approx(2 * z * math.sqrt(0.25 / 1000), rel=0.01)
+    # coverage: intervals at 95% cover the true p in about 95% of binomial draws
+    rng = np.random.default_rng(0)
+    covered = [lo <= 0.02 <= hi for lo, hi in (wilson_interval(int(k), 200) for k in rng.binomial(200, 0.02, 2000))]
+    assert 0.92 < np.mean(covered) < 0.99
+    with pytest.raises(ValueError, match="successes"):
+        wilson_interval(5, 4)
+
+
+def test_misalignment_estimate_carries_a_wilson_interval():
+    a, b = _pools(shift=3.0)  # strongly aligned: no misaligned resample
+    estimate = misalignment_probability(a, b, M=8, K=8, trials=500, seed=0)
+    assert estimate.p_misalign == 0.0 and estimate.p_misalign_se == 0.0
+    assert estimate.p_misalign_lo == 0.0 and 0.005 < estimate.p_misalign_hi < 0.01

@@ -104,3 +104,14 @@ def test_theory_command_line(tmp_path):
     assert proc.returncode == 0, proc.stderr
     record = json.loads((tmp_path / "theory_alignment.json").read_text())
     assert record["seed"] == 3 and record["profile"] == "smoke"
+
+
+def test_a_config_without_settings_for_a_profile_is_refused():
+    from dalign_core.experiments import llama_width
+
+    class Partial(llama_width.Config):
+        PROFILES = {"smoke": {}, "cpu": {}}
+
+    with pytest.raises(ValueError, match="defines no settings for profile 'gpu'"):
+        Partial.for_profile("gpu")
+    assert llama_width.Config.for_profile("gpu").widths == (512, 1024, 1536)

@@ -43,14 +43,15 @@ from typing import Any, Mapping
 
 import yaml
 
-from dalign_core.results import atomic_path
+from dalign_core._env import env_flag
+from dalign_core.atomic import atomic_path
+from dalign_core.config import REPO_ROOT
 
 __all__ = [
     "Manifest",
     "Source",
     "ChecksumError",
     "DataMissingError",
-    "repo_root",
     "manifest_dir",
     "default_cache_dir",
     "load_manifest",
@@ -133,20 +134,15 @@ class Manifest:
         )
 
 
-def repo_root() -> Path:
-    """The repository root (the folder holding ``dalign_core/``)."""
-    return Path(__file__).resolve().parents[2]
-
-
 def manifest_dir() -> Path:
     """``<repo>/data_manifests``."""
-    return repo_root() / "data_manifests"
+    return REPO_ROOT / "data_manifests"
 
 
 def default_cache_dir() -> Path:
     """``$DALIGN_CACHE`` if set, else ``<repo>/.cache/dalign``."""
     env = os.environ.get("DALIGN_CACHE")
-    return Path(env).expanduser() if env else repo_root() / ".cache" / "dalign"
+    return Path(env).expanduser() if env else REPO_ROOT / ".cache" / "dalign"
 
 
 def load_manifest(name: "str | os.PathLike | Manifest") -> Manifest:
@@ -200,13 +196,9 @@ def verify_file(path: "str | os.PathLike", manifest: Manifest) -> Path:
     return path
 
 
-def _env_offline() -> bool:
-    return os.environ.get("DALIGN_OFFLINE", "").strip().lower() not in ("", "0", "false", "no")
-
-
 def _resolve_local(value: str) -> Path:
     p = Path(os.path.expandvars(value)).expanduser()
-    return p if p.is_absolute() else repo_root() / p
+    return p if p.is_absolute() else REPO_ROOT / p
 
 
 def _install_verified(candidate: Path, final: Path, manifest: Manifest, *, move: bool) -> Path:
@@ -292,7 +284,7 @@ def fetch(
     if final.exists():
         return verify_file(final, manifest)
     if offline is None:
-        offline = _env_offline()
+        offline = env_flag("DALIGN_OFFLINE")
     failures: list[str] = []
     for source in manifest.sources:
         try:

@@ -1,315 +1,194 @@
 """Width-controlled LLaMA-style models: d_align and misalignment against width.
 
-For every width N and seed: train a LLaMA-style causal LM (transformers
-``LlamaForCausalLM``; depth, head dimension, context, data, steps and optimizer
-shared across widths), keep checkpoints along training, and at each checkpoint
-capture one activation gradient q per sequence at every decoder layer (the
-gradient of the sequence's mean next-token loss with respect to the layer's
-output, summed over positions: the shared-bias reduction) on a train pool and a
-held-out pool. Then:
+The LLaMA family of the width sweep (:mod:`dalign_core.sweep`): transformers'
+``LlamaForCausalLM`` with depth, head dimension, context, vocabulary and data held
+fixed and only the width N (and so the number of heads) varied; trained on a text
+corpus split by whole documents into train, validation and held-out test. One sample
+is one sequence; its q at a decoder layer is the gradient of the sequence's mean
+next-token loss with respect to that layer's output, summed over positions (the
+gradient of a zero-initialized bias shared over positions: the ``shared`` reduction).
+The baseline a trained model must beat is the add-k bigram model on the same tokens.
 
-* ``llama_geometry``: the estimated geometry (``||mu||^2``, ``d_par``, ``d_2``,
-  ``d_align`` with intervals) per (width, seed, step, pool, layer), with the
-  model's held-out loss beside the bigram baseline on the same tokens;
-* ``llama_misalignment``: the empirical ``Pr(mu_M^T g_K <= 0)`` at the final
-  checkpoint from resamples of disjoint subsets of the held-out pool (the
-  theorem's setting: train and test means from the same law), beside B_exact and
-  B_align from the estimated geometry, for a grid of budgets (M, K); and the
-  same statistic with M drawn from the train pool (the growth question: does
-  the training set's direction carry over to unseen text?);
-* ``llama_sample_unit``: how the choice of sample unit (sequence or token),
-  sequence length and reduction moves d_align at the final checkpoint.
+Beside the sweep's tables, ``llama_sample_unit`` shows how the choice of sample
+moves d_align at the final checkpoint (first seed of each width, held-out pool,
+primary insertion point):
 
-A model whose held-out loss does not beat the bigram baseline is marked
-``trained_ok = False``: a failed run, reported and never plotted as a data point.
+* ``sequence / shared``: the default above, at contexts truncated to ``unit_contexts``;
+* ``sequence / full``: every position kept (dimension T·N);
+* ``token / shared``: one sample is one token's own next-token loss, at a position
+  drawn uniformly in each pool sequence, so the ``pool_size`` token samples come from
+  distinct sequences and are independent. (A position's slice of the *sequence* loss
+  gradient would not be the token's own loss; tokens share a sequence's attention, so
+  each needs its own backward pass, which one token per sequence gives in a batch.)
 
-Run without Jupyter: ``python -m dalign_core.experiments.llama_width --profile paper``.
+Run without Jupyter: ``python -m dalign_core.experiments.llama_width --profile gpu``
+(``--dry-run`` projects the wall time first).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import pandas as pd
 import torch
-from tqdm import tqdm
 
-from dalign_core._tensor import resolve_device
 from dalign_core.baselines import bigram_heldout_loss
 from dalign_core.data import load_corpus, prepare_lm_data
 from dalign_core.estimators import estimate_geometry
-from dalign_core.hooks import accumulate_geometry, activation_gradients
-from dalign_core.misalignment import misalignment_probability
-from dalign_core.models.llama import LlamaWidthSpec, build_llama, count_parameters
-from dalign_core.results import REPO_ROOT, ExperimentConfig, default_results_dir, results_current, write_table
-from dalign_core.training import TrainConfig, evaluate_lm_loss, load_weights, train
-
-TABLES = ("llama_geometry", "llama_misalignment", "llama_sample_unit")
+from dalign_core.experiments._runner import main, run_experiment
+from dalign_core.family import Family, Splits, SweepConfig
+from dalign_core.hooks import IGNORE_INDEX, activation_gradients
+from dalign_core.models.llama import LlamaWidthSpec, build_llama
+from dalign_core.sweep import dry_run as sweep_dry_run
+from dalign_core.sweep import run_sweep, tables_of
+from dalign_core.training import evaluate_lm_loss
 
 
 @dataclass(frozen=True)
-class Config(ExperimentConfig):
-    """Everything that determines the experiment's numbers (defaults: the ``cpu`` profile)."""
+class Config(SweepConfig):
+    """The LLaMA sweep (defaults: the ``cpu`` profile; see ``PROFILES`` for the others)."""
 
-    profile: str = "cpu"
-    seed: int = 0
-    """Base seed; run r of a width uses seed ``seed + r`` for initialization and data order."""
-    seeds: int = 3
     widths: tuple[int, ...] = (32, 64, 128, 256)
     depth: int = 2
     head_dim: int = 32
-    context: int = 64
+    context: int = 128
     vocab_size: int = 2048
     corpus: str = "shakespeare"
-    """``"shakespeare"`` (offline, about 1.6M tokens at vocabulary 2048) or ``"hf:<dataset>[/<config>]"``
-    (web text, needs network). The ``paper`` budget (82M tokens) repeats Shakespeare for dozens of
-    epochs; where the GPU machine has network, pass ``corpus="hf:..."`` to train on fresh text."""
-    batch_size: int = 32
+    """``"shakespeare"`` (offline: 33 train, 4 validation and 5 held-out works, about 1.45M / 178k / 230k
+    tokens at vocabulary 2048), ``"dir:/path"`` (a folder of .txt or .jsonl files) or ``"hf:<dataset>"``."""
+    batch_size: int = 16
     steps: int = 600
-    lr: float = 3e-3
-    warmup_steps: int = 60
-    weight_decay: float = 0.1
-    checkpoint_steps: tuple[int, ...] = (0, 10, 30, 100, 300, 600)
-    pool_size: int = 256
-    """Examples (sequences) per q pool, train and held-out."""
-    capture_batch: int = 64
-    eval_sequences: int = 1024
-    """Held-out sequences scored for the held-out loss (model and bigram alike)."""
+    checkpoint_steps: tuple[int, ...] = (0, 30, 100, 200, 400, 500, 600)
+    train_pool_steps: tuple[int, ...] | None = (0, 400, 600)
     insertion_layer: int = 0
-    """The decoder layer whose output is the fixed insertion point (``model.layers.<i>``)."""
-    budgets: tuple[tuple[int, int], ...] = ((4, 4), (16, 16), (32, 32), (64, 64), (128, 128))
-    resamples: int = 100_000
-    unit_contexts: tuple[int, ...] = (16, 32, 64)
-    confidence: float = 0.95
-    device: str = "auto"
-    autocast_dtype: str | None = None
+    """The decoder layer whose output is the primary insertion point (``model.layers.<i>``)."""
+    unit_contexts: tuple[int, ...] = (32, 64, 128)
+    """Contexts of the sample-unit study, measured on the first seed of each width."""
 
     PROFILES = {
         "smoke": dict(
-            seeds=1, widths=(32, 64), context=32, vocab_size=512, steps=20, warmup_steps=2,
-            checkpoint_steps=(0, 20), pool_size=16, capture_batch=8, eval_sequences=64, budgets=((2, 2), (4, 4)), resamples=2_000,
-            unit_contexts=(16, 32),
+            seeds=2, widths=(16, 32, 48), head_dim=16, context=32, vocab_size=512, steps=20, warmup_steps=2,
+            lr_candidates=(3e-3, 1e-2), checkpoint_steps=(0, 10, 16, 20), train_pool_steps=None, pool_size=64,
+            eval_examples=32, validation_examples=32, capture_batch=32, budgets=((2, 2), (4, 4)), resamples=1_000,
+            trend_resamples=200, unit_contexts=(16, 32),
         ),
         "cpu": {},
+        # The paper's shapes (depth 8, head dim 64) at widths a 15-minute GPU window can train, 3 rates x 3 seeds.
+        "gpu": dict(
+            widths=(512, 1024, 1536), depth=8, head_dim=64, batch_size=32, steps=300, warmup_steps=30,
+            lr_candidates=(3e-4, 1e-3, 3e-3), checkpoint_steps=(0, 30, 100, 200, 250, 300),
+            train_pool_steps=(0, 200, 300), insertion_layer=3, autocast_dtype="bfloat16",
+        ),
+        # The paper's widths. Shakespeare holds 1.45M training tokens: 5,000 steps of 64 x 256 tokens would be
+        # 56 epochs (the run warns), so bring a larger corpus: corpus="dir:/path" or "hf:<dataset>".
         "paper": dict(
             widths=(512, 1024, 1536, 2048, 2560, 3072), depth=8, head_dim=64, context=256, vocab_size=8192,
-            eval_sequences=4096,
-            batch_size=64, steps=5_000, lr=1e-3, warmup_steps=250, checkpoint_steps=(0, 100, 300, 1000, 2000, 5000),
-            pool_size=1024, capture_batch=64, insertion_layer=3, unit_contexts=(64, 128, 256),
-            budgets=((4, 4), (16, 16), (32, 32), (64, 64), (128, 128), (256, 256)), autocast_dtype="bfloat16",
+            batch_size=64, steps=5_000, warmup_steps=250, lr_candidates=(1e-4, 3e-4, 1e-3),
+            checkpoint_steps=(0, 100, 300, 1000, 2000, 3500, 4000, 4500, 5000),
+            train_pool_steps=(0, 1000, 3500, 5000), insertion_layer=3, unit_contexts=(64, 128, 256),
+            autocast_dtype="bfloat16",
         ),
     }
 
-    def spec(self, width: int, vocab_size: int) -> LlamaWidthSpec:
-        return LlamaWidthSpec(width=width, depth=self.depth, head_dim=self.head_dim, vocab_size=vocab_size,
-                              context=self.context)
-
-    @property
-    def layer(self) -> str:
-        return f"model.layers.{self.insertion_layer}"
-
-
-TRAINING_FIELDS = ("depth", "head_dim", "context", "vocab_size", "corpus", "batch_size", "steps", "lr", "warmup_steps",
-                   "weight_decay", "checkpoint_steps", "autocast_dtype")
-"""The config fields that determine the trained weights (with width and seed)."""
+    def __post_init__(self):
+        super().__post_init__()
+        if not 0 <= self.insertion_layer < self.depth:
+            raise ValueError(f"insertion_layer {self.insertion_layer} is not a layer of a depth-{self.depth} model")
+        if max(self.unit_contexts) > self.context:
+            raise ValueError(f"unit_contexts {self.unit_contexts} exceed the context {self.context}")
 
 
-def checkpoint_root(config: Config) -> Path:
-    """Where training checkpoints live: ``checkpoints/<profile>/llama_width/<training hash>``.
+class LlamaFamily(Family):
+    """LLaMA-style causal LMs on a text corpus (see the module docstring)."""
 
-    The hash covers only :data:`TRAINING_FIELDS`, so changing how the models are
-    measured (pools, budgets, resamples) reuses the trained models. Override the
-    root with ``DALIGN_CHECKPOINTS``.
-    """
-    root = Path(os.environ.get("DALIGN_CHECKPOINTS") or REPO_ROOT / "checkpoints")
-    fields = {name: getattr(config, name) for name in TRAINING_FIELDS}
-    key = hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    return root / config.profile / "llama_width" / key
+    name = "llama"
+    training_fields = ("depth", "head_dim", "context", "vocab_size", "corpus")
+    extra_tables = ("sample_unit",)
 
+    def load_data(self, config: Config) -> Splits:
+        data = prepare_lm_data(load_corpus(config.corpus), vocab_size=config.vocab_size, seq_len=config.context)
+        return Splits(train=data.train, validation=data.validation, test=data.test,
+                      unit=f"sequences of {config.context} tokens", summary=data.summary())
 
-def _pool_batches(sequences: torch.Tensor, batch_size: int):
-    return [{"input_ids": sequences[i:i + batch_size]} for i in range(0, len(sequences), batch_size)]
+    def build(self, config: Config, width: int, seed: int, splits: Splits):
+        spec = LlamaWidthSpec(width=width, depth=config.depth, head_dim=config.head_dim,
+                              vocab_size=splits.summary["vocab_size"], context=config.context)
+        return build_llama(spec, seed=seed)
 
+    def insertion_points(self, config: Config, model) -> list[str]:
+        return [f"model.layers.{i}" for i in range(config.depth)]
 
-def _geometry_rows(accumulators, base: dict, confidence: float) -> list[dict]:
-    rows = []
-    for layer, accumulator in accumulators.items():
-        geometry = accumulator.result(confidence)
-        rows.append({**base, "layer": layer, **geometry.to_row()})
-    return rows
+    def primary_layer(self, config: Config) -> str:
+        return f"model.layers.{config.insertion_layer}"
 
+    def batches(self, examples: torch.Tensor, batch_size: int) -> list:
+        return [{"input_ids": examples[i:i + batch_size]} for i in range(0, len(examples), batch_size)]
 
-def train_and_measure(config: Config, width: int, run: int, data, baseline_loss: float):
-    """Train one (width, seed) model and measure it along its checkpoints.
+    def heldout_metric(self, model, examples: torch.Tensor, config: Config) -> float:
+        return evaluate_lm_loss(model, examples, batch_size=config.capture_batch, autocast_dtype=config.autocast_dtype)
 
-    Returns (geometry rows, misalignment rows, sample-unit rows, summary dict).
-    """
-    device = resolve_device(config.device)
-    seed = config.seed + run
-    spec = config.spec(width, data.vocab_size)
-    model = build_llama(spec, seed=seed, device=device)
-    train_config = TrainConfig(
-        steps=config.steps, batch_size=config.batch_size, lr=config.lr, warmup_steps=config.warmup_steps,
-        weight_decay=config.weight_decay, seed=seed, autocast_dtype=config.autocast_dtype,
-        checkpoint_dir=str(checkpoint_root(config) / f"width{width}_seed{seed}"),
-        checkpoint_every=max(config.steps // 4, 1), checkpoint_steps=config.checkpoint_steps,
-        progress=sys.stderr.isatty(),
-    )
-    base = dict(family="llama", model=f"llama-N{width}-L{config.depth}", width=width, depth=config.depth, seed=seed,
-                parameters=count_parameters(model), baseline_loss=baseline_loss)
-    try:
-        result = train(model, data.train, train_config, description=f"N={width} seed={seed}")
-    except FloatingPointError as err:  # diverged: a failed run, reported, never measured
-        print(f"  N={width} seed={seed}: training diverged ({err})")
-        return [], [], [], {**base, "heldout_loss": float("nan"), "trained_ok": False,
-                            "final_train_loss": float("nan"), "failure": str(err)}
-    model.eval()
-    heldout_loss = evaluate_lm_loss(model, data.test[: config.eval_sequences], batch_size=64)
-    base.update(heldout_loss=heldout_loss, trained_ok=heldout_loss < baseline_loss,
-                final_train_loss=result.history[-1]["loss"] if result.history else float("nan"))
-    trained_ok = base["trained_ok"]
-    pools = {"train": data.train[: config.pool_size], "heldout": data.test[: config.pool_size]}
-    layers = [f"model.layers.{i}" for i in range(config.depth)]
-    geometry_rows, misalignment_rows = [], []
-    final_grams = {}
-    for step in sorted(result.checkpoints):
-        load_weights(model, result.checkpoints[step])
-        model.eval()
-        for pool_name, sequences in pools.items():
-            accumulators = accumulate_geometry(model, layers, _pool_batches(sequences, config.capture_batch),
-                                               device=device)
-            geometry_rows += _geometry_rows(accumulators, {**base, "step": step, "pool": pool_name},
-                                            config.confidence)
-            if step == config.steps:
-                final_grams[pool_name] = accumulators[config.layer]
-    # Misalignment at the fixed insertion point of the final model.
-    heldout = final_grams["heldout"]
-    heldout_geometry = heldout.result(config.confidence)
-    cross = heldout.rows()  # q rows of the held-out pool, shape (n, N)
-    train_rows = final_grams["train"].rows()
-    for M, K in config.budgets:
-        if M + K > heldout.n:
-            continue
-        same_law = misalignment_probability(None, C=heldout.gram(), one_pool=True, M=M, K=K,
-                                            trials=config.resamples, seed=seed)
-        transfer = misalignment_probability(train_rows, cross, M=M, K=K, trials=config.resamples, seed=seed)
-        for setting, estimate in (("heldout/heldout", same_law), ("train/heldout", transfer)):
-            misalignment_rows.append(dict(
-                family=base["family"], model=base["model"], width=width, seed=seed, layer=config.layer,
-                setting=setting, M=M, K=K, trials=estimate.trials, p_misalign=estimate.p_misalign,
-                p_misalign_se=estimate.p_misalign_se, b_exact=heldout_geometry.b_exact(M, K),
-                b_align=heldout_geometry.b_align(M, K), d_align=heldout_geometry.d_align,
-                trained_ok=trained_ok,
-            ))
-    unit_rows = sample_unit_rows(config, model, pools["heldout"], base)
-    return geometry_rows, misalignment_rows, unit_rows, base
+    def baseline(self, splits: Splits, examples: torch.Tensor, config: Config) -> float:
+        return bigram_heldout_loss(splits.train, examples, splits.summary["vocab_size"])
+
+    def model_name(self, config: Config, width: int) -> str:
+        return f"llama-N{width}-L{config.depth}"
+
+    def extra_rows(self, config: Config, model, heldout_pool: torch.Tensor, run: dict) -> dict[str, list[dict]]:
+        first_seed = run["seed"] == config.seed  # the study compares choices on one model; seeds would multiply its cost
+        return {"sample_unit": sample_unit_rows(config, model, heldout_pool, run) if first_seed else []}
 
 
-def sample_unit_rows(config: Config, model, sequences: torch.Tensor, base: dict) -> list[dict]:
-    """d_align at the insertion point for each (sample unit, context length, reduction) choice."""
-    rows = []
+def _token_targets(sequences: torch.Tensor, seed: int) -> torch.Tensor:
+    """Labels that keep one target per sequence, at a uniform position in 1..T-1 (the rest ``IGNORE_INDEX``)."""
+    n, length = sequences.shape
+    positions = torch.randint(1, length, (n,), generator=torch.Generator().manual_seed(seed))
+    labels = torch.full_like(sequences, IGNORE_INDEX)
+    rows = torch.arange(n)
+    labels[rows, positions] = sequences[rows, positions]
+    return labels
+
+
+def sample_unit_rows(config: Config, model, sequences: torch.Tensor, run: dict) -> list[dict]:
+    """d_align at the primary insertion point for each (sample unit, context, reduction); see the module docstring."""
+    layer, rows = LlamaFamily().primary_layer(config), []
     for context in config.unit_contexts:
         truncated = sequences[:, :context]
-        full = torch.cat([
-            activation_gradients(model, config.layer, {"input_ids": batch["input_ids"]}, reduction="full")
-            for batch in _pool_batches(truncated, config.capture_batch)
-        ])  # (n, context * N): the gradient at every position of every sequence
-        n, width = full.shape[0], base["width"]
-        # As many token samples as sequence samples, drawn from distinct (sequence, position) pairs.
-        generator = torch.Generator().manual_seed(base["seed"])
-        tokens = torch.randperm(n * context, generator=generator)[:n].to(full.device)
-        per_token = full.reshape(n * context, width)[tokens]
-        variants = {
-            ("sequence", "shared"): full.reshape(n, context, width).sum(dim=1),
-            ("sequence", "full"): full,
-            ("token", "shared"): per_token,
-        }
+        labels = _token_targets(truncated, run["seed"])
+        full, token = [], []
+        for start in range(0, len(truncated), config.capture_batch):
+            batch = truncated[start:start + config.capture_batch]
+            full.append(activation_gradients(model, layer, {"input_ids": batch}, reduction="full"))
+            token.append(activation_gradients(model, layer, {"input_ids": batch},
+                                              labels[start:start + config.capture_batch], reduction="shared"))
+        full = torch.cat(full)  # (n, context * N): the sequence loss's gradient at every position
+        variants = {("sequence", "shared"): full.reshape(len(full), context, -1).sum(dim=1),
+                    ("sequence", "full"): full, ("token", "shared"): torch.cat(token)}
         for (unit, reduction), Q in variants.items():
             geometry = estimate_geometry(Q, confidence=config.confidence)
             rows.append(dict(
-                family=base["family"], model=base["model"], width=base["width"], seed=base["seed"],
-                layer=config.layer, unit=unit, context=context, reduction=reduction, n=geometry.n, d=geometry.d,
-                mean_sq=geometry.mean_sq, d_par=geometry.d_par, d_2=geometry.d_2, d_align=geometry.d_align,
+                family="llama", model=run["model"], width=run["width"], seed=run["seed"], layer=layer, unit=unit,
+                context=context, reduction=reduction, n=geometry.n, d=geometry.d, mean_sq=geometry.mean_sq,
+                d_par=geometry.d_par, d_2=geometry.d_2, d_align=geometry.d_align,
                 d_align_lo=geometry.intervals["d_align"].lo, d_align_hi=geometry.intervals["d_align"].hi,
-                trained_ok=base["trained_ok"],
+                trained_ok=run["trained_ok"],
             ))
     return rows
 
 
-def run_summary(provenance: dict) -> pd.DataFrame:
-    """One row per trained model (width, seed, parameters, losses, ``trained_ok``) from a results provenance."""
-    columns = ["width", "seed", "parameters", "final_train_loss", "heldout_loss", "baseline_loss", "trained_ok"]
-    return pd.DataFrame(provenance["runs"])[columns]
-
-
-def trained_only(table: pd.DataFrame) -> pd.DataFrame:
-    """The rows of models that beat the bigram baseline (an empty table stays empty)."""
-    return table[table.trained_ok.astype(bool)] if "trained_ok" in table else table
-
-
-def describe_runs(runs: pd.DataFrame) -> str:
-    """Plain-language sentences on which runs failed the bigram check and how held-out loss moves with width."""
-    failed = runs[~runs.trained_ok]
-    if len(failed):
-        text = (f"**{len(failed)} of {len(runs)} runs failed** to beat the bigram baseline and are excluded from the "
-                "figures: " + ", ".join(f"N={r.width} seed {r.seed}" for r in failed.itertuples()) + ".")
-    else:
-        text = f"All {len(runs)} runs beat the bigram baseline on held-out text."
-    loss_by_width = runs[runs.trained_ok].groupby("width").heldout_loss.mean()
-    if len(loss_by_width) > 1:
-        text += " Mean held-out loss by width: " + ", ".join(f"N={w}: {v:.3f}" for w, v in loss_by_width.items())
-        if loss_by_width.is_monotonic_decreasing:
-            text += " nats; it falls with every increase of width."
-        else:
-            text += (f" nats; it is lowest at N={loss_by_width.idxmin()}: with one learning rate and step budget "
-                     "shared by all widths, the widest models are not the best trained, the price of a matched budget.")
-    return text
+FAMILY = LlamaFamily()
+TABLES = tables_of(FAMILY)
 
 
 def run(config: Config, out_dir: str | Path | None = None, force: bool = False) -> Path:
-    """Train every (width, seed), measure, and write the three tables to ``out_dir``.
+    """Run the LLaMA width sweep and write its tables (skipped when current, unless ``force``)."""
+    return run_experiment("llama_width", TABLES, config, lambda c: run_sweep(c, FAMILY), out_dir=out_dir,
+                          force=force)
 
-    Skips the work when tables for this exact config already exist, unless ``force``.
-    Training resumes from checkpoints after an interruption. Returns the results folder.
-    """
-    out_dir = Path(out_dir) if out_dir is not None else default_results_dir(config.profile)
-    if not force and results_current(out_dir, TABLES, config):
-        print(f"llama_width: results for config {config.config_hash()} already in {out_dir}; skipping "
-              "(use force=True to rerun)")
-        return out_dir
-    started = time.perf_counter()
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    corpus = load_corpus(config.corpus)
-    data = prepare_lm_data(corpus, vocab_size=config.vocab_size, seq_len=config.context)
-    baseline_loss = bigram_heldout_loss(data.train, data.test[: config.eval_sequences], data.vocab_size)
-    print(f"llama_width: {data.summary()}; bigram held-out loss {baseline_loss:.3f} nats")
-    geometry, misalignment, units, runs = [], [], [], []
-    jobs = [(width, run) for width in config.widths for run in range(config.seeds)]
-    for width, run in tqdm(jobs, desc="llama width runs", disable=None):
-        job_start = time.perf_counter()
-        g, m, u, summary = train_and_measure(config, width, run, data, baseline_loss)
-        geometry += g
-        misalignment += m
-        units += u
-        runs.append(summary)
-        status = "ok" if summary["trained_ok"] else "FAILED (does not beat the bigram baseline)"
-        print(f"  N={width:5d} seed={summary['seed']}: held-out loss {summary['heldout_loss']:.3f} "
-              f"(bigram {baseline_loss:.3f}) {status}; {time.perf_counter() - job_start:.0f} s")
-    wall = time.perf_counter() - started
-    extra = dict(data=data.summary(), runs=runs, device=str(resolve_device(config.device)))
-    for name, rows in zip(TABLES, (geometry, misalignment, units)):
-        write_table(pd.DataFrame(rows), out_dir, name, config, wall, **extra)
-    print(f"llama_width: wrote {', '.join(TABLES)} to {out_dir} in {wall:.0f} s")
-    return out_dir
+
+def dry_run(config: Config) -> str:
+    """Build the data and every model, time a few steps, and project the full run's wall time."""
+    return sweep_dry_run(config, FAMILY)
 
 
 if __name__ == "__main__":
-    from dalign_core.experiments._cli import run_cli
-
-    run_cli(Config, run, description=__doc__.splitlines()[0])
+    main(Config, run, description=__doc__.splitlines()[0], dry_run=dry_run)

@@ -26,7 +26,8 @@ from tqdm import tqdm
 
 from dalign_core import bounds
 from dalign_core.estimators import estimate_geometry, plugin_geometry
-from dalign_core.results import ExperimentConfig, default_results_dir, results_current, write_table
+from dalign_core.config import ExperimentConfig
+from dalign_core.experiments._runner import main, run_experiment
 from dalign_core.synthetic import NOISE_LAWS, SPECTRA, SyntheticQ, mean_norm_for_snr
 
 TABLES = ("theory_alignment", "theory_estimators", "theory_sketch")
@@ -60,6 +61,8 @@ class Config(ExperimentConfig):
             sketch_d=256, sketch_n=32, sketch_sizes=(32, 256), sketch_replicates=2,
         ),
         "cpu": {},
+        # The theory needs no GPU: the gpu profile only buys more Monte Carlo on the GPU machine's cores.
+        "gpu": dict(trials=50_000, estimator_replicates=200),
         "paper": dict(
             dims=(8, 64, 512), budgets=((2, 8), (16, 16), (64, 64)), snrs=(0.25, 0.5, 1.0, 2.0), trials=200_000,
             estimator_n=256, estimator_dims=(16, 64, 256, 1024, 4096, 16384), estimator_replicates=500,
@@ -151,26 +154,24 @@ def sketch_study(config: Config) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def compute(config: Config) -> tuple[dict[str, pd.DataFrame], dict]:
+    """The three studies' tables, with each study's wall time in the provenance."""
+    tables, seconds = {}, {}
+    for name, study in zip(TABLES, (alignment_study, estimator_study, sketch_study)):
+        start = time.perf_counter()
+        tables[name] = study(config)
+        seconds[name] = round(time.perf_counter() - start, 2)
+    return tables, {"study_seconds": seconds}
+
+
 def run(config: Config, out_dir: str | Path | None = None, force: bool = False) -> Path:
     """Run the three studies and write their tables to ``out_dir`` (default ``results/<profile>``).
 
     Skips the work when tables for this exact config are already there, unless ``force``.
     Returns the results folder.
     """
-    out_dir = Path(out_dir) if out_dir is not None else default_results_dir(config.profile)
-    if not force and results_current(out_dir, TABLES, config):
-        print(f"theory: results for config {config.config_hash()} already in {out_dir}; skipping (use force=True to rerun)")
-        return out_dir
-    for name, study in zip(TABLES, (alignment_study, estimator_study, sketch_study)):
-        start = time.perf_counter()
-        table = study(config)
-        wall = time.perf_counter() - start
-        write_table(table, out_dir, name, config, wall)
-        print(f"theory: wrote {out_dir / name}.csv ({len(table)} rows, {wall:.1f} s)")
-    return out_dir
+    return run_experiment("theory", TABLES, config, compute, out_dir=out_dir, force=force)
 
 
 if __name__ == "__main__":
-    from dalign_core.experiments._cli import run_cli
-
-    run_cli(Config, run, description=__doc__.splitlines()[0])
+    main(Config, run, description=__doc__.splitlines()[0])

@@ -1,0 +1,86 @@
+"""One convention for every experiment: skip if current, time, write the tables, and the ``python -m`` entry.
+
+An experiment module defines a ``Config`` (an :class:`~dalign_core.config.ExperimentConfig`
+with profiles), the names of its tables, and a ``compute(config)`` that returns them::
+
+    def run(config, out_dir=None, force=False):
+        return run_experiment("theory", TABLES, config, compute, out_dir=out_dir, force=force)
+
+    if __name__ == "__main__":
+        main(Config, run)
+
+:func:`run_experiment` skips the work when every table exists with a provenance of
+the same config hash (``force=True`` recomputes), times ``compute``, and writes each
+table with its provenance JSON (written last, so its presence means the CSV is
+complete). Messages go to the ``dalign`` logger: the command line shows them, a
+notebook stays quiet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import pandas as pd
+
+from dalign_core.config import PROFILES, ExperimentConfig, default_results_dir
+from dalign_core.results import results_current, write_table
+
+__all__ = ["run_experiment", "main"]
+
+log = logging.getLogger("dalign")
+
+Compute = Callable[[Any], "tuple[Mapping[str, pd.DataFrame], dict[str, Any]]"]
+
+
+def run_experiment(name: str, tables: tuple[str, ...], config: ExperimentConfig, compute: Compute,
+                   out_dir: str | Path | None = None, force: bool = False) -> Path:
+    """Compute and write ``tables`` for ``config`` unless they are current; return the results folder.
+
+    ``compute(config)`` returns ``(tables by name, provenance extras)``; every name in
+    ``tables`` must be present (an empty DataFrame is fine: it is written as such).
+    """
+    out_dir = Path(out_dir) if out_dir is not None else default_results_dir(config.profile)
+    if not force and results_current(out_dir, tables, config):
+        log.info("%s: results for this configuration (hash %s) exist; reusing them (force=True recomputes)",
+                 name, config.config_hash())
+        return out_dir
+    started = time.perf_counter()
+    frames, extra = compute(config)
+    missing = sorted(set(tables) - set(frames))
+    if missing:
+        raise RuntimeError(f"{name}: compute returned no table(s) {missing}")
+    wall = time.perf_counter() - started
+    for table in tables:
+        write_table(frames[table], out_dir, table, config, wall, **extra)
+    log.info("%s: wrote %s in %.0f s", name, ", ".join(tables), wall)
+    return out_dir
+
+
+def main(config_cls: type[ExperimentConfig], run: Callable, description: str | None = None,
+         dry_run: Callable | None = None, argv: list[str] | None = None) -> None:
+    """The ``python -m dalign_core.experiments.<name>`` command line.
+
+    ``--profile --seed --out --force``, and ``--dry-run`` where the experiment has one
+    (build the data and every model, time a few steps, print the projected wall time).
+    """
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--profile", choices=PROFILES, default="cpu", help="scale of the run (default: cpu)")
+    parser.add_argument("--seed", type=int, default=None, help="override the profile's seed")
+    parser.add_argument("--out", type=Path, default=None, help="results folder (default: results/<profile>)")
+    parser.add_argument("--force", action="store_true", help="rerun even if results for this config exist")
+    if dry_run is not None:
+        parser.add_argument("--dry-run", action="store_true",
+                            help="build data and models, time a few steps, print the projected wall time; write nothing")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    overrides = {} if args.seed is None else {"seed": args.seed}
+    config = config_cls.for_profile(args.profile, **overrides)
+    if dry_run is not None and args.dry_run:
+        print(dry_run(config))
+        return
+    out_dir = args.out if args.out is not None else default_results_dir(args.profile)
+    run(config, out_dir=out_dir, force=args.force)

@@ -1,0 +1,178 @@
+"""What a model family tells the width sweep: a small spec, the rest is shared.
+
+The LLaMA, Pythia and ResNet chapters (and the interventions that reuse their
+models) all run the same experiment: for each width, fit a learning rate, train a
+few seeds with checkpoints, and at each checkpoint capture q at the insertion points
+on random pools. Only a few answers differ per family, and they live in a
+:class:`Family`:
+
+==================  =====================================================================
+``load_data``       train / validation / test splits (verified, from a manifest)
+``build``           a freshly initialized model at a width and seed
+``insertion_points`` the dotted module names whose outputs are captured
+``primary_layer``   the fixed insertion point of the misalignment study
+``batches``         what :func:`dalign_core.hooks.accumulate_geometry` takes
+``train_loss``      the training loss of a batch
+``heldout_metric``  loss on held-out examples (lower is better)
+``baseline``        the held-out loss a trained model must beat (else: a failed run)
+``extra_rows``      optional family-only measurements at the final checkpoint
+==================  =====================================================================
+
+:class:`SweepConfig` holds the fields every family shares (widths, seeds, steps,
+learning-rate candidates, pools, budgets); a family's config subclasses it and adds
+its own (depth, context, data set). ``tests/test_sweep.py`` adds a toy family — an
+MLP on synthetic data — in a few dozen lines.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from dalign_core.config import ExperimentConfig
+from dalign_core.training import lm_loss
+
+__all__ = ["SweepConfig", "Splits", "Family", "take", "count"]
+
+
+@dataclass(frozen=True)
+class SweepConfig(ExperimentConfig):
+    """The fields every width sweep shares (a family's ``Config`` subclasses this and sets the profiles)."""
+
+    profile: str = "cpu"
+    seed: int = 0
+    """Base seed: run r of a width uses seed ``seed + r``; the pools are drawn from ``seed`` too."""
+    seeds: int = 3
+    widths: tuple[int, ...] = ()
+    steps: int = 600
+    batch_size: int = 16
+    lr_candidates: tuple[float, ...] = (1e-3, 3e-3, 1e-2)
+    """Peak learning rates tried at every width; each width keeps the one with the lowest validation loss."""
+    warmup_steps: int = 60
+    weight_decay: float = 0.1
+    checkpoint_steps: tuple[int, ...] = (0, 100, 400, 500, 600)
+    """Analysis checkpoints (0 = at initialization); denser in the last third, where trends are judged."""
+    train_pool_steps: tuple[int, ...] | None = None
+    """Checkpoints at which the train pool is also captured (None: all of them)."""
+    pool_size: int = 1024
+    """Examples per q pool, drawn at random without replacement (train pool from train, held-out from test)."""
+    eval_examples: int = 512
+    """Held-out examples scored for the held-out loss, disjoint from the held-out q pool."""
+    validation_examples: int = 512
+    """Validation examples that choose the learning rate (neither a q pool nor the test text)."""
+    capture_batch: int = 64
+    budgets: tuple[tuple[int, int], ...] = ((4, 4), (16, 16), (32, 32), (64, 64), (128, 128))
+    """(M, K) budgets of the misalignment study; M + K <= pool_size / 4 keeps the means nearly independent."""
+    resamples: int = 20_000
+    confidence: float = 0.95
+    trend_resamples: int = 2000
+    """Seed-bootstrap draws behind each trend's interval."""
+    matched_loss_offsets: tuple[float, ...] = (0.0, 0.1, 0.25)
+    """Matched-loss levels, in nats above the highest final loss any run reaches."""
+    max_epochs: float = 4.0
+    """Warn when training makes more passes than this over its split."""
+    device: str = "auto"
+    autocast_dtype: str | None = None
+
+    SHARED_TRAINING_FIELDS: ClassVar[tuple[str, ...]] = (
+        "steps", "batch_size", "warmup_steps", "weight_decay", "checkpoint_steps", "autocast_dtype")
+    """Shared fields that determine the trained weights (with width, seed, rate and the family's own)."""
+
+    def __post_init__(self):
+        if not self.widths:
+            raise ValueError("widths is empty: give at least one width")
+        if self.seeds < 1:
+            raise ValueError(f"seeds must be >= 1, got {self.seeds}")
+        if not self.lr_candidates or min(self.lr_candidates) <= 0:
+            raise ValueError(f"lr_candidates must be positive learning rates, got {self.lr_candidates}")
+        if self.steps not in self.checkpoint_steps:
+            raise ValueError(f"checkpoint_steps {self.checkpoint_steps} must include the final step {self.steps}")
+        outside = [s for s in self.checkpoint_steps if not 0 <= s <= self.steps]
+        if outside:
+            raise ValueError(f"checkpoint_steps {outside} are outside [0, steps={self.steps}]")
+        if self.train_pool_steps is not None and self.steps not in self.train_pool_steps:
+            raise ValueError(f"train_pool_steps {self.train_pool_steps} must include the final step {self.steps}")
+
+    @property
+    def last_third(self) -> tuple[int, ...]:
+        """The analysis checkpoints at or after two thirds of training: where width trends are judged."""
+        return tuple(s for s in sorted(self.checkpoint_steps) if 3 * s >= 2 * self.steps)
+
+
+@dataclass
+class Splits:
+    """A family's data: each split is a tensor or a tuple of tensors whose first dimension indexes examples."""
+
+    train: Any
+    validation: Any
+    test: Any
+    unit: str
+    """What one example is, for messages: ``"sequences of 128 tokens"``, ``"images"``."""
+    summary: dict = field(default_factory=dict)
+    """Counts and sources for the provenance."""
+
+
+def count(split: Any) -> int:
+    """Number of examples in a split (a tensor or a tuple of tensors)."""
+    return int((split[0] if isinstance(split, (tuple, list)) else split).shape[0])
+
+
+def take(split: Any, index: torch.Tensor) -> Any:
+    """The examples ``index`` of a split, in that order."""
+    if isinstance(split, (tuple, list)):
+        return tuple(part[index] for part in split)
+    return split[index]
+
+
+class Family(abc.ABC):
+    """A model family's answers to the width sweep (see the module docstring)."""
+
+    name: ClassVar[str]
+    """Short name: the prefix of its results tables (``"llama"`` → ``llama_geometry.csv``)."""
+    training_fields: ClassVar[tuple[str, ...]] = ()
+    """The family config's own fields that determine the trained weights (checkpoints are keyed by them)."""
+    extra_tables: ClassVar[tuple[str, ...]] = ()
+    """Names (without the family prefix) of the tables :meth:`extra_rows` fills."""
+
+    @abc.abstractmethod
+    def load_data(self, config: SweepConfig) -> Splits:
+        """Train, validation and test splits."""
+
+    @abc.abstractmethod
+    def build(self, config: SweepConfig, width: int, seed: int, splits: Splits) -> nn.Module:
+        """A freshly initialized model on the CPU; the same arguments give the same weights."""
+
+    @abc.abstractmethod
+    def insertion_points(self, config: SweepConfig, model: nn.Module) -> list[str]:
+        """The insertion points captured at every checkpoint (dotted module names)."""
+
+    @abc.abstractmethod
+    def primary_layer(self, config: SweepConfig) -> str:
+        """The fixed insertion point of the misalignment study."""
+
+    @abc.abstractmethod
+    def batches(self, examples: Any, batch_size: int) -> list:
+        """Batches of ``examples`` in the form :func:`dalign_core.hooks.accumulate_geometry` takes."""
+
+    @abc.abstractmethod
+    def heldout_metric(self, model: nn.Module, examples: Any, config: SweepConfig) -> float:
+        """Mean loss (lower is better) of ``model`` on ``examples``; the model's mode is restored."""
+
+    @abc.abstractmethod
+    def baseline(self, splits: Splits, examples: Any, config: SweepConfig) -> float:
+        """The loss on the same ``examples`` that a trained model must beat."""
+
+    def train_loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        """The training loss of one batch (default: a causal LM's mean next-token loss)."""
+        return lm_loss(model, batch)
+
+    def model_name(self, config: SweepConfig, width: int) -> str:
+        return f"{self.name}-N{width}"
+
+    def extra_rows(self, config: SweepConfig, model: nn.Module, heldout_pool: Any, run: dict) -> dict[str, list[dict]]:
+        """Family-only measurements of a trained model at its final checkpoint: table name → rows."""
+        return {}

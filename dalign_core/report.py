@@ -1,0 +1,102 @@
+"""Sentences a chapter prints about a width sweep, generated from its results tables.
+
+Every sentence that describes our runs, or compares our numbers with the paper's,
+comes from here: the chapter never types a number or a verdict. The inputs are the
+tables :mod:`dalign_core.sweep` writes (``<family>_runs``, ``_lr``, ``_trend``,
+``_misalignment``), read back with :func:`dalign_core.results.read_table`.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from dalign_core.trend import Verdict, verdict
+
+__all__ = ["describe_runs", "describe_learning_rates", "width_verdicts", "describe_bounds"]
+
+
+def _widths(frame: pd.DataFrame) -> str:
+    return ", ".join(f"N={w}" for w in sorted(frame.width.unique()))
+
+
+def describe_runs(runs: pd.DataFrame) -> str:
+    """Which runs failed (diverged, or did not beat the baseline) and how held-out loss moves with width."""
+    if runs.empty:
+        return "No run was made at this profile."
+    failed = runs[~runs.trained_ok.astype(bool)]
+    if len(failed):
+        text = (f"**{len(failed)} of {len(runs)} runs failed** (diverged, or did not beat the baseline on held-out "
+                "data) and are drawn in grey, outside every trend: "
+                + ", ".join(f"N={r.width} seed {r.seed}" for r in failed.itertuples()) + ".")
+    else:
+        text = f"All {len(runs)} runs beat the baseline on held-out data."
+    loss = runs[runs.trained_ok.astype(bool)].groupby("width").heldout_loss.mean()
+    if len(loss) > 1:
+        text += " Mean held-out loss by width: " + ", ".join(f"N={w}: {v:.3f}" for w, v in loss.items()) + " nats; "
+        if loss.is_monotonic_decreasing:
+            text += "it falls with every increase of width, as it should when each width has a rate that fits it."
+        else:
+            text += (f"it is lowest at N={loss.idxmin()}, so the widest models are not the best trained even with "
+                     "a fitted rate: read the width trends with that in mind.")
+    return text
+
+
+def describe_learning_rates(lr: pd.DataFrame) -> str:
+    """The rate each width kept, and whether the choice sat at the edge of the candidates."""
+    if lr.empty:
+        return "No learning rate was fitted at this profile."
+    chosen = lr[lr.chosen.astype(bool)].set_index("width").lr
+    candidates = sorted(lr.lr.unique())
+    text = "Learning rate kept per width (lowest validation loss): " + ", ".join(
+        f"N={w}: {r:g}" for w, r in chosen.items()) + "."
+    edge = [w for w, r in chosen.items() if len(candidates) > 1 and r in (candidates[0], candidates[-1])]
+    if edge:
+        text += (f" At {', '.join(f'N={w}' for w in edge)} the best rate is at the edge of the grid "
+                 f"({candidates[0]:g}–{candidates[-1]:g}), so a rate outside it might fit better.")
+    if len(chosen) > 2 and chosen.is_monotonic_decreasing and chosen.iloc[0] > chosen.iloc[-1]:
+        text += " The best rate falls as width grows, as μP-style scaling predicts for Adam."
+    return text
+
+
+def width_verdicts(trend: pd.DataFrame, layer: str, pool: str = "heldout") -> list[Verdict]:
+    """The chapter's verdicts on the paper's width claims, from the ``<family>_trend`` table.
+
+    * d_align rises with width at matched steps (every checkpoint of the last third);
+    * d_align rises with width at matched held-out loss (every level);
+    * the misalignment probability falls with width at fixed (M, K) (every budget, same-law setting).
+    """
+    def rows(**match) -> pd.DataFrame:
+        if trend.empty:
+            return trend
+        keep = pd.Series(True, index=trend.index)
+        for column, value in match.items():
+            keep &= trend[column] == value
+        return trend[keep]
+
+    step_rows = rows(quantity="d_align", view="matched_step", layer=layer, pool=pool)
+    if not step_rows.empty:
+        step_rows = step_rows[step_rows.last_third.astype(bool)]
+    return [
+        verdict(step_rows, f"d_align rises with width at {layer} ({pool} pool, matched steps)",
+                where="checkpoints in the last third of training"),
+        verdict(rows(quantity="d_align", view="matched_loss", layer=layer, pool=pool),
+                f"d_align rises with width at {layer} ({pool} pool, matched held-out loss)",
+                where="matched-loss levels"),
+        verdict(rows(quantity="p_misalign", view="budget", layer=layer, setting="heldout/heldout"),
+                "The misalignment probability falls with width at fixed (M, K)", direction="falls",
+                where="budgets"),
+    ]
+
+
+def describe_bounds(misalignment: pd.DataFrame) -> str:
+    """How often the empirical probability is consistent with B_exact and B_align where the theorem applies."""
+    covered = misalignment[misalignment.b_exact.notna()] if not misalignment.empty else misalignment
+    if covered.empty:
+        return "No misalignment estimate falls in the theorem's setting at this profile."
+    under_exact = (covered.p_misalign_lo <= covered.b_exact).mean()
+    under_align = (covered.p_misalign_lo <= covered.b_align).mean()
+    slack = (covered.b_align / covered.p_misalign.clip(lower=1 / covered.trials)).median()
+    return (f"Where the theorem applies (train and test means from one pool, {len(covered)} estimates), the "
+            f"Wilson interval of the empirical probability reaches below B_exact in {under_exact:.0%} and below "
+            f"B_align in {under_align:.0%} of them; the median B_align is {slack:.2g} times the empirical "
+            "probability, the price of a one-number certificate.")

@@ -1,0 +1,394 @@
+"""The width sweep: the steps every model family shares, written once.
+
+For each width N of a :class:`~dalign_core.family.SweepConfig`, with a
+:class:`~dalign_core.family.Family` answering the family-specific questions:
+
+1. **A learning rate that fits the width.** Train the first seed at every rate in
+   ``lr_candidates`` and keep the one with the lowest loss on the *validation* split
+   (whole documents that are neither a q pool nor the test text). One rate for all
+   widths would compare a well-tuned narrow model with a badly tuned wide one.
+2. **Seeds.** Train the other seeds at that rate (the first seed's run is reused).
+3. **Geometry along training.** At every analysis checkpoint: the held-out loss on
+   ``eval_examples`` test examples, and q at every insertion point on two pools drawn
+   at random without replacement — ``pool_size`` training examples and ``pool_size``
+   test examples disjoint from the evaluation ones — estimated with the unbiased Gram
+   U-statistics (``<family>_geometry``).
+4. **Misalignment** at the final checkpoint and the family's primary insertion point:
+   ``Pr(mu_M^T g_K <= 0)`` from resamples, with a Wilson interval, for budgets with
+   ``M + K <= pool_size / 4`` (``<family>_misalignment``). ``heldout/heldout`` draws
+   disjoint train and test subsets of the held-out pool: both means come from one law,
+   the theorem's setting, so ``B_exact`` and ``B_align`` sit beside it.
+   ``train/heldout`` draws M from the train pool: the question a growth method faces,
+   which the theorem does not cover (the laws differ), so its bound columns are empty.
+5. **Trends** (``<family>_trend``): Spearman's ρ of width against d_align with a seed
+   bootstrap (:mod:`dalign_core.trend`) at every checkpoint ("matched steps"), at
+   matched held-out loss (each run at the first checkpoint where it reaches a common
+   loss level), and of width against the misalignment probability per budget.
+
+A run that diverges, or whose final held-out loss does not beat the family's
+baseline, is marked ``trained_ok = False``: reported as failed, never part of a trend.
+Before anything trains, the data is checked to supply every pool, and a run of many
+epochs over its split warns (the epoch count goes into the provenance).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from dalign_core._tensor import resolve_device
+from dalign_core.config import REPO_ROOT
+from dalign_core.data.supply import check_epochs, require_sequences, training_epochs
+from dalign_core.family import Family, Splits, SweepConfig, count, take
+from dalign_core.hooks import accumulate_geometry
+from dalign_core.misalignment import cross_gram, misalignment_probability
+from dalign_core.bounds import b_align
+from dalign_core.training import TrainConfig, load_weights, train
+from dalign_core.trend import width_trend
+
+__all__ = ["Pools", "SWEEP_TABLES", "tables_of", "check_supply", "draw_pools", "checkpoint_root", "run_sweep",
+           "matched_loss_rows", "trend_table", "trained_only", "dry_run"]
+
+log = logging.getLogger(__name__)
+
+SWEEP_TABLES = ("lr", "runs", "geometry", "misalignment", "trend")
+"""Tables every sweep writes, as ``<family>_<name>.csv``."""
+
+NO_BOUND = "the train and held-out means come from different laws; the theorem does not cover this setting"
+
+
+def tables_of(family: Family) -> tuple[str, ...]:
+    """The result table names a family's sweep writes: ``("llama_lr", "llama_runs", ...)``."""
+    return tuple(f"{family.name}_{name}" for name in SWEEP_TABLES + family.extra_tables)
+
+
+@dataclass(frozen=True)
+class Pools:
+    """Example indices, drawn once per sweep and shared by every width and seed (a paired comparison)."""
+
+    train: torch.Tensor
+    """Train-pool indices into the train split."""
+    heldout: torch.Tensor
+    """Held-out-pool indices into the test split."""
+    evaluation: torch.Tensor
+    """Indices into the test split for the held-out loss, disjoint from ``heldout``."""
+    validation: torch.Tensor
+    """Indices into the validation split for choosing the learning rate."""
+
+
+def check_supply(config: SweepConfig, splits: Splits) -> dict[str, Any]:
+    """Refuse, before anything trains, a config the data cannot supply; return the facts for the provenance.
+
+    Raises :class:`~dalign_core.data.supply.DataSupplyError` with the numbers, and warns
+    (``RepeatedDataWarning``) when training passes over its split more than ``max_epochs`` times.
+    """
+    unit_length = _unit_length(splits)
+    require_sequences("train", count(splits.train), config.pool_size, seq_len=unit_length,
+                      field=f"pool_size={config.pool_size}")
+    require_sequences("held-out", count(splits.test), config.pool_size + config.eval_examples, seq_len=unit_length,
+                      field=f"pool_size + eval_examples = {config.pool_size} + {config.eval_examples}")
+    require_sequences("validation", count(splits.validation), config.validation_examples, seq_len=unit_length,
+                      field=f"validation_examples={config.validation_examples}")
+    too_large = [(M, K) for M, K in config.budgets if 4 * (M + K) > config.pool_size]
+    if too_large:
+        raise ValueError(f"budgets {too_large} have M + K > pool_size / 4 = {config.pool_size // 4}: the train and "
+                         "test means would share too much of the pool to be independent; use smaller budgets or a "
+                         "larger pool")
+    epochs = check_epochs(training_epochs(config.steps, config.batch_size, count(splits.train)),
+                          max_epochs=config.max_epochs, stacklevel=3)
+    return {"epochs": round(epochs, 3), "unit": splits.unit, **splits.summary}
+
+
+def _unit_length(splits: Splits) -> int:
+    first = splits.train[0] if isinstance(splits.train, (tuple, list)) else splits.train
+    return int(first.shape[1]) if first.ndim == 2 else 1
+
+
+def _generator(*key) -> torch.Generator:
+    digest = hashlib.sha256(":".join(map(str, ("dalign", *key))).encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
+
+
+def draw_pools(config: SweepConfig, splits: Splits) -> Pools:
+    """Random pools without replacement, from ``config.seed`` alone (so every width and seed sees the same ones)."""
+    test_order = torch.randperm(count(splits.test), generator=_generator("pools", "test", config.seed))
+    return Pools(
+        train=torch.randperm(count(splits.train), generator=_generator("pools", "train", config.seed))[
+            : config.pool_size],
+        heldout=test_order[: config.pool_size],
+        evaluation=test_order[config.pool_size: config.pool_size + config.eval_examples],
+        validation=torch.randperm(count(splits.validation), generator=_generator("pools", "val", config.seed))[
+            : config.validation_examples],
+    )
+
+
+def checkpoint_root(config: SweepConfig, family: Family) -> Path:
+    """``checkpoints/<profile>/<family>/<hash>``: keyed by the fields that determine the weights.
+
+    Changing how models are measured (pools, budgets, resamples) reuses the trained
+    models. Override the root with ``DALIGN_CHECKPOINTS``.
+    """
+    root = Path(os.environ.get("DALIGN_CHECKPOINTS") or REPO_ROOT / "checkpoints")
+    names = config.SHARED_TRAINING_FIELDS + family.training_fields
+    fields = {name: getattr(config, name) for name in names}
+    key = hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return root / config.profile / family.name / key
+
+
+def _train_config(config: SweepConfig, family: Family, width: int, seed: int, lr: float) -> TrainConfig:
+    return TrainConfig(
+        steps=config.steps, batch_size=config.batch_size, lr=lr, warmup_steps=config.warmup_steps,
+        weight_decay=config.weight_decay, seed=seed, autocast_dtype=config.autocast_dtype,
+        checkpoint_dir=str(checkpoint_root(config, family) / f"N{width}_seed{seed}_lr{lr:g}"),
+        checkpoint_every=max(config.steps // 4, 1), checkpoint_steps=config.checkpoint_steps,
+        progress=sys.stderr.isatty(),
+    )
+
+
+def _train(config, family, splits, width, seed, lr, device):
+    """Train (or resume, or load a finished run); returns (model, TrainResult or None, failure message)."""
+    model = family.build(config, width, seed, splits).to(device)
+    try:
+        result = train(model, splits.train, _train_config(config, family, width, seed, lr),
+                       loss_fn=family.train_loss, description=f"{family.name} N={width} seed={seed} lr={lr:g}")
+    except FloatingPointError as err:  # diverged: a failed run, reported, never measured
+        return model, None, str(err)
+    return model, result, ""
+
+
+def _fit_learning_rate(config, family, splits, pools, width, device) -> tuple[float, list[dict]]:
+    """Train the first seed at every candidate rate; the lowest validation loss wins (ties: the smaller rate)."""
+    validation = take(splits.validation, pools.validation)
+    rows = []
+    for lr in sorted(config.lr_candidates):
+        model, result, failure = _train(config, family, splits, width, config.seed, lr, device)
+        loss = family.heldout_metric(model.eval(), validation, config) if result is not None else math.inf
+        rows.append(dict(family=family.name, width=width, seed=config.seed, lr=lr, validation_loss=loss,
+                         diverged=result is None, failure=failure))
+        log.info("%s N=%d lr=%g: validation loss %.4f", family.name, width, lr, loss)
+    finite = [row for row in rows if math.isfinite(row["validation_loss"])]
+    chosen = min(finite, key=lambda row: (row["validation_loss"], row["lr"]))["lr"] if finite else min(
+        config.lr_candidates)
+    for row in rows:
+        row["chosen"] = row["lr"] == chosen
+    return chosen, rows
+
+
+def _capture(config, family, model, examples, layers, device) -> dict:
+    return accumulate_geometry(model, layers, family.batches(examples, config.capture_batch), device=device)
+
+
+def _measure(config, family, model, result, splits, pools, base, device):
+    """Geometry rows at every analysis checkpoint; the final checkpoint's accumulators at the primary layer."""
+    layers = family.insertion_points(config, model)
+    pool_examples = {"train": take(splits.train, pools.train), "heldout": take(splits.test, pools.heldout)}
+    evaluation = take(splits.test, pools.evaluation)
+    train_steps = set(config.checkpoint_steps if config.train_pool_steps is None else config.train_pool_steps)
+    rows, final = [], {}
+    for step in sorted(result.checkpoints):
+        load_weights(model, result.checkpoints[step])
+        model.eval()
+        heldout_loss = family.heldout_metric(model, evaluation, config)
+        for pool in ("heldout", "train"):
+            if pool == "train" and step not in train_steps:
+                continue
+            accumulators = _capture(config, family, model, pool_examples[pool], layers, device)
+            for layer, accumulator in accumulators.items():
+                rows.append({**base, "step": step, "pool": pool, "layer": layer, "heldout_loss": heldout_loss,
+                             **accumulator.result(config.confidence).to_row()})
+            if step == config.steps:
+                final[pool] = accumulators[family.primary_layer(config)]
+    return rows, final, heldout_loss
+
+
+def _misalignment(config, final, base, layer) -> list[dict]:
+    """Resampled misalignment at the final checkpoint; bounds only where the theorem covers the setting."""
+    heldout, train_pool = final["heldout"], final["train"]
+    geometry = heldout.result(config.confidence)
+    d_align_lo = geometry.intervals["d_align"].lo
+    grams = {"heldout/heldout": (heldout.gram(), True),
+             "train/heldout": (cross_gram(train_pool.rows(), heldout.rows()), False)}
+    rows = []
+    for M, K in config.budgets:
+        for setting, (C, one_pool) in grams.items():
+            estimate = misalignment_probability(None, C=C, one_pool=one_pool, M=M, K=K, trials=config.resamples,
+                                                seed=base["seed"], confidence=config.confidence)
+            covered = one_pool
+            rows.append(dict(
+                family=base["family"], model=base["model"], width=base["width"], seed=base["seed"], lr=base["lr"],
+                layer=layer, setting=setting, M=M, K=K, trials=estimate.trials, p_misalign=estimate.p_misalign,
+                p_misalign_lo=estimate.p_misalign_lo, p_misalign_hi=estimate.p_misalign_hi,
+                b_exact=geometry.b_exact(M, K) if covered else math.nan,
+                b_align=geometry.b_align(M, K) if covered else math.nan,
+                # B_align at the interval's lower end: the certificate the data can vouch for (1 when it reaches 0).
+                b_align_at_lo=(b_align(max(d_align_lo, 0.0), M, K) if covered else math.nan),
+                d_align=geometry.d_align, d_align_lo=d_align_lo, bound_note="" if covered else NO_BOUND,
+                trained_ok=base["trained_ok"],
+            ))
+    return rows
+
+
+def trained_only(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows of runs that trained (an empty table stays empty)."""
+    return table[table.trained_ok.astype(bool)] if "trained_ok" in table else table
+
+
+def matched_loss_rows(geometry: pd.DataFrame, offsets) -> pd.DataFrame:
+    """Each run's geometry at the first checkpoint where its held-out loss reaches a common level.
+
+    The base level is the highest final-checkpoint loss among the runs (every run
+    reaches it); ``offsets`` (nats) add higher levels. Adds ``loss_level`` and keeps
+    ``step`` (the checkpoint each run was read at).
+    """
+    if geometry.empty:
+        return geometry.assign(loss_level=[])
+    curves = geometry.groupby(["width", "seed", "step"]).heldout_loss.first().reset_index()
+    final = curves.sort_values("step").groupby(["width", "seed"]).heldout_loss.last()
+    parts = []
+    for offset in offsets:
+        level = float(final.max()) + offset
+        reached = curves[curves.heldout_loss <= level].groupby(["width", "seed"]).step.min().rename("first")
+        part = geometry.merge(reached, left_on=["width", "seed", "step"], right_on=["width", "seed", "first"])
+        parts.append(part.drop(columns="first").assign(loss_level=round(level, 4), loss_offset=offset))
+    return pd.concat(parts, ignore_index=True)
+
+
+def trend_table(config: SweepConfig, geometry: pd.DataFrame, misalignment: pd.DataFrame) -> pd.DataFrame:
+    """Width trends of d_align (matched steps, matched loss) and of the misalignment probability (per budget)."""
+    ok = trained_only(geometry)
+    settings = dict(resamples=config.trend_resamples, confidence=config.confidence, seed=config.seed)
+    parts = []
+    if not ok.empty:
+        by_step = width_trend(ok, "d_align", ["layer", "pool", "step"], **settings)
+        parts.append(by_step.assign(quantity="d_align", view="matched_step",
+                                    last_third=by_step.step.isin(config.last_third)))
+        matched = matched_loss_rows(ok, config.matched_loss_offsets)
+        by_loss = width_trend(matched, "d_align", ["layer", "pool", "loss_level"], **settings)
+        parts.append(by_loss.assign(quantity="d_align", view="matched_loss"))
+    ok_mis = trained_only(misalignment)
+    if not ok_mis.empty:
+        by_budget = width_trend(ok_mis, "p_misalign", ["layer", "setting", "M", "K"], **settings)
+        parts.append(by_budget.assign(quantity="p_misalign", view="budget"))
+    columns = ["quantity", "view", "layer", "pool", "setting", "step", "last_third", "loss_level", "M", "K",
+               "n_widths", "n_seeds", "rho", "rho_lo", "rho_hi", "p_positive", "widths", "means"]
+    if not parts:
+        return pd.DataFrame(columns=columns)
+    return pd.concat(parts, ignore_index=True).reindex(columns=columns)
+
+
+def run_sweep(config: SweepConfig, family: Family) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
+    """Run the whole sweep; returns (tables by name, provenance extras). See the module docstring."""
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    device = resolve_device(config.device)
+    splits = family.load_data(config)
+    facts = check_supply(config, splits)
+    pools = draw_pools(config, splits)
+    baseline = family.baseline(splits, take(splits.test, pools.evaluation), config)
+    log.info("%s: %s; baseline held-out loss %.3f", family.name, splits.unit, baseline)
+    tables: dict[str, list[dict]] = defaultdict(list)
+    runs = []
+    for width in config.widths:
+        lr, lr_rows = _fit_learning_rate(config, family, splits, pools, width, device)
+        tables["lr"] += lr_rows
+        for r in range(config.seeds):
+            seed = config.seed + r
+            started = time.perf_counter()
+            model, result, failure = _train(config, family, splits, width, seed, lr, device)
+            base = dict(family=family.name, model=family.model_name(config, width), width=width, seed=seed, lr=lr,
+                        parameters=sum(p.numel() for p in model.parameters()), baseline_loss=baseline)
+            if result is None:
+                runs.append({**base, "heldout_loss": math.nan, "final_train_loss": math.nan, "trained_ok": False,
+                             "failure": failure})
+                log.warning("%s N=%d seed=%d: training diverged (%s)", family.name, width, seed, failure)
+                continue
+            # trained_ok is known only after the final evaluation; measure, then stamp it on every row.
+            geometry_rows, final, heldout_loss = _measure(config, family, model, result, splits, pools,
+                                                          {**base, "trained_ok": None}, device)
+            trained_ok = bool(heldout_loss < baseline)
+            failure = "" if trained_ok else f"held-out loss {heldout_loss:.3f} does not beat the baseline {baseline:.3f}"
+            run = {**base, "heldout_loss": heldout_loss, "trained_ok": trained_ok, "failure": failure,
+                   "final_train_loss": result.history[-1]["loss"] if result.history else math.nan}
+            for row in geometry_rows:
+                row["trained_ok"] = trained_ok
+            tables["geometry"] += geometry_rows
+            tables["misalignment"] += _misalignment(config, final, run, family.primary_layer(config))
+            for name, rows in family.extra_rows(config, model, take(splits.test, pools.heldout), run).items():
+                tables[name] += rows
+            runs.append({**run, "seconds": round(time.perf_counter() - started, 1)})
+            log.info("%s N=%d seed=%d lr=%g: held-out loss %.3f (baseline %.3f) %s", family.name, width, seed, lr,
+                     heldout_loss, baseline, "ok" if trained_ok else "FAILED")
+    tables["runs"] = runs
+    frames = {name: pd.DataFrame(tables.get(name, [])) for name in SWEEP_TABLES + family.extra_tables}
+    frames["trend"] = trend_table(config, frames["geometry"], frames["misalignment"])
+    extra = dict(data=facts, device=str(device), runs=runs,
+                 pools={name: len(getattr(pools, name)) for name in ("train", "heldout", "evaluation", "validation")})
+    return {f"{family.name}_{name}": frame for name, frame in frames.items()}, extra
+
+
+def dry_run(config: SweepConfig, family: Family, steps: int = 2) -> str:
+    """Build the data and every model, time a few training steps and one capture batch, and project the full run.
+
+    Returns the projection as text, the arithmetic shown. Nothing is
+    written to the results folder and no checkpoint is kept.
+    """
+    device = resolve_device(config.device)
+    splits = family.load_data(config)
+    facts = check_supply(config, splits)
+    pools = draw_pools(config, splits)
+    heldout = take(splits.test, pools.heldout)
+    train_runs = len(config.lr_candidates) + config.seeds - 1
+    pool_passes = len(config.checkpoint_steps) + len(
+        config.checkpoint_steps if config.train_pool_steps is None else config.train_pool_steps)
+    lines = [f"dry run of {family.name} at profile {config.profile} on {device}: {count(splits.train)} train, "
+             f"{count(splits.validation)} validation, {count(splits.test)} test {splits.unit}; "
+             f"{facts['epochs']:.2f} epochs per run",
+             f"per width: {train_runs} trainings ({len(config.lr_candidates)} rates + {config.seeds - 1} more seeds) "
+             f"of {config.steps} steps; {config.seeds} measured runs x {pool_passes} pool captures of "
+             f"{config.pool_size} examples"]
+    total = 0.0
+    for width in config.widths:
+        model = family.build(config, width, config.seed, splits).to(device)
+        probe = TrainConfig(steps=steps, batch_size=config.batch_size, lr=min(config.lr_candidates),
+                            seed=config.seed, autocast_dtype=config.autocast_dtype, progress=False)
+        train(model, splits.train, probe, loss_fn=family.train_loss)  # warm-up: kernels, allocator, caches
+        _sync(device)
+        start = time.perf_counter()
+        train(model, splits.train, probe, loss_fn=family.train_loss)
+        _sync(device)
+        per_step = (time.perf_counter() - start) / steps
+        model.eval()
+        batch = family.batches(take(heldout, torch.arange(min(config.capture_batch, count(heldout)))),
+                                config.capture_batch)
+        layers = family.insertion_points(config, model)
+        accumulate_geometry(model, layers, batch, device=device)  # warm-up
+        _sync(device)
+        start = time.perf_counter()
+        accumulate_geometry(model, layers, batch, device=device)
+        _sync(device)
+        per_capture = (time.perf_counter() - start) * config.pool_size / config.capture_batch
+        training = per_step * config.steps * train_runs
+        capture = per_capture * pool_passes * config.seeds
+        total += training + capture
+        lines.append(f"  N={width}: {per_step * 1e3:.1f} ms/step x {config.steps} steps x {train_runs} = "
+                     f"{training:.0f} s training; {per_capture:.2f} s/pool x {pool_passes * config.seeds} = "
+                     f"{capture:.0f} s capture")
+        del model
+    lines.append(f"projected: {total:.0f} s ({total / 60:.1f} min) plus evaluation, resampling and start-up")
+    return "\n".join(lines)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
