@@ -56,6 +56,8 @@ class SweepConfig(ExperimentConfig):
     weight_decay: float = 0.1
     checkpoint_steps: tuple[int, ...] = (0, 100, 400, 500, 600)
     """Analysis checkpoints (0 = at initialization); denser in the last third, where trends are judged."""
+    resume_points: int = 4
+    """Resume points per run (each also saves the optimizer state); fewer saves less time on large models."""
     train_pool_steps: tuple[int, ...] | None = None
     """Checkpoints at which the train pool is also captured (None: all of them)."""
     pool_size: int = 1024
@@ -73,6 +75,9 @@ class SweepConfig(ExperimentConfig):
     """Seed-bootstrap draws behind each trend's interval."""
     matched_loss_offsets: tuple[float, ...] = (0.0, 0.1, 0.25)
     """Matched-loss levels, in nats above the highest final loss any run reaches."""
+    prune_candidates: bool = False
+    """Delete the checkpoints of the rates a width did not keep, once it has chosen (large models: saves disk;
+    a rerun after an interruption then trains those candidates again)."""
     max_epochs: float = 4.0
     """Warn when training makes more passes than this over its split."""
     device: str = "auto"

@@ -8,11 +8,16 @@ tables :mod:`dalign_core.sweep` writes (``<family>_runs``, ``_lr``, ``_trend``,
 
 from __future__ import annotations
 
+import argparse
+import json
+from pathlib import Path
+
 import pandas as pd
 
+from dalign_core.results import read_table
 from dalign_core.trend import Verdict, verdict
 
-__all__ = ["describe_runs", "describe_learning_rates", "width_verdicts", "describe_bounds"]
+__all__ = ["describe_runs", "describe_learning_rates", "width_verdicts", "describe_bounds", "summarize"]
 
 
 def _widths(frame: pd.DataFrame) -> str:
@@ -90,9 +95,11 @@ def width_verdicts(trend: pd.DataFrame, layer: str, pool: str = "heldout") -> li
 
 def describe_bounds(misalignment: pd.DataFrame) -> str:
     """How often the empirical probability is consistent with B_exact and B_align where the theorem applies."""
-    covered = misalignment[misalignment.b_exact.notna()] if not misalignment.empty else misalignment
+    if misalignment.empty:
+        return "No misalignment estimate was made at this profile."
+    covered = misalignment[misalignment.b_exact.notna() & misalignment.trained_ok.astype(bool)]
     if covered.empty:
-        return "No misalignment estimate falls in the theorem's setting at this profile."
+        return "No trained run has a misalignment estimate in the theorem's setting at this profile."
     under_exact = (covered.p_misalign_lo <= covered.b_exact).mean()
     under_align = (covered.p_misalign_lo <= covered.b_align).mean()
     slack = (covered.b_align / covered.p_misalign.clip(lower=1 / covered.trials)).median()
@@ -100,3 +107,36 @@ def describe_bounds(misalignment: pd.DataFrame) -> str:
             f"Wilson interval of the empirical probability reaches below B_exact in {under_exact:.0%} and below "
             f"B_align in {under_align:.0%} of them; the median B_align is {slack:.2g} times the empirical "
             "probability, the price of a one-number certificate.")
+
+
+def summarize(results_dir: str | Path) -> str:
+    """A plain-text summary of every width sweep in ``results_dir``: runs, rates and verdicts (for a commit message)."""
+    results_dir = Path(results_dir)
+    lines = []
+    for runs_csv in sorted(results_dir.glob("*_runs.csv")):
+        family = runs_csv.name[: -len("_runs.csv")]
+        runs, provenance = read_table(results_dir, f"{family}_runs")
+        lr, _ = read_table(results_dir, f"{family}_lr")
+        trend, _ = read_table(results_dir, f"{family}_trend")
+        misalignment, _ = read_table(results_dir, f"{family}_misalignment")
+        git = provenance.get("git", {})
+        lines += [f"== {family} at profile {provenance.get('profile')}: {provenance.get('device')}, "
+                  f"{provenance.get('wall_time_s', 0) / 60:.1f} min, commit {str(git.get('commit'))[:10]}"
+                  f"{' (dirty tree)' if git.get('dirty') else ''}"]
+        if not runs.empty:
+            lines.append(runs[["width", "seed", "lr", "heldout_loss", "baseline_loss", "trained_ok"]].to_string(
+                index=False))
+        lines += [describe_runs(runs), describe_learning_rates(lr)]
+        layer = misalignment.layer.iloc[0] if not misalignment.empty else ""
+        lines += [v.sentence for v in width_verdicts(trend, layer)] if layer else ["No trend: nothing was measured."]
+        lines.append("")
+    for provenance_json in sorted(results_dir.glob("theory_*.json")):
+        record = json.loads(provenance_json.read_text())
+        lines.append(f"== {provenance_json.stem}: {record.get('rows')} rows in {record.get('wall_time_s')} s")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="Summarize the width sweeps in a results folder.")
+    parser.add_argument("results_dir", type=Path, help="e.g. results/gpu")
+    print(summarize(parser.parse_args().results_dir))

@@ -38,6 +38,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import sys
 import time
 from collections import defaultdict
@@ -152,7 +153,7 @@ def _train_config(config: SweepConfig, family: Family, width: int, seed: int, lr
         steps=config.steps, batch_size=config.batch_size, lr=lr, warmup_steps=config.warmup_steps,
         weight_decay=config.weight_decay, seed=seed, autocast_dtype=config.autocast_dtype,
         checkpoint_dir=str(checkpoint_root(config, family) / f"N{width}_seed{seed}_lr{lr:g}"),
-        checkpoint_every=max(config.steps // 4, 1), checkpoint_steps=config.checkpoint_steps,
+        checkpoint_every=max(config.steps // max(config.resume_points, 1), 1), checkpoint_steps=config.checkpoint_steps,
         progress=sys.stderr.isatty(),
     )
 
@@ -183,6 +184,9 @@ def _fit_learning_rate(config, family, splits, pools, width, device) -> tuple[fl
         config.lr_candidates)
     for row in rows:
         row["chosen"] = row["lr"] == chosen
+        if config.prune_candidates and not row["chosen"]:
+            shutil.rmtree(_train_config(config, family, width, config.seed, row["lr"]).checkpoint_dir,
+                          ignore_errors=True)
     return chosen, rows
 
 

@@ -201,3 +201,11 @@ def test_dry_run_projects_the_full_run(checkpoints):
     assert "3 trainings (2 rates + 1 more seeds) of 30 steps" in text
     assert text.count("ms/step x 30 steps") == 3 and "projected:" in text
     assert not checkpoints.exists()
+
+
+def test_pruning_keeps_only_the_chosen_rates_checkpoints(checkpoints):
+    config = ToyConfig(widths=(8, 16, 24), seeds=1, prune_candidates=True)
+    tables, _ = sweep.run_sweep(config, ToyFamily())
+    kept = sorted(p.name for p in sweep.checkpoint_root(config, ToyFamily()).iterdir())
+    chosen = tables["toy_lr"][tables["toy_lr"].chosen]
+    assert kept == sorted(f"N{r.width}_seed0_lr{r.lr:g}" for r in chosen.itertuples())

@@ -76,8 +76,9 @@ class Config(SweepConfig):
         # The paper's shapes (depth 8, head dim 64) at widths a 15-minute GPU window can train, 3 rates x 3 seeds.
         "gpu": dict(
             widths=(512, 1024, 1536), depth=8, head_dim=64, batch_size=32, steps=300, warmup_steps=30,
-            lr_candidates=(3e-4, 1e-3, 3e-3), checkpoint_steps=(0, 30, 100, 200, 250, 300),
-            train_pool_steps=(0, 200, 300), insertion_layer=3, autocast_dtype="bfloat16",
+            lr_candidates=(3e-4, 1e-3, 3e-3), checkpoint_steps=(0, 100, 200, 250, 300),
+            train_pool_steps=(0, 200, 300), insertion_layer=3, autocast_dtype="bfloat16", prune_candidates=True,
+            resume_points=1,
         ),
         # The paper's widths. Shakespeare holds 1.45M training tokens: 5,000 steps of 64 x 256 tokens would be
         # 56 epochs (the run warns), so bring a larger corpus: corpus="dir:/path" or "hf:<dataset>".
@@ -86,7 +87,7 @@ class Config(SweepConfig):
             batch_size=64, steps=5_000, warmup_steps=250, lr_candidates=(1e-4, 3e-4, 1e-3),
             checkpoint_steps=(0, 100, 300, 1000, 2000, 3500, 4000, 4500, 5000),
             train_pool_steps=(0, 1000, 3500, 5000), insertion_layer=3, unit_contexts=(64, 128, 256),
-            autocast_dtype="bfloat16",
+            autocast_dtype="bfloat16", prune_candidates=True,
         ),
     }
 
