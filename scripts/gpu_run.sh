@@ -2,8 +2,9 @@
 # Every experiment at PROFILE=gpu in one command that fits a short GPU window (about 8 minutes on one
 # H200-class GPU), then a summary to commit with the results.
 #
-#   scripts/gpu_run.sh             run; results/gpu/*.csv + .json, then the summary on stdout
-#   scripts/gpu_run.sh --dry-run   build the data and every model, time a few steps, print the projection
+#   scripts/gpu_run.sh                 every experiment; results/gpu/*.csv + .json, then the summary on stdout
+#   scripts/gpu_run.sh llama_width     only the named experiments (those already current are skipped anyway)
+#   scripts/gpu_run.sh --dry-run       build the data and every model, time a few steps, print the projection
 #
 # On a machine without the project's .venv, set PYTHON to an interpreter that has torch and transformers
 # (the repository root is put on PYTHONPATH, so dalign_core needs no install). No network is needed: the
@@ -29,8 +30,10 @@ if [[ "${1:-}" == "--dry-run" ]]; then
     exit 0
 fi
 
+experiments=("$@")
+[[ ${#experiments[@]} -gt 0 ]] || experiments=(theory llama_width)
 started=$SECONDS
-for experiment in theory llama_width; do
+for experiment in "${experiments[@]}"; do
     echo "== $experiment (gpu profile), $((SECONDS - started)) s in"
     "$PY" -m dalign_core.experiments.$experiment --profile gpu
 done
