@@ -43,7 +43,8 @@ def _git_commit() -> dict[str, Any]:
         ).stdout.strip()
         return {"commit": commit, "dirty": bool(dirty)}
     except (OSError, subprocess.SubprocessError):
-        return {"commit": None, "dirty": None}
+        # A copy of the tree without .git (e.g. shipped to a GPU machine): the sender may name the commit.
+        return {"commit": os.environ.get("DALIGN_GIT_COMMIT") or None, "dirty": None}
 
 
 def _hardware() -> dict[str, Any]:

@@ -115,3 +115,11 @@ def test_a_config_without_settings_for_a_profile_is_refused():
     with pytest.raises(ValueError, match="defines no settings for profile 'gpu'"):
         Partial.for_profile("gpu")
     assert llama_width.Config.for_profile("gpu").widths == (512, 1024, 1536)
+
+
+def test_provenance_outside_a_git_checkout_takes_the_commit_from_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setattr(results, "REPO_ROOT", tmp_path)  # no .git here
+    monkeypatch.setenv("DALIGN_GIT_COMMIT", "abc123")
+    assert results._git_commit() == {"commit": "abc123", "dirty": None}
+    monkeypatch.delenv("DALIGN_GIT_COMMIT")
+    assert results._git_commit() == {"commit": None, "dirty": None}
