@@ -50,6 +50,7 @@ import pandas as pd
 import torch
 
 from dalign_core._tensor import resolve_device
+from dalign_core.atomic import atomic_write_text
 from dalign_core.config import REPO_ROOT
 from dalign_core.data.supply import check_epochs, require_sequences, training_epochs
 from dalign_core.family import Family, Splits, SweepConfig, count, take
@@ -59,7 +60,7 @@ from dalign_core.bounds import b_align
 from dalign_core.training import TrainConfig, load_weights, train
 from dalign_core.trend import width_trend
 
-__all__ = ["Pools", "SWEEP_TABLES", "tables_of", "check_supply", "draw_pools", "checkpoint_root", "run_sweep",
+__all__ = ["Pools", "SWEEP_TABLES", "tables_of", "check_supply", "draw_pools", "checkpoint_root", "jobs_dir", "run_sweep",
            "matched_loss_rows", "trend_table", "trained_only", "dry_run"]
 
 log = logging.getLogger(__name__)
@@ -292,8 +293,60 @@ def trend_table(config: SweepConfig, geometry: pd.DataFrame, misalignment: pd.Da
     return pd.concat(parts, ignore_index=True).reindex(columns=columns)
 
 
-def run_sweep(config: SweepConfig, family: Family) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
-    """Run the whole sweep; returns (tables by name, provenance extras). See the module docstring."""
+def _measured_run(config, family, splits, pools, width, seed, lr, baseline, device) -> dict[str, Any]:
+    """Train (or load) one (width, seed) run at rate ``lr`` and measure it: its rows for every table."""
+    started = time.perf_counter()
+    model, result, failure = _train(config, family, splits, width, seed, lr, device)
+    base = dict(family=family.name, model=family.model_name(config, width), width=width, seed=seed, lr=lr,
+                parameters=sum(p.numel() for p in model.parameters()), baseline_loss=baseline)
+    if result is None:
+        log.warning("%s N=%d seed=%d: training diverged (%s)", family.name, width, seed, failure)
+        return {"runs": [{**base, "heldout_loss": math.nan, "final_train_loss": math.nan, "trained_ok": False,
+                          "failure": failure}]}
+    # trained_ok is known only after the final evaluation; measure, then stamp it on every row.
+    geometry_rows, final, heldout_loss = _measure(config, family, model, result, splits, pools,
+                                                  {**base, "trained_ok": None}, device)
+    trained_ok = bool(heldout_loss < baseline)
+    failure = "" if trained_ok else f"held-out loss {heldout_loss:.3f} does not beat the baseline {baseline:.3f}"
+    run = {**base, "heldout_loss": heldout_loss, "trained_ok": trained_ok, "failure": failure,
+           "final_train_loss": result.history[-1]["loss"] if result.history else math.nan}
+    for row in geometry_rows:
+        row["trained_ok"] = trained_ok
+    rows = {"geometry": geometry_rows, "misalignment": _misalignment(config, final, run, family.primary_layer(config)),
+            **family.extra_rows(config, model, take(splits.test, pools.heldout), run)}
+    seconds = time.perf_counter() - started
+    log.info("%s N=%d seed=%d lr=%g: held-out loss %.3f (baseline %.3f) %s; %.0f s", family.name, width, seed, lr,
+             heldout_loss, baseline, "ok" if trained_ok else "FAILED", seconds)
+    return {**rows, "runs": [{**run, "seconds": round(seconds, 1)}]}
+
+
+def jobs_dir(out_dir: str | Path, config: SweepConfig, family: Family) -> Path:
+    """Where a sweep keeps each finished job's rows until its tables are written: ``<out>/partial/<family>-<hash>``."""
+    return Path(out_dir) / "partial" / f"{family.name}-{config.config_hash()}"
+
+
+def _job(folder: Path | None, name: str, compute):
+    """``compute()``'s rows, kept in ``folder/name.json`` (atomically) so a rerun after an interruption skips it."""
+    if folder is None:
+        return compute()
+    path = folder / f"{name}.json"
+    if path.is_file():
+        log.info("reusing the finished job %s", name)
+        return json.loads(path.read_text())
+    rows = compute()
+    atomic_write_text(path, json.dumps(rows, default=float))
+    return rows
+
+
+def run_sweep(config: SweepConfig, family: Family, jobs: str | Path | None = None
+              ) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
+    """Run the whole sweep; returns (tables by name, provenance extras). See the module docstring.
+
+    With ``jobs`` (see :func:`jobs_dir`), every finished job — a width's rate fit, a
+    measured (width, seed) run — is kept there as it finishes, so a rerun of the same
+    config after an interruption computes only what is missing and gives the same
+    tables as an uninterrupted run. The folder is removed once the tables are built.
+    """
     torch.use_deterministic_algorithms(True, warn_only=True)
     device = resolve_device(config.device)
     splits = family.load_data(config)
@@ -301,43 +354,24 @@ def run_sweep(config: SweepConfig, family: Family) -> tuple[dict[str, pd.DataFra
     pools = draw_pools(config, splits)
     baseline = family.baseline(splits, take(splits.test, pools.evaluation), config)
     log.info("%s: %s; baseline held-out loss %.3f", family.name, splits.unit, baseline)
+    folder = Path(jobs) if jobs is not None else None
     tables: dict[str, list[dict]] = defaultdict(list)
-    runs = []
     for width in config.widths:
-        lr, lr_rows = _fit_learning_rate(config, family, splits, pools, width, device)
+        lr_rows = _job(folder, f"lr_N{width}",
+                       lambda: _fit_learning_rate(config, family, splits, pools, width, device)[1])
         tables["lr"] += lr_rows
-        for r in range(config.seeds):
-            seed = config.seed + r
-            started = time.perf_counter()
-            model, result, failure = _train(config, family, splits, width, seed, lr, device)
-            base = dict(family=family.name, model=family.model_name(config, width), width=width, seed=seed, lr=lr,
-                        parameters=sum(p.numel() for p in model.parameters()), baseline_loss=baseline)
-            if result is None:
-                runs.append({**base, "heldout_loss": math.nan, "final_train_loss": math.nan, "trained_ok": False,
-                             "failure": failure})
-                log.warning("%s N=%d seed=%d: training diverged (%s)", family.name, width, seed, failure)
-                continue
-            # trained_ok is known only after the final evaluation; measure, then stamp it on every row.
-            geometry_rows, final, heldout_loss = _measure(config, family, model, result, splits, pools,
-                                                          {**base, "trained_ok": None}, device)
-            trained_ok = bool(heldout_loss < baseline)
-            failure = "" if trained_ok else f"held-out loss {heldout_loss:.3f} does not beat the baseline {baseline:.3f}"
-            run = {**base, "heldout_loss": heldout_loss, "trained_ok": trained_ok, "failure": failure,
-                   "final_train_loss": result.history[-1]["loss"] if result.history else math.nan}
-            for row in geometry_rows:
-                row["trained_ok"] = trained_ok
-            tables["geometry"] += geometry_rows
-            tables["misalignment"] += _misalignment(config, final, run, family.primary_layer(config))
-            for name, rows in family.extra_rows(config, model, take(splits.test, pools.heldout), run).items():
+        lr = next(row["lr"] for row in lr_rows if row["chosen"])
+        for seed in range(config.seed, config.seed + config.seeds):
+            job = _job(folder, f"N{width}_seed{seed}", lambda: _measured_run(
+                config, family, splits, pools, width, seed, lr, baseline, device))
+            for name, rows in job.items():
                 tables[name] += rows
-            runs.append({**run, "seconds": round(time.perf_counter() - started, 1)})
-            log.info("%s N=%d seed=%d lr=%g: held-out loss %.3f (baseline %.3f) %s", family.name, width, seed, lr,
-                     heldout_loss, baseline, "ok" if trained_ok else "FAILED")
-    tables["runs"] = runs
     frames = {name: pd.DataFrame(tables.get(name, [])) for name in SWEEP_TABLES + family.extra_tables}
     frames["trend"] = trend_table(config, frames["geometry"], frames["misalignment"])
-    extra = dict(data=facts, device=str(device), runs=runs,
+    extra = dict(data=facts, device=str(device), runs=tables["runs"],
                  pools={name: len(getattr(pools, name)) for name in ("train", "heldout", "evaluation", "validation")})
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
     return {f"{family.name}_{name}": frame for name, frame in frames.items()}, extra
 
 

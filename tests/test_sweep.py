@@ -209,3 +209,31 @@ def test_pruning_keeps_only_the_chosen_rates_checkpoints(checkpoints):
     kept = sorted(p.name for p in sweep.checkpoint_root(config, ToyFamily()).iterdir())
     chosen = tables["toy_lr"][tables["toy_lr"].chosen]
     assert kept == sorted(f"N{r.width}_seed0_lr{r.lr:g}" for r in chosen.itertuples())
+
+
+def test_an_interrupted_sweep_resumes_job_by_job_to_the_same_tables(checkpoints, tmp_path, monkeypatch):
+    config = ToyConfig(widths=(8, 16, 24), seeds=2)
+    uninterrupted, _ = sweep.run_sweep(config, ToyFamily())
+    monkeypatch.setenv("DALIGN_CHECKPOINTS", str(tmp_path / "second"))
+    jobs = sweep.jobs_dir(tmp_path / "results", config, ToyFamily())
+    real_measured_run, calls = sweep._measured_run, []
+
+    def dies_at_width_24(config, family, splits, pools, width, seed, *args):
+        if width == 24:
+            raise KeyboardInterrupt("the machine went away")
+        calls.append((width, seed))
+        return real_measured_run(config, family, splits, pools, width, seed, *args)
+
+    monkeypatch.setattr(sweep, "_measured_run", dies_at_width_24)
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run_sweep(config, ToyFamily(), jobs=jobs)
+    assert sorted(p.name for p in jobs.iterdir()) == sorted(
+        ["lr_N8.json", "lr_N16.json", "lr_N24.json", "N8_seed0.json", "N8_seed1.json", "N16_seed0.json",
+         "N16_seed1.json"])
+    monkeypatch.setattr(sweep, "_measured_run", real_measured_run)
+    monkeypatch.setattr(sweep, "_fit_learning_rate", lambda *a: pytest.fail("a finished rate fit ran again"))
+    resumed, _ = sweep.run_sweep(config, ToyFamily(), jobs=jobs)
+    assert not jobs.exists()  # removed once the tables are built
+    for name, table in uninterrupted.items():
+        pd.testing.assert_frame_equal(table.drop(columns=["seconds"], errors="ignore"),
+                                      resumed[name].drop(columns=["seconds"], errors="ignore"), check_exact=True)
