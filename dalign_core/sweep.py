@@ -68,6 +68,9 @@ log = logging.getLogger(__name__)
 SWEEP_TABLES = ("lr", "runs", "geometry", "misalignment", "trend")
 """Tables every sweep writes, as ``<family>_<name>.csv``."""
 
+GPU_PROFILES = ("gpu", "paper")
+"""Profiles whose models are sized for a GPU: a sweep refuses to start them on a CPU unless asked explicitly."""
+
 NO_BOUND = "the train and held-out means come from different laws; the theorem does not cover this setting"
 
 
@@ -349,6 +352,12 @@ def run_sweep(config: SweepConfig, family: Family, jobs: str | Path | None = Non
     """
     torch.use_deterministic_algorithms(True, warn_only=True)
     device = resolve_device(config.device)
+    if config.profile in GPU_PROFILES and config.device == "auto" and device.type == "cpu":
+        raise RuntimeError(
+            f"{family.name}: profile {config.profile!r} trains models sized for a GPU and this machine has none, so "
+            f"it would take hours here. Run it on a GPU machine (scripts/gpu_run.sh), copy results/{config.profile}/ "
+            "back, or choose a smaller profile (cpu); device='cpu' in the config runs it here anyway, and --dry-run "
+            "projects how long that would take.")
     splits = family.load_data(config)
     facts = check_supply(config, splits)
     pools = draw_pools(config, splits)

@@ -120,3 +120,36 @@ def test_every_profile_is_a_valid_config(profile):
 def test_a_bad_insertion_layer_is_refused():
     with pytest.raises(ValueError, match="insertion_layer 5 is not a layer of a depth-2 model"):
         llama_width.Config.for_profile("cpu", insertion_layer=5)
+
+
+def _splits_of_size(config, train, validation, test):
+    from dalign_core.family import Splits
+
+    def sequences(n):
+        return torch.zeros(n, config.context, dtype=torch.int64)
+
+    return Splits(sequences(train), sequences(validation), sequences(test), unit=f"sequences of {config.context}")
+
+
+@pytest.mark.parametrize("profile", ["gpu", "paper"])
+def test_the_large_profiles_pass_the_data_checks_only_with_a_corpus_that_suffices(profile):
+    from dalign_core.data.supply import DataSupplyError, RepeatedDataWarning
+
+    config = llama_width.Config.for_profile(profile)
+    enough = config.steps * config.batch_size  # one epoch of training text
+    facts = sweep.check_supply(config, _splits_of_size(config, enough, 600, 1600))
+    assert facts["epochs"] == pytest.approx(1.0)
+    # Shakespeare at the paper's context and vocabulary: 897 held-out sequences of 256 tokens
+    with pytest.raises(DataSupplyError, match=r"held-out split has 897 sequences of \d+ tokens; pool_size \+ "):
+        sweep.check_supply(config, _splits_of_size(config, enough, 600, 897))
+    with pytest.warns(RepeatedDataWarning):
+        sweep.check_supply(config, _splits_of_size(config, enough // 5, 600, 1600))  # 5 epochs
+
+
+def test_the_command_line_dry_run_prints_a_projection(tiny_env, capsys):
+    from dalign_core.experiments._runner import main
+
+    main(llama_width.Config, llama_width.run, dry_run=llama_width.dry_run, argv=["--profile", "smoke", "--dry-run"])
+    out = capsys.readouterr().out
+    assert "dry run of llama at profile smoke" in out and "ms/step x 20 steps x 3" in out and "projected:" in out
+    assert not (tiny_env / "results").exists() and not (tiny_env / "checkpoints").exists()

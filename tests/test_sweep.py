@@ -237,3 +237,12 @@ def test_an_interrupted_sweep_resumes_job_by_job_to_the_same_tables(checkpoints,
     for name, table in uninterrupted.items():
         pd.testing.assert_frame_equal(table.drop(columns=["seconds"], errors="ignore"),
                                       resumed[name].drop(columns=["seconds"], errors="ignore"), check_exact=True)
+
+
+def test_a_gpu_profile_is_refused_on_a_cpu_unless_asked_for(checkpoints, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="profile 'gpu' trains models sized for a GPU.*scripts/gpu_run.sh"):
+        sweep.run_sweep(ToyConfig(profile="gpu", device="auto"), ToyFamily())
+    assert not checkpoints.exists()
+    tables, _ = sweep.run_sweep(ToyConfig(profile="gpu", device="cpu", widths=(8, 16, 24), seeds=1), ToyFamily())
+    assert len(tables["toy_runs"]) == 3
