@@ -75,10 +75,11 @@ class Config(SweepConfig):
         ),
         "cpu": {},
         # The paper's shapes (depth 8, head dim 64) at widths a 15-minute GPU window can train: 3 rates x 3 seeds.
-        # Measured on one H200 (2026-11-30): widths 512/1024/1536 with rates 3e-4/1e-3/3e-3 and 20,000 resamples
-        # took about 190 s per width; N = 512 did not beat the bigram model in 300 steps (held-out 4.40 against
-        # 4.32) and 3e-4, the lowest rate, won at 1024 and 1536. Hence 768 as the narrowest width, a lower grid,
-        # fewer resamples and train-pool captures.
+        # Measured on one H200 (2026-11-30) with widths 512/1024/1536, rates 3e-4/1e-3/3e-3 and 20,000 resamples:
+        # about 190 s per width, so the sweep ran past a 560-s limit one run short of the end; N = 512 did not beat
+        # the bigram model in 300 steps (held-out 4.40 against 4.32) and 3e-4, the lowest rate, won at 1024 and
+        # 1536. Hence 768 as the narrowest width, a lower grid, fewer resamples and train-pool captures. Finished
+        # jobs are kept in results/gpu/partial/, so a second call completes a sweep that a window cut short.
         "gpu": dict(
             widths=(768, 1024, 1536), depth=8, head_dim=64, batch_size=32, steps=300, warmup_steps=30,
             lr_candidates=(1e-4, 3e-4, 1e-3), checkpoint_steps=(0, 100, 200, 250, 300), train_pool_steps=(0, 300),
