@@ -51,7 +51,10 @@ class SweepConfig(ExperimentConfig):
     steps: int = 600
     batch_size: int = 16
     lr_candidates: tuple[float, ...] = (1e-3, 3e-3, 1e-2)
-    """Peak learning rates tried at every width; each width keeps the one with the lowest validation loss."""
+    """Peak learning rates tried at the narrowest width; each width keeps the one with the lowest validation loss."""
+    lr_width_exponent: float = 0.0
+    """The grid moves with width as ``(widths[0] / N) ** lr_width_exponent``: 1 centres it on the muP rule for
+    Adam (the best rate falls as 1/N), so a fixed number of candidates brackets every width's best rate."""
     warmup_steps: int = 60
     weight_decay: float = 0.1
     checkpoint_steps: tuple[int, ...] = (0, 100, 400, 500, 600)
@@ -101,6 +104,11 @@ class SweepConfig(ExperimentConfig):
             raise ValueError(f"checkpoint_steps {outside} are outside [0, steps={self.steps}]")
         if self.train_pool_steps is not None and self.steps not in self.train_pool_steps:
             raise ValueError(f"train_pool_steps {self.train_pool_steps} must include the final step {self.steps}")
+
+    def lr_grid(self, width: int) -> tuple[float, ...]:
+        """The candidate learning rates at ``width`` (3 significant digits), ascending."""
+        scale = (min(self.widths) / width) ** self.lr_width_exponent
+        return tuple(sorted(float(f"{lr * scale:.3g}") for lr in self.lr_candidates))
 
     @property
     def last_third(self) -> tuple[int, ...]:

@@ -119,7 +119,7 @@ def trajectory(geometry: pd.DataFrame, layer: str, value: str = "d_align") -> pl
 
 
 def trend_along_training(trend: pd.DataFrame, layer: str, steps: int) -> plt.Figure:
-    """Spearman ρ of width against d_align at each checkpoint, with its seed-bootstrap interval; last third shaded."""
+    """Spearman ρ of width against d_align at each checkpoint, with its interval over seeds; last third shaded."""
     rows = trend[(trend.quantity == "d_align") & (trend.view == "matched_step") & (trend.layer == layer)]
     fig, ax = plt.subplots(figsize=(COLUMN_WIDTH * 0.75, 3.2))
     ax.axvspan(2 * steps / 3, steps * 1.15, color="0.92", zorder=0, label="last third")

@@ -51,13 +51,15 @@ def describe_learning_rates(lr: pd.DataFrame) -> str:
     if lr.empty:
         return "No learning rate was fitted at this profile."
     chosen = lr[lr.chosen.astype(bool)].set_index("width").lr
-    candidates = sorted(lr.lr.unique())
     text = "Learning rate kept per width (lowest validation loss): " + ", ".join(
         f"N={w}: {r:g}" for w, r in chosen.items()) + "."
-    edge = [w for w, r in chosen.items() if len(candidates) > 1 and r in (candidates[0], candidates[-1])]
+    grids = lr.groupby("width").lr.agg(["min", "max", "count"])
+    edge = [w for w, r in chosen.items() if grids.loc[w, "count"] > 1 and r in (grids.loc[w, "min"], grids.loc[w, "max"])]
     if edge:
-        text += (f" At {', '.join(f'N={w}' for w in edge)} the best rate is at the edge of the grid "
-                 f"({candidates[0]:g}–{candidates[-1]:g}), so a rate outside it might fit better.")
+        text += (f" At {', '.join(f'N={w}' for w in edge)} the kept rate is at the edge of that width's grid, so a "
+                 "rate outside it might fit better.")
+    else:
+        text += " Every kept rate lies inside its width's grid, with a worse rate on either side."
     if len(chosen) > 2 and chosen.is_monotonic_decreasing and chosen.iloc[0] > chosen.iloc[-1]:
         text += " The best rate falls as width grows, as μP-style scaling predicts for Adam."
     return text

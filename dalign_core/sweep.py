@@ -3,10 +3,11 @@
 For each width N of a :class:`~dalign_core.family.SweepConfig`, with a
 :class:`~dalign_core.family.Family` answering the family-specific questions:
 
-1. **A learning rate that fits the width.** Train the first seed at every rate in
-   ``lr_candidates`` and keep the one with the lowest loss on the *validation* split
-   (whole documents that are neither a q pool nor the test text). One rate for all
-   widths would compare a well-tuned narrow model with a badly tuned wide one.
+1. **A learning rate that fits the width.** Train the first seed at every rate of the
+   width's grid (``lr_candidates``, moved with width by ``lr_width_exponent``) and keep
+   the one with the lowest loss on the *validation* split (whole documents that are
+   neither a q pool nor the test text). One rate for all widths would compare a
+   well-tuned narrow model with a badly tuned wide one.
 2. **Seeds.** Train the other seeds at that rate (the first seed's run is reused).
 3. **Geometry along training.** At every analysis checkpoint: the held-out loss on
    ``eval_examples`` test examples, and q at every insertion point on two pools drawn
@@ -177,7 +178,7 @@ def _fit_learning_rate(config, family, splits, pools, width, device) -> tuple[fl
     """Train the first seed at every candidate rate; the lowest validation loss wins (ties: the smaller rate)."""
     validation = take(splits.validation, pools.validation)
     rows = []
-    for lr in sorted(config.lr_candidates):
+    for lr in config.lr_grid(width):
         model, result, failure = _train(config, family, splits, width, config.seed, lr, device)
         loss = family.heldout_metric(model.eval(), validation, config) if result is not None else math.inf
         rows.append(dict(family=family.name, width=width, seed=config.seed, lr=lr, validation_loss=loss,
@@ -185,7 +186,7 @@ def _fit_learning_rate(config, family, splits, pools, width, device) -> tuple[fl
         log.info("%s N=%d lr=%g: validation loss %.4f", family.name, width, lr, loss)
     finite = [row for row in rows if math.isfinite(row["validation_loss"])]
     chosen = min(finite, key=lambda row: (row["validation_loss"], row["lr"]))["lr"] if finite else min(
-        config.lr_candidates)
+        config.lr_grid(width))
     for row in rows:
         row["chosen"] = row["lr"] == chosen
         if config.prune_candidates and not row["chosen"]:
@@ -412,7 +413,7 @@ def dry_run(config: SweepConfig, family: Family, steps: int = 2) -> str:
     total = 0.0
     for width in config.widths:
         model = family.build(config, width, config.seed, splits).to(device)
-        probe = TrainConfig(steps=steps, batch_size=config.batch_size, lr=min(config.lr_candidates),
+        probe = TrainConfig(steps=steps, batch_size=config.batch_size, lr=min(config.lr_grid(width)),
                             seed=config.seed, autocast_dtype=config.autocast_dtype, progress=False)
         train(model, splits.train, probe, loss_fn=family.train_loss)  # warm-up: kernels, allocator, caches
         _sync(device)

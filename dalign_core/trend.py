@@ -157,7 +157,7 @@ def verdict(trend: pd.DataFrame, claim: str, *, direction: str = "rises", where:
     label = "reproduced" if holds == total else "partly" if holds else "not reproduced"
     where = f" {where}" if where else ""
     sentence = (
-        f"{claim}: {label}. The seed-bootstrap interval of Spearman's ρ between width and the quantity lies "
+        f"{claim}: {label}. The 95% interval over seeds of Spearman's ρ between width and the quantity lies "
         f"{'above' if sign > 0 else 'below'} zero at {holds} of {total}{where}"
         f"{f' and on the wrong side at {reverse}' if reverse else ''}; ρ ranges from {rows.rho.min():+.2f} "
         f"to {rows.rho.max():+.2f} (median {rows.rho.median():+.2f})."

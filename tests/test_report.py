@@ -19,7 +19,7 @@ def test_describe_learning_rates_flags_a_rate_at_the_edge_of_the_grid():
     lr = pd.DataFrame(dict(width=[32, 32, 64, 64, 128, 128], lr=[1e-3, 1e-2] * 3,
                            validation_loss=[5, 4, 4, 5, 4, 5], chosen=[False, True, True, False, True, False]))
     text = report.describe_learning_rates(lr)
-    assert "N=32: 0.01, N=64: 0.001, N=128: 0.001" in text and "edge of the grid" in text
+    assert "N=32: 0.01, N=64: 0.001, N=128: 0.001" in text and "edge of that width's grid" in text
     assert "falls as width grows" in text
 
 
@@ -49,3 +49,9 @@ def test_describe_bounds_counts_only_trained_runs_in_the_theorems_setting():
     text = report.describe_bounds(table)
     assert "2 estimates" in text and "below B_exact in 50%" in text and "below B_align in 100%" in text
     assert "No trained run" in report.describe_bounds(table.assign(trained_ok=False))
+
+
+def test_describe_learning_rates_says_when_every_rate_is_bracketed():
+    lr = pd.DataFrame(dict(width=[32] * 3 + [64] * 3, lr=[1e-3, 3e-3, 1e-2, 5e-4, 1.5e-3, 5e-3],
+                           validation_loss=[5, 4, 5, 5, 4, 5], chosen=[False, True, False] * 2))
+    assert "Every kept rate lies inside its width's grid" in report.describe_learning_rates(lr)

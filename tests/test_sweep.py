@@ -112,6 +112,7 @@ def test_a_toy_family_runs_through_every_shared_step(toy_tables):
     lr, runs, geometry = tables["toy_lr"], tables["toy_runs"], tables["toy_geometry"]
     # every candidate rate tried once per width at the first seed, exactly one kept
     assert len(lr) == len(config.widths) * len(config.lr_candidates)
+    assert all(set(lr[lr.width == w].lr) == set(config.lr_grid(w)) for w in config.widths)
     assert (lr.groupby("width").chosen.sum() == 1).all()
     kept = lr[lr.chosen].set_index("width").lr
     assert (runs.set_index(["width", "seed"]).lr == runs.width.map(kept).values).all()
@@ -246,3 +247,11 @@ def test_a_gpu_profile_is_refused_on_a_cpu_unless_asked_for(checkpoints, monkeyp
     assert not checkpoints.exists()
     tables, _ = sweep.run_sweep(ToyConfig(profile="gpu", device="cpu", widths=(8, 16, 24), seeds=1), ToyFamily())
     assert len(tables["toy_runs"]) == 3
+
+
+def test_the_rate_grid_moves_with_width():
+    config = ToyConfig(widths=(32, 64, 256), lr_candidates=(3e-3, 1e-2, 3e-2), lr_width_exponent=1.0)
+    assert config.lr_grid(32) == (3e-3, 1e-2, 3e-2)
+    assert config.lr_grid(64) == (1.5e-3, 5e-3, 1.5e-2)
+    assert config.lr_grid(256) == (3.75e-4, 1.25e-3, 3.75e-3)
+    assert ToyConfig().lr_grid(32) == ToyConfig().lr_grid(8) == (3e-3, 3e-2)  # exponent 0: one grid for all
