@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import seaborn as sns
-from matplotlib.ticker import FixedLocator, NullLocator
+from matplotlib.ticker import FixedLocator, LogLocator, NullFormatter, NullLocator
 
 __all__ = ["style", "LABELS", "learning_rates", "heldout_loss", "trajectory", "trend_along_training",
            "matched_loss", "final_geometry", "layers_heatmap", "misalignment_by_width", "misalignment_by_budget",
@@ -168,6 +168,10 @@ def final_geometry(geometry: pd.DataFrame, layer: str, step: int) -> plt.Figure:
             ax.plot(means.index, means.values, "-", color=colour, label=f"{pool} pool")
         positive = (at_step[name] > 0).all() and len(at_step)
         ax.set(yscale="log" if positive else "symlog", title=LABELS[name])
+        if positive:  # labels at 1, 2, 5 x 10^k within a short range, decades otherwise; never minor labels
+            span = at_step[name].max() / at_step[name].min()
+            ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if span < 30 else (1.0,)))
+            ax.yaxis.set_minor_formatter(NullFormatter())
         _width_axis(ax, geometry.width)
     for ax in axes[0]:
         ax.set_xlabel("")
@@ -233,9 +237,16 @@ def sample_unit(units: pd.DataFrame) -> plt.Figure:
     ok = units[_ok(units)].assign(choice=lambda t: t.unit + " / " + t.reduction)
     widths = sorted(units.width.unique())
     fig, axes = plt.subplots(1, max(len(widths), 1), figsize=(COLUMN_WIDTH, 3.0), sharey=True, squeeze=False)
+    positive = ok.d_align[ok.d_align > 0]
+    floor = positive.min() / 4 if len(positive) else 1e-6
     for ax, width in zip(axes[0], widths):
-        for choice, part in ok[ok.width == width].groupby("choice"):
-            ax.plot(part.context, part.d_align.clip(lower=1e-6), "o-", label=choice)
+        for index, (choice, part) in enumerate(ok[ok.width == width].groupby("choice")):
+            colour = f"C{index}"
+            above = part[part.d_align > 0]
+            ax.plot(above.context, above.d_align, "o-", color=colour, label=choice)
+            zero = part[part.d_align <= 0]  # the unbiased ||mu||^4 estimate is not positive: the mean is lost in noise
+            ax.plot(zero.context, [floor] * len(zero), "v", color=colour, mfc="none", ms=8,
+                    label=r"$\leq 0$ (drawn at the floor)" if len(zero) else None)
         ax.set(xscale="log", yscale="log", title=f"$N = {width}$", xlabel="context $T$")
         ax.xaxis.set_major_locator(FixedLocator(sorted(units.context.unique())))
         ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
@@ -243,7 +254,10 @@ def sample_unit(units: pd.DataFrame) -> plt.Figure:
         if ok[ok.width == width].empty:
             ax.text(0.5, 0.5, "failed run", transform=ax.transAxes, ha="center", color="0.5")
     axes[0, 0].set_ylabel(LABELS["d_align"])
-    handles, labels = axes[0, 0].get_legend_handles_labels()
-    if handles:
-        fig.legend(handles, labels, loc="outside lower center", ncols=3, fontsize=8.5)
+    labelled = {}
+    for ax in axes[0]:  # one legend entry per label across panels
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            labelled.setdefault(label, handle)
+    if labelled:
+        fig.legend(labelled.values(), labelled.keys(), loc="outside lower center", ncols=4, fontsize=8.5)
     return fig
