@@ -17,7 +17,8 @@ import pandas as pd
 from dalign_core.results import read_table
 from dalign_core.trend import Verdict, verdict
 
-__all__ = ["describe_runs", "describe_learning_rates", "width_verdicts", "describe_bounds", "summarize"]
+__all__ = ["describe_runs", "describe_learning_rates", "describe_rate_resolution", "width_verdicts", "describe_bounds",
+           "summarize"]
 
 
 def _widths(frame: pd.DataFrame) -> str:
@@ -62,6 +63,27 @@ def describe_learning_rates(lr: pd.DataFrame) -> str:
         text += " Every kept rate lies inside its width's grid, with a worse rate on either side."
     if len(chosen) > 2 and chosen.is_monotonic_decreasing and chosen.iloc[0] > chosen.iloc[-1]:
         text += " The best rate falls as width grows, as μP-style scaling predicts for Adam."
+    return text
+
+
+def describe_rate_resolution(lr: pd.DataFrame, runs: pd.DataFrame) -> str:
+    """Whether one seed can pick the rate: the best rate's lead over the runner-up against the spread over seeds."""
+    if lr.empty or runs.empty:
+        return ""
+    finite = lr[lr.validation_loss.abs() != float("inf")]
+    lead = finite.groupby("width").validation_loss.agg(lambda v: v.nsmallest(2).diff().iloc[-1] if len(v) > 1 else 0)
+    ok = runs[runs.trained_ok.astype(bool)]
+    spread = ok.groupby("width").heldout_loss.agg(lambda v: v.max() - v.min())
+    widths = [w for w in lead.index if w in spread.index]
+    if not widths:
+        return ""
+    text = ("The kept rate beats the runner-up by " + ", ".join(f"{lead[w]:.3f}" for w in widths) + " nats of "
+            "validation loss at N = " + ", ".join(map(str, widths)) + "; at the kept rate the seeds' held-out "
+            "losses spread over " + ", ".join(f"{spread[w]:.3f}" for w in widths) + " nats.")
+    unresolved = [w for w in widths if lead[w] <= spread[w]]
+    if unresolved:
+        text += (f" At {', '.join(f'N={w}' for w in unresolved)} the seeds differ more than the two best rates do, so "
+                 "the rate fitted on one seed is partly chance there: the comparison is only as fair as that fit.")
     return text
 
 

@@ -38,7 +38,8 @@ def _git_commit() -> dict[str, Any]:
             ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10, check=True
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            # The results being rewritten are not a change of code: leave results/ out of the check.
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results"],
             cwd=REPO_ROOT, capture_output=True, text=True, timeout=10, check=True,
         ).stdout.strip()
         return {"commit": commit, "dirty": bool(dirty)}

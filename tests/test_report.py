@@ -55,3 +55,12 @@ def test_describe_learning_rates_says_when_every_rate_is_bracketed():
     lr = pd.DataFrame(dict(width=[32] * 3 + [64] * 3, lr=[1e-3, 3e-3, 1e-2, 5e-4, 1.5e-3, 5e-3],
                            validation_loss=[5, 4, 5, 5, 4, 5], chosen=[False, True, False] * 2))
     assert "Every kept rate lies inside its width's grid" in report.describe_learning_rates(lr)
+
+
+def test_describe_rate_resolution_flags_widths_where_seeds_differ_as_much_as_rates():
+    lr = pd.DataFrame(dict(width=[32] * 3 + [256] * 3, lr=[1e-3, 3e-3, 1e-2] * 2,
+                           validation_loss=[4.5, 4.1, 4.3, 4.25, 4.24, 4.32], chosen=[False, True, False] * 2))
+    runs = pd.DataFrame(dict(width=[32, 32, 256, 256], heldout_loss=[4.10, 4.12, 4.16, 4.21], trained_ok=True))
+    text = report.describe_rate_resolution(lr, runs)
+    assert "0.200, 0.010 nats of validation loss at N = 32, 256" in text and "0.020, 0.050 nats" in text
+    assert "At N=256 the seeds differ more than the two best rates do" in text and "N=32 the" not in text
