@@ -111,6 +111,11 @@ class SweepConfig(ExperimentConfig):
         return tuple(sorted(float(f"{lr * scale:.3g}") for lr in self.lr_candidates))
 
     @property
+    def train_pool_checkpoints(self) -> tuple[int, ...]:
+        """The checkpoints at which the train pool is captured (``train_pool_steps``, or all of them)."""
+        return self.checkpoint_steps if self.train_pool_steps is None else self.train_pool_steps
+
+    @property
     def last_third(self) -> tuple[int, ...]:
         """The analysis checkpoints at or after two thirds of training: where width trends are judged."""
         return tuple(s for s in sorted(self.checkpoint_steps) if 3 * s >= 2 * self.steps)

@@ -40,11 +40,16 @@ def _palette(widths) -> dict:
     return dict(zip(widths, sns.color_palette("viridis", len(widths))))
 
 
+def _ticks_at(axis, values) -> None:
+    """Ticks labelled at exactly ``values`` (widths, contexts) on a log axis, no minor ticks."""
+    axis.set_major_locator(FixedLocator(sorted(set(values))))
+    axis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_locator(NullLocator())
+
+
 def _width_axis(ax, widths) -> None:
     ax.set_xscale("log", base=2)
-    ax.xaxis.set_major_locator(FixedLocator(sorted(set(widths))))
-    ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.xaxis.set_minor_locator(NullLocator())
+    _ticks_at(ax.xaxis, widths)
     ax.set_xlabel("width $N$")
 
 
@@ -247,9 +252,7 @@ def sample_unit(units: pd.DataFrame) -> plt.Figure:
             ax.plot(zero.context, [floor] * len(zero), "v", color=colour, mfc="none", ms=8,
                     label=r"$\leq 0$ (drawn at the floor)" if len(zero) else None)
         ax.set(xscale="log", yscale="log", title=f"$N = {width}$", xlabel="context $T$")
-        ax.xaxis.set_major_locator(FixedLocator(sorted(units.context.unique())))
-        ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.xaxis.set_minor_locator(NullLocator())
+        _ticks_at(ax.xaxis, units.context)
         if ok[ok.width == width].empty:
             ax.text(0.5, 0.5, "failed run", transform=ax.transAxes, ha="center", color="0.5")
     axes[0, 0].set_ylabel(LABELS["d_align"])

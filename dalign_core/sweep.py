@@ -50,7 +50,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from dalign_core._tensor import resolve_device
+from dalign_core._tensor import derived_seed, resolve_device
 from dalign_core.atomic import atomic_write_text
 from dalign_core.config import REPO_ROOT
 from dalign_core.data.supply import check_epochs, require_sequences, training_epochs
@@ -123,8 +123,7 @@ def _unit_length(splits: Splits) -> int:
 
 
 def _generator(*key) -> torch.Generator:
-    digest = hashlib.sha256(":".join(map(str, ("dalign", *key))).encode()).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
+    return torch.Generator().manual_seed(derived_seed("dalign", *key))
 
 
 def draw_pools(config: SweepConfig, splits: Splits) -> Pools:
@@ -138,6 +137,12 @@ def draw_pools(config: SweepConfig, splits: Splits) -> Pools:
         validation=torch.randperm(count(splits.validation), generator=_generator("pools", "val", config.seed))[
             : config.validation_examples],
     )
+
+
+def _prepare(config: SweepConfig, family: Family) -> tuple[Splits, dict[str, Any], Pools]:
+    """The family's data, checked to supply the config (the facts for the provenance), and the pools."""
+    splits = family.load_data(config)
+    return splits, check_supply(config, splits), draw_pools(config, splits)
 
 
 def checkpoint_root(config: SweepConfig, family: Family) -> Path:
@@ -174,8 +179,11 @@ def _train(config, family, splits, width, seed, lr, device):
     return model, result, ""
 
 
-def _fit_learning_rate(config, family, splits, pools, width, device) -> tuple[float, list[dict]]:
-    """Train the first seed at every candidate rate; the lowest validation loss wins (ties: the smaller rate)."""
+def _fit_learning_rate(config, family, splits, pools, width, device) -> list[dict]:
+    """Train the first seed at every candidate rate; the lowest validation loss wins (ties: the smaller rate).
+
+    One row per rate; the kept one has ``chosen = True``.
+    """
     validation = take(splits.validation, pools.validation)
     rows = []
     for lr in config.lr_grid(width):
@@ -192,11 +200,7 @@ def _fit_learning_rate(config, family, splits, pools, width, device) -> tuple[fl
         if config.prune_candidates and not row["chosen"]:
             shutil.rmtree(_train_config(config, family, width, config.seed, row["lr"]).checkpoint_dir,
                           ignore_errors=True)
-    return chosen, rows
-
-
-def _capture(config, family, model, examples, layers, device) -> dict:
-    return accumulate_geometry(model, layers, family.batches(examples, config.capture_batch), device=device)
+    return rows
 
 
 def _measure(config, family, model, result, splits, pools, base, device):
@@ -204,16 +208,16 @@ def _measure(config, family, model, result, splits, pools, base, device):
     layers = family.insertion_points(config, model)
     pool_examples = {"train": take(splits.train, pools.train), "heldout": take(splits.test, pools.heldout)}
     evaluation = take(splits.test, pools.evaluation)
-    train_steps = set(config.checkpoint_steps if config.train_pool_steps is None else config.train_pool_steps)
     rows, final = [], {}
     for step in sorted(result.checkpoints):
         load_weights(model, result.checkpoints[step])
         model.eval()
         heldout_loss = family.heldout_metric(model, evaluation, config)
         for pool in ("heldout", "train"):
-            if pool == "train" and step not in train_steps:
+            if pool == "train" and step not in config.train_pool_checkpoints:
                 continue
-            accumulators = _capture(config, family, model, pool_examples[pool], layers, device)
+            accumulators = accumulate_geometry(model, layers, family.batches(pool_examples[pool], config.capture_batch),
+                                               device=device)
             for layer, accumulator in accumulators.items():
                 rows.append({**base, "step": step, "pool": pool, "layer": layer, "heldout_loss": heldout_loss,
                              **accumulator.result(config.confidence).to_row()})
@@ -359,16 +363,14 @@ def run_sweep(config: SweepConfig, family: Family, jobs: str | Path | None = Non
             f"it would take hours here. Run it on a GPU machine (scripts/gpu_run.sh), copy results/{config.profile}/ "
             "back, or choose a smaller profile (cpu); device='cpu' in the config runs it here anyway, and --dry-run "
             "projects how long that would take.")
-    splits = family.load_data(config)
-    facts = check_supply(config, splits)
-    pools = draw_pools(config, splits)
+    splits, facts, pools = _prepare(config, family)
     baseline = family.baseline(splits, take(splits.test, pools.evaluation), config)
     log.info("%s: %s; baseline held-out loss %.3f", family.name, splits.unit, baseline)
     folder = Path(jobs) if jobs is not None else None
     tables: dict[str, list[dict]] = defaultdict(list)
     for width in config.widths:
         lr_rows = _job(folder, f"lr_N{width}",
-                       lambda: _fit_learning_rate(config, family, splits, pools, width, device)[1])
+                       lambda: _fit_learning_rate(config, family, splits, pools, width, device))
         tables["lr"] += lr_rows
         lr = next(row["lr"] for row in lr_rows if row["chosen"])
         for seed in range(config.seed, config.seed + config.seeds):
@@ -397,13 +399,10 @@ def dry_run(config: SweepConfig, family: Family, steps: int = 2) -> str:
     # A GPU's clocks ramp up over the first fraction of a second: a couple of steps overstate its step time
     # (seen on an H200: 472 ms/step timed over 2 steps where whole runs went more than twice as fast).
     steps = steps if device.type == "cpu" else max(steps, 20)
-    splits = family.load_data(config)
-    facts = check_supply(config, splits)
-    pools = draw_pools(config, splits)
+    splits, facts, pools = _prepare(config, family)
     heldout = take(splits.test, pools.heldout)
     train_runs = len(config.lr_candidates) + config.seeds - 1
-    pool_passes = len(config.checkpoint_steps) + len(
-        config.checkpoint_steps if config.train_pool_steps is None else config.train_pool_steps)
+    pool_passes = len(config.checkpoint_steps) + len(config.train_pool_checkpoints)
     lines = [f"dry run of {family.name} at profile {config.profile} on {device}: {count(splits.train)} train, "
              f"{count(splits.validation)} validation, {count(splits.test)} test {splits.unit}; "
              f"{facts['epochs']:.2f} epochs per run",

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -44,6 +43,8 @@ from typing import Any, Callable
 import safetensors.torch
 import torch
 from tqdm import tqdm
+
+from dalign_core._tensor import derived_seed
 
 __all__ = [
     "TrainConfig",
@@ -193,11 +194,6 @@ def _eval_mode(model: torch.nn.Module):
         model.train(was_training)
 
 
-def _epoch_seed(seed: int, epoch: int) -> int:
-    digest = hashlib.sha256(f"dalign-order:{seed}:{epoch}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
-
-
 class _Order:
     """Per-epoch permutations of ``range(n)`` from seeded generators, cached."""
 
@@ -208,7 +204,7 @@ class _Order:
         if epoch not in self._perms:
             if len(self._perms) > 2:
                 self._perms.pop(min(self._perms))
-            g = torch.Generator().manual_seed(_epoch_seed(self.seed, epoch))
+            g = torch.Generator().manual_seed(derived_seed("dalign-order", self.seed, epoch))
             self._perms[epoch] = torch.randperm(self.n, generator=g)
         return self._perms[epoch]
 

@@ -1,7 +1,7 @@
 """One convention for every experiment: skip if current, time, write the tables, and the ``python -m`` entry.
 
 An experiment module defines a ``Config`` (an :class:`~dalign_core.config.ExperimentConfig`
-with profiles), the names of its tables, and a ``compute(config)`` that returns them::
+with profiles), the names of its tables, and a ``compute(config, out_dir)`` that returns them::
 
     def run(config, out_dir=None, force=False):
         return run_experiment("theory", TABLES, config, compute, out_dir=out_dir, force=force)
@@ -33,15 +33,17 @@ __all__ = ["run_experiment", "main"]
 
 log = logging.getLogger("dalign")
 
-Compute = Callable[[Any], "tuple[Mapping[str, pd.DataFrame], dict[str, Any]]"]
+Compute = Callable[[Any, Path], "tuple[Mapping[str, pd.DataFrame], dict[str, Any]]"]
 
 
 def run_experiment(name: str, tables: tuple[str, ...], config: ExperimentConfig, compute: Compute,
                    out_dir: str | Path | None = None, force: bool = False) -> Path:
     """Compute and write ``tables`` for ``config`` unless they are current; return the results folder.
 
-    ``compute(config)`` returns ``(tables by name, provenance extras)``; every name in
-    ``tables`` must be present (an empty DataFrame is fine: it is written as such).
+    ``compute(config, out_dir)`` returns ``(tables by name, provenance extras)``; every
+    name in ``tables`` must be present (an empty DataFrame is fine: it is written as
+    such). ``out_dir`` is where the tables will go; a long computation may keep its
+    finished parts there (see :func:`dalign_core.sweep.jobs_dir`).
     """
     out_dir = Path(out_dir) if out_dir is not None else default_results_dir(config.profile)
     if not force and results_current(out_dir, tables, config):
@@ -49,7 +51,7 @@ def run_experiment(name: str, tables: tuple[str, ...], config: ExperimentConfig,
                  name, config.config_hash())
         return out_dir
     started = time.perf_counter()
-    frames, extra = compute(config)
+    frames, extra = compute(config, out_dir)
     missing = sorted(set(tables) - set(frames))
     if missing:
         raise RuntimeError(f"{name}: compute returned no table(s) {missing}")

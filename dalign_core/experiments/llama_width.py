@@ -34,7 +34,6 @@ import torch
 
 from dalign_core.baselines import bigram_heldout_loss
 from dalign_core.data import load_corpus, prepare_lm_data
-from dalign_core.config import default_results_dir
 from dalign_core.estimators import estimate_geometry
 from dalign_core.experiments._runner import main, run_experiment
 from dalign_core.family import Family, Splits, SweepConfig
@@ -145,7 +144,8 @@ class LlamaFamily(Family):
 
     def extra_rows(self, config: Config, model, heldout_pool: torch.Tensor, run: dict) -> dict[str, list[dict]]:
         first_seed = run["seed"] == config.seed  # the study compares choices on one model; seeds would multiply its cost
-        return {"sample_unit": sample_unit_rows(config, model, heldout_pool, run) if first_seed else []}
+        rows = sample_unit_rows(config, model, self.primary_layer(config), heldout_pool, run) if first_seed else []
+        return {"sample_unit": rows}
 
 
 def _token_targets(sequences: torch.Tensor, seed: int) -> torch.Tensor:
@@ -158,9 +158,9 @@ def _token_targets(sequences: torch.Tensor, seed: int) -> torch.Tensor:
     return labels
 
 
-def sample_unit_rows(config: Config, model, sequences: torch.Tensor, run: dict) -> list[dict]:
-    """d_align at the primary insertion point for each (sample unit, context, reduction); see the module docstring."""
-    layer, rows = LlamaFamily().primary_layer(config), []
+def sample_unit_rows(config: Config, model, layer: str, sequences: torch.Tensor, run: dict) -> list[dict]:
+    """d_align at ``layer`` for each (sample unit, context, reduction) on ``(n, T)`` sequences; see the module docstring."""
+    rows = []
     for context in config.unit_contexts:
         truncated = sequences[:, :context]
         labels = _token_targets(truncated, run["seed"])
@@ -191,9 +191,8 @@ TABLES = tables_of(FAMILY)
 
 def run(config: Config, out_dir: str | Path | None = None, force: bool = False) -> Path:
     """Run the LLaMA width sweep and write its tables (skipped when current, unless ``force``)."""
-    out_dir = Path(out_dir) if out_dir is not None else default_results_dir(config.profile)
     return run_experiment("llama_width", TABLES, config,
-                          lambda c: run_sweep(c, FAMILY, jobs=jobs_dir(out_dir, c, FAMILY)), out_dir=out_dir,
+                          lambda c, out: run_sweep(c, FAMILY, jobs=jobs_dir(out, c, FAMILY)), out_dir=out_dir,
                           force=force)
 
 

@@ -154,8 +154,8 @@ def sketch_study(config: Config) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def compute(config: Config) -> tuple[dict[str, pd.DataFrame], dict]:
-    """The three studies' tables, with each study's wall time in the provenance."""
+def compute(config: Config, out_dir: Path | None = None) -> tuple[dict[str, pd.DataFrame], dict]:
+    """The three studies' tables, with each study's wall time in the provenance (``out_dir`` is not needed)."""
     tables, seconds = {}, {}
     for name, study in zip(TABLES, (alignment_study, estimator_study, sketch_study)):
         start = time.perf_counter()
