@@ -34,13 +34,14 @@ ONLY ?=
 FORCE ?=
 PYTEST_ARGS ?=
 BENCH_OUT ?= results/bench
+DATA_DIR ?=
 
 # Headless plotting for scripts, tests and benchmarks (notebook kernels get the inline backend
 # from scripts/execute_notebooks.py, so figures land in the executed notebooks).
 export MPLBACKEND := Agg
 # Tests never reach a model hub: tests/conftest.py sets the offline variables for them.
 
-.PHONY: help setup book notebooks test bench clean distclean
+.PHONY: help setup data book notebooks test bench clean distclean
 
 help: ## list the targets
 	@echo "dalign make targets (PROFILE=$(PROFILE); choose one of: $(PROFILES))"
@@ -50,6 +51,7 @@ help: ## list the targets
 	@echo
 	@echo "Variables: PROFILE=$(subst $(space),|,$(PROFILES)) (default cpu)  ONLY=<notebook stem>  FORCE=1"
 	@echo "           PYTEST_ARGS='...'  BENCH_OUT=results/bench  PYTHON_BOOT=python3.11"
+	@echo "           DATA_DIR=<folder with CIFAR archives or Fashion-MNIST files you already have> (make data)"
 
 setup: $(STAMP) ## create .venv and install requirements.txt plus dalign_core (reruns only when those files change)
 
@@ -62,6 +64,9 @@ $(STAMP): requirements.txt pyproject.toml | $(PY)
 	$(PY) -m pip install -r requirements.txt
 	$(PY) -m pip install --no-deps -e .
 	@touch $@
+
+data: $(STAMP) ## fetch and verify the data PROFILE needs (smoke: synthetic images; gpu/paper: CIFAR too; DATA_DIR)
+	$(PY) scripts/fetch_data.py --profile $(PROFILE) $(if $(DATA_DIR),--root $(DATA_DIR))
 
 notebooks: $(STAMP) ## execute notebooks/NN_*.ipynb with papermill into book/chapters/ (PROFILE, ONLY, FORCE)
 	$(PY) scripts/execute_notebooks.py --profile $(PROFILE) $(if $(ONLY),--only $(ONLY)) $(if $(FORCE),--force)

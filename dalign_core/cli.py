@@ -1,6 +1,6 @@
 """The ``dalign`` command (also ``python -m dalign_core``).
 
-``dalign estimate --model MODEL --layer LAYER|all --data DATA --examples N [--m M --k K] [--out FILE]``
+``dalign estimate --model MODEL [--revision REV] --layer LAYER|all --data DATA --examples N [--m M --k K] [--out FILE]``
 estimates the activation-gradient geometry at one or more insertion points of a
 causal language model and prints ‖μ‖², d_∥, d_2 and d_align with jackknife
 confidence intervals, and the misalignment certificates B_exact and B_align for
@@ -8,6 +8,10 @@ train/test budgets M and K. ``--layer all`` scans every residual block (decoder
 layer) in one backward pass per batch and ranks them by d_align: where a block
 inserted near zero output would have its training direction carry over to test
 data best.
+
+``--revision`` picks a checkpoint along training: a Hub branch, tag or commit
+(``--model EleutherAI/pythia-70m --revision step1000``), or for a local folder its
+subfolder ``<folder>/<revision>/`` (``--model ./pythia-70m --revision step1000``).
 
 ``dalign layers --model MODEL`` lists the insertion points.
 """
@@ -48,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     est.add_argument("--model", required=True, help="local checkpoint folder (save_pretrained output) or Hugging Face id")
+    est.add_argument("--revision", default=None,
+                     help="checkpoint revision: a Hub branch, tag or commit (e.g. step1000), or for a local folder "
+                          "its subfolder <model>/<revision>/ (default: the model's main checkpoint)")
     est.add_argument("--layer", required=True,
                      help="module path as in model.named_modules() (e.g. model.layers.1), several separated by commas, "
                           "or 'all' for every residual block")
@@ -75,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     lay = sub.add_parser("layers", help="list a model's residual blocks (insertion points)")
     lay.add_argument("--model", required=True, help="local checkpoint folder or Hugging Face id")
+    lay.add_argument("--revision", default=None, help="checkpoint revision (Hub branch or local subfolder)")
     lay.add_argument("--all-modules", action="store_true", help="list every named module, not only residual blocks")
     return parser
 
@@ -152,7 +160,8 @@ def format_table(records: list[dict], confidence: float) -> str:
 
 
 CSV_COLUMNS = [
-    "rank", "model", "layer", "layer_index", "data", "reduction", "seq_len", "n", "d", "M", "K", "confidence",
+    "rank", "model", "revision", "layer", "layer_index", "data", "reduction", "seq_len", "n", "d", "M", "K",
+    "confidence",
     "mean_sq", "mean_sq_lo", "mean_sq_hi", "mean_sq_se",
     "d_par", "d_par_lo", "d_par_hi", "d_par_se",
     "d_2", "d_2_lo", "d_2_hi", "d_2_se",
@@ -203,7 +212,7 @@ def estimate(args: argparse.Namespace) -> list[dict]:
     device = resolve_device(args.device)
     start = time.perf_counter()
 
-    source = resolve_model_source(args.model)
+    source = resolve_model_source(args.model, revision=args.revision)
     tokenizer = load_tokenizer(args.tokenizer if args.tokenizer else source)
     model = load_model(source, device=device, dtype=getattr(torch, args.dtype))
     layer_arg = args.layer if args.layer == "all" else [s.strip() for s in args.layer.split(",") if s.strip()]
@@ -239,7 +248,7 @@ def estimate(args: argparse.Namespace) -> list[dict]:
         geometry = accumulator.result(args.confidence)
         row = geometry.to_row()
         row.update(
-            model=args.model, layer=name, layer_index=order.get(name, index), data=args.data,
+            model=args.model, revision=args.revision, layer=name, layer_index=order.get(name, index), data=args.data,
             reduction=args.reduction, seq_len=args.seq_len, M=M, K=K, confidence=args.confidence,
             b_exact=geometry.b_exact(M, K), b_align=geometry.b_align(M, K), wall_time_s=round(wall, 3),
         )
@@ -256,9 +265,9 @@ def estimate(args: argparse.Namespace) -> list[dict]:
 
 def _layers(args: argparse.Namespace) -> None:
     from dalign_core.hooks import insertion_points
-    from dalign_core.loading import load_model
+    from dalign_core.loading import load_model, resolve_model_source
 
-    model = load_model(args.model)
+    model = load_model(resolve_model_source(args.model, revision=args.revision))
     names = [n for n, _ in model.named_modules() if n] if args.all_modules else insertion_points(model)
     for name in names:
         print(name)

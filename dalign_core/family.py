@@ -15,6 +15,10 @@ on random pools. Only a few answers differ per family, and they live in a
 ``train_loss``      the training loss of a batch
 ``heldout_metric``  loss on held-out examples (lower is better)
 ``baseline``        the held-out loss a trained model must beat (else: a failed run)
+``train_settings``  optional optimizer and schedule (default AdamW with cosine decay)
+``quality``         optional held-out metrics beside the loss (a classifier's accuracy)
+``failure``         optional rule for a failed run (default: the loss does not beat the baseline)
+``columns``         optional columns every row carries (the depth regime, the data set)
 ``extra_rows``      optional family-only measurements at the final checkpoint
 ==================  =====================================================================
 
@@ -190,6 +194,24 @@ class Family(abc.ABC):
 
     def model_name(self, config: SweepConfig, width: int) -> str:
         return f"{self.name}-N{width}"
+
+    def train_settings(self, config: SweepConfig) -> dict[str, Any]:
+        """:class:`~dalign_core.training.TrainConfig` fields beyond the shared ones (optimizer, schedule, clipping)."""
+        return {}
+
+    def columns(self, config: SweepConfig) -> dict[str, Any]:
+        """Columns stamped on every row of every table: what tells this sweep from its siblings in one experiment."""
+        return {}
+
+    def quality(self, model: nn.Module, examples: Any, config: SweepConfig) -> dict[str, float]:
+        """Held-out metrics besides the loss, recorded at every checkpoint (e.g. ``{"test_accuracy": 0.91}``)."""
+        return {}
+
+    def failure(self, config: SweepConfig, heldout_loss: float, baseline: float, quality: dict[str, float]) -> str:
+        """Why a trained run counts as failed, or ``""``: by default, its held-out loss does not beat the baseline."""
+        if heldout_loss < baseline:
+            return ""
+        return f"held-out loss {heldout_loss:.3f} does not beat the baseline {baseline:.3f}"
 
     def extra_rows(self, config: SweepConfig, model: nn.Module, heldout_pool: Any, run: dict) -> dict[str, list[dict]]:
         """Family-only measurements of a trained model at its final checkpoint: table name → rows."""

@@ -3,9 +3,12 @@
 Safety and offline behaviour:
 
 * A model is a local checkpoint folder (``save_pretrained`` output) or a Hugging
-  Face model id. Weights load from safetensors when the checkpoint has them; a
-  ``pytorch_model.bin`` is read by transformers with ``torch.load(weights_only=True)``,
-  so no pickled code ever runs. ``trust_remote_code`` is always off.
+  Face model id, optionally at a revision (a branch, tag or commit of the Hub
+  repository, e.g. Pythia's training checkpoints ``step1000``; for a local folder,
+  the subfolder ``<folder>/<revision>/`` holding that checkpoint). Weights load
+  from safetensors when the checkpoint has them; a ``pytorch_model.bin`` is read
+  by transformers with ``torch.load(weights_only=True)``, so no pickled code ever
+  runs. ``trust_remote_code`` is always off.
 * A Hugging Face id is first looked up in the local cache. If it is not cached and
   the Hub is unreachable (``HF_HUB_OFFLINE=1`` or ``TRANSFORMERS_OFFLINE=1``, or no
   connection within a few seconds), loading fails at once with a :class:`LoadError`
@@ -31,6 +34,7 @@ __all__ = [
     "LoadError",
     "ModelSource",
     "resolve_model_source",
+    "revision_folders",
     "load_model",
     "load_tokenizer",
     "read_text_examples",
@@ -54,6 +58,13 @@ class ModelSource:
     path: str
     local: bool
     cached: bool = False
+    revision: str | None = None
+    """The Hub revision (branch, tag or commit) or the local revision folder's name; None: the default."""
+
+    @property
+    def hub_revision(self) -> str | None:
+        """What ``from_pretrained(revision=...)`` gets: the revision for a Hub id, None for a local folder."""
+        return None if self.local else self.revision
 
     @property
     def local_files_only(self) -> bool:
@@ -80,14 +91,18 @@ def _hub_reachable(timeout: float = _PROBE_TIMEOUT_S) -> bool:
         return False
 
 
-def _unreachable_message(kind: str, spec: str, flag: str, offline: str | None) -> str:
+def _unreachable_message(kind: str, spec: str, flag: str, offline: str | None, revision: str | None = None) -> str:
     """What to do when ``spec`` is neither local nor cached; ``offline`` names the offline variable set, if any."""
     reason = f"{offline} is set" if offline else "the Hugging Face Hub cannot be reached from here"
+    at = f" at revision {revision!r}" if revision else ""
+    name = spec.split("/")[-1]
+    folder = f"./{name}/{revision}" if revision else f"./{name}"
+    rev_flag = f" --revision {revision}" if revision else ""
     return (
-        f"{kind} {spec!r} is not a local {'folder' if kind == 'model' else 'file'}, it is not in the Hugging Face cache "
-        f"({_hub_cache()}), and {reason}. Either download it on a machine with network access, e.g. "
-        f"`hf download {spec}{' --repo-type dataset' if kind == 'dataset' else ''} --local-dir ./{spec.split('/')[-1]}`, "
-        f"copy that folder here and pass {flag} ./{spec.split('/')[-1]}"
+        f"{kind} {spec!r}{at} is not a local {'folder' if kind == 'model' else 'file'}, it is not in the Hugging Face "
+        f"cache ({_hub_cache()}), and {reason}. Either download it on a machine with network access, e.g. "
+        f"`hf download {spec}{' --repo-type dataset' if kind == 'dataset' else ''}{rev_flag} --local-dir {folder}`, "
+        f"copy that folder here and pass {flag} ./{name}{rev_flag}"
         + (" (a folder with config.json, model.safetensors and the tokenizer files)" if kind == "model" else "")
         + f"; or copy a Hugging Face cache that holds it to {_hub_cache()} (or point HF_HOME at it)"
         + (f"; or unset {offline} if this machine has network access" if offline else "")
@@ -95,13 +110,57 @@ def _unreachable_message(kind: str, spec: str, flag: str, offline: str | None) -
     )
 
 
-def resolve_model_source(spec: str) -> ModelSource:
-    """Decide whether ``spec`` is a local checkpoint folder or a Hub id, failing fast when neither can work."""
+def revision_folders(folder: str | os.PathLike) -> list[str]:
+    """Names of the subfolders of ``folder`` that hold a checkpoint (a ``config.json``), sorted; [] if none."""
+    folder = Path(folder).expanduser()
+    if not folder.is_dir():
+        return []
+    names = [p.name for p in folder.iterdir() if p.is_dir() and (p / "config.json").is_file()]
+
+    def key(name: str):  # step0 < step1000 < step143000, then the rest by name
+        digits = name[4:] if name.startswith("step") else ""
+        return (0, int(digits), name) if digits.isdigit() else (1, 0, name)
+
+    return sorted(names, key=key)
+
+
+def _local_revision(path: Path, spec: str, revision: str) -> ModelSource:
+    """The checkpoint ``<path>/<revision>/`` of a revision-folder layout, or a LoadError listing those present."""
+    sub = path / revision
+    if sub.is_dir() and (sub / "config.json").is_file():
+        return ModelSource(spec, str(sub), local=True, revision=revision)
+    present = revision_folders(path)
+    if sub.is_dir():
+        problem = f"{str(sub)!r} has no config.json (it must be the output of model.save_pretrained(folder))"
+    else:
+        problem = f"model folder {str(path)!r} has no revision folder {revision!r}"
+    listing = (f"revisions present: {', '.join(present)}" if present else
+               "it holds no revision folders (subfolders with a config.json)")
+    layout = f" Expected layout: {path}/<revision>/config.json, e.g. `hf download <id> --revision {revision} " \
+             f"--local-dir {path}/{revision}`."
+    if (path / "config.json").is_file():
+        layout += " The folder itself is a single checkpoint: drop --revision to use it."
+    raise LoadError(f"{problem}; {listing}.{layout}")
+
+
+def resolve_model_source(spec: str, revision: str | None = None) -> ModelSource:
+    """Decide whether ``spec`` is a local checkpoint folder or a Hub id, failing fast when neither can work.
+
+    ``revision``: for a Hub id, the branch, tag or commit to load (e.g. ``"step1000"``);
+    for a local folder, the subfolder ``<spec>/<revision>/`` that holds the checkpoint.
+    """
+    revision = revision or None
     path = Path(spec).expanduser()
     if path.exists():
         if not path.is_dir():
             raise LoadError(f"--model {spec!r} is a file; pass the checkpoint folder (save_pretrained output) instead")
+        if revision is not None:
+            return _local_revision(path, spec, revision)
         if not (path / "config.json").is_file():
+            present = revision_folders(path)
+            if present:
+                raise LoadError(f"model folder {str(path)!r} holds one checkpoint per revision ({', '.join(present)}); "
+                                "choose one with --revision")
             raise LoadError(
                 f"model folder {str(path)!r} has no config.json; it must be the output of model.save_pretrained(folder)"
             )
@@ -117,13 +176,13 @@ def resolve_model_source(spec: str) -> ModelSource:
         raise LoadError(f"model folder {spec!r} does not exist (and it is not a Hugging Face model id)")
     from huggingface_hub import try_to_load_from_cache
 
-    cached = try_to_load_from_cache(spec, "config.json")
+    cached = try_to_load_from_cache(spec, "config.json", revision=revision)
     if isinstance(cached, str):
-        return ModelSource(spec, spec, local=False, cached=True)
+        return ModelSource(spec, spec, local=False, cached=True, revision=revision)
     offline = offline_variable()
     if offline or not _hub_reachable():
-        raise LoadError(_unreachable_message("model", spec, "--model", offline))
-    return ModelSource(spec, spec, local=False, cached=False)
+        raise LoadError(_unreachable_message("model", spec, "--model", offline, revision))
+    return ModelSource(spec, spec, local=False, cached=False, revision=revision)
 
 
 def _check_local_weights(folder: Path) -> bool:
@@ -138,17 +197,19 @@ def _check_local_weights(folder: Path) -> bool:
     )
 
 
-def load_model(source: ModelSource | str, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None):
+def load_model(source: ModelSource | str, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+               revision: str | None = None):
     """Load a causal LM from a :class:`ModelSource` (or spec) in eval mode on ``device``.
 
     ``dtype`` defaults to float32, whatever the stored dtype, so that capture and
-    estimation are not limited by half precision.
+    estimation are not limited by half precision. A Hub source loads at its
+    ``revision``; ``revision`` applies to a string ``source`` (see :func:`resolve_model_source`).
     """
     if isinstance(source, str):
-        source = resolve_model_source(source)
+        source = resolve_model_source(source, revision)
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    kwargs = dict(trust_remote_code=False, local_files_only=source.local_files_only)
+    kwargs = dict(trust_remote_code=False, local_files_only=source.local_files_only, revision=source.hub_revision)
     if source.local:
         kwargs["use_safetensors"] = True if _check_local_weights(Path(source.path)) else None
     try:
@@ -160,20 +221,38 @@ def load_model(source: ModelSource | str, *, device: str | torch.device = "cpu",
         where = "folder" if source.local else ("cached model" if source.cached else "model id")
         hint = ""
         if source.cached:
+            rev = f" --revision {source.revision}" if source.revision else ""
             hint = (f" Its config is cached but other files are missing; download the whole model "
-                    f"(`hf download {source.spec}`) while online.")
-        raise LoadError(f"could not load the {where} {source.spec!r} as a causal language model: {err}.{hint}") from err
+                    f"(`hf download {source.spec}{rev}`) while online.")
+        at = f" at revision {source.revision!r}" if source.revision else ""
+        raise LoadError(f"could not load the {where} {source.spec!r}{at} as a causal language model: {err}.{hint}") \
+            from err
     return model.to(device).eval()
 
 
-def load_tokenizer(source: ModelSource | str):
-    """Load the tokenizer stored with the model, or at a folder or Hub id; ``trust_remote_code`` stays off."""
+def _has_tokenizer(folder: Path) -> bool:
+    return any((folder / name).exists() for name in _TOKENIZER_FILES)
+
+
+def load_tokenizer(source: ModelSource | str, revision: str | None = None):
+    """Load the tokenizer stored with the model, or at a folder or Hub id; ``trust_remote_code`` stays off.
+
+    ``revision`` applies to a string ``source`` as in :func:`resolve_model_source`. A
+    local revision folder without tokenizer files uses its parent folder's, so a
+    layout ``<folder>/{tokenizer.json, step0/, step1000/, ...}`` stores it once.
+    """
     if isinstance(source, str):
         folder = Path(source).expanduser()
-        source = ModelSource(source, str(folder), local=True) if folder.is_dir() else resolve_model_source(source)
+        if folder.is_dir() and revision is None:
+            source = ModelSource(source, str(folder), local=True)
+        else:
+            source = resolve_model_source(source, revision)
     if source.local:
         folder = Path(source.path)
-        if not any((folder / name).exists() for name in _TOKENIZER_FILES):
+        if source.revision and not _has_tokenizer(folder) and _has_tokenizer(folder.parent):
+            folder = folder.parent
+            source = ModelSource(source.spec, str(folder), local=True, revision=source.revision)
+        if not _has_tokenizer(folder):
             raise LoadError(
                 f"folder {str(folder)!r} has no tokenizer (none of {', '.join(_TOKENIZER_FILES)}). Save the tokenizer "
                 f"the model was trained with there (tokenizer.save_pretrained({str(folder)!r})), or pass --tokenizer "
@@ -183,7 +262,7 @@ def load_tokenizer(source: ModelSource | str):
 
     try:
         return AutoTokenizer.from_pretrained(source.path, trust_remote_code=False,
-                                             local_files_only=source.local_files_only)
+                                             local_files_only=source.local_files_only, revision=source.hub_revision)
     except (OSError, ValueError, KeyError) as err:
         raise LoadError(f"could not load a tokenizer from {source.spec!r}: {err}") from err
 

@@ -62,6 +62,7 @@ from dalign_core.training import TrainConfig, load_weights, train
 from dalign_core.trend import width_trend
 
 __all__ = ["Pools", "SWEEP_TABLES", "tables_of", "check_supply", "draw_pools", "checkpoint_root", "jobs_dir", "run_sweep",
+           "run_sweeps",
            "matched_loss_rows", "trend_table", "trained_only", "dry_run"]
 
 log = logging.getLogger(__name__)
@@ -164,7 +165,7 @@ def _train_config(config: SweepConfig, family: Family, width: int, seed: int, lr
         weight_decay=config.weight_decay, seed=seed, autocast_dtype=config.autocast_dtype,
         checkpoint_dir=str(checkpoint_root(config, family) / f"N{width}_seed{seed}_lr{lr:g}"),
         checkpoint_every=max(config.steps // max(config.resume_points, 1), 1), checkpoint_steps=config.checkpoint_steps,
-        progress=sys.stderr.isatty(),
+        progress=sys.stderr.isatty(), **family.train_settings(config),
     )
 
 
@@ -213,6 +214,7 @@ def _measure(config, family, model, result, splits, pools, base, device):
         load_weights(model, result.checkpoints[step])
         model.eval()
         heldout_loss = family.heldout_metric(model, evaluation, config)
+        quality = family.quality(model, evaluation, config)
         for pool in ("heldout", "train"):
             if pool == "train" and step not in config.train_pool_checkpoints:
                 continue
@@ -220,10 +222,10 @@ def _measure(config, family, model, result, splits, pools, base, device):
                                                device=device)
             for layer, accumulator in accumulators.items():
                 rows.append({**base, "step": step, "pool": pool, "layer": layer, "heldout_loss": heldout_loss,
-                             **accumulator.result(config.confidence).to_row()})
+                             **quality, **accumulator.result(config.confidence).to_row()})
             if step == config.steps:
                 final[pool] = accumulators[family.primary_layer(config)]
-    return rows, final, heldout_loss
+    return rows, final, heldout_loss, quality
 
 
 def _misalignment(config, final, base, layer) -> list[dict]:
@@ -312,11 +314,11 @@ def _measured_run(config, family, splits, pools, width, seed, lr, baseline, devi
         return {"runs": [{**base, "heldout_loss": math.nan, "final_train_loss": math.nan, "trained_ok": False,
                           "failure": failure}]}
     # trained_ok is known only after the final evaluation; measure, then stamp it on every row.
-    geometry_rows, final, heldout_loss = _measure(config, family, model, result, splits, pools,
-                                                  {**base, "trained_ok": None}, device)
-    trained_ok = bool(heldout_loss < baseline)
-    failure = "" if trained_ok else f"held-out loss {heldout_loss:.3f} does not beat the baseline {baseline:.3f}"
-    run = {**base, "heldout_loss": heldout_loss, "trained_ok": trained_ok, "failure": failure,
+    geometry_rows, final, heldout_loss, quality = _measure(config, family, model, result, splits, pools,
+                                                           {**base, "trained_ok": None}, device)
+    failure = family.failure(config, heldout_loss, baseline, quality)
+    trained_ok = not failure
+    run = {**base, "heldout_loss": heldout_loss, **quality, "trained_ok": trained_ok, "failure": failure,
            "final_train_loss": result.history[-1]["loss"] if result.history else math.nan}
     for row in geometry_rows:
         row["trained_ok"] = trained_ok
@@ -380,11 +382,40 @@ def run_sweep(config: SweepConfig, family: Family, jobs: str | Path | None = Non
                 tables[name] += rows
     frames = {name: pd.DataFrame(tables.get(name, [])) for name in SWEEP_TABLES + family.extra_tables}
     frames["trend"] = trend_table(config, frames["geometry"], frames["misalignment"])
+    frames = {name: _stamp(frame, family.columns(config)) for name, frame in frames.items()}
     extra = dict(data=facts, device=str(device), runs=tables["runs"],
                  pools={name: len(getattr(pools, name)) for name in ("train", "heldout", "evaluation", "validation")})
     if folder is not None:
         shutil.rmtree(folder, ignore_errors=True)
     return {f"{family.name}_{name}": frame for name, frame in frames.items()}, extra
+
+
+def _stamp(frame: pd.DataFrame, columns: dict[str, Any]) -> pd.DataFrame:
+    """``frame`` with ``columns`` (name → value) inserted at the front, so sibling sweeps' tables concatenate."""
+    frame = frame.copy()
+    for position, (name, value) in enumerate(columns.items()):
+        frame.insert(position, name, [value] * len(frame))
+    return frame
+
+
+def run_sweeps(configs: list[SweepConfig], family: Family, out_dir: str | Path | None = None
+               ) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
+    """Several sweeps of one family (depth regimes, data sets) as one experiment's tables.
+
+    Each config is a sweep of its own — its own rate fits, pools, trends and job folder
+    under ``out_dir`` — told apart by :meth:`Family.columns`, which every row carries.
+    The provenance keeps each sweep's data facts and runs under its columns' values.
+    """
+    tables: dict[str, list[pd.DataFrame]] = defaultdict(list)
+    sweeps = []
+    for config in configs:
+        frames, extra = run_sweep(config, family, jobs=jobs_dir(out_dir, config, family) if out_dir else None)
+        for name, frame in frames.items():
+            tables[name].append(frame)
+        sweeps.append({**family.columns(config), **extra})
+    merged = {name: pd.concat([f for f in frames if not f.empty] or frames[:1], ignore_index=True)
+              for name, frames in tables.items()}
+    return merged, dict(sweeps=sweeps)
 
 
 def dry_run(config: SweepConfig, family: Family, steps: int = 2) -> str:
@@ -413,7 +444,8 @@ def dry_run(config: SweepConfig, family: Family, steps: int = 2) -> str:
     for width in config.widths:
         model = family.build(config, width, config.seed, splits).to(device)
         probe = TrainConfig(steps=steps, batch_size=config.batch_size, lr=min(config.lr_grid(width)),
-                            seed=config.seed, autocast_dtype=config.autocast_dtype, progress=False)
+                            seed=config.seed, autocast_dtype=config.autocast_dtype, progress=False,
+                            **family.train_settings(config))
         train(model, splits.train, probe, loss_fn=family.train_loss)  # warm-up: kernels, allocator, caches
         _sync(device)
         start = time.perf_counter()

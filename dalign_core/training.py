@@ -3,9 +3,11 @@
 Written for causal LMs but general: the caller passes ``loss_fn(model, batch) -> scalar``
 and ``data``, a tensor (or tuple of tensors) whose first dimension indexes examples.
 
-* AdamW, linear warmup then cosine decay to ``min_lr_ratio * lr``; weight decay on
-  parameters with 2 or more dimensions only (matrices and embeddings, not norms/biases);
-  optional gradient-norm clipping.
+* AdamW (default) or SGD with momentum (``optimizer="sgd"``, the CIFAR ResNet recipe);
+  linear warmup, then cosine decay to ``min_lr_ratio * lr`` (default) or steps down by
+  ``gamma`` at fractions ``milestones`` of training (``schedule="step"``); weight decay
+  on parameters with 2 or more dimensions only (matrices, kernels and embeddings, not
+  norms/biases); optional gradient-norm clipping.
 * Data order: each epoch is a permutation of the examples drawn from a
   ``torch.Generator`` seeded with ``(seed, epoch)``; step ``s`` uses global positions
   ``s*B .. s*B+B-1`` of the concatenated epochs.  The data position is therefore the
@@ -53,6 +55,7 @@ __all__ = [
     "lm_loss",
     "evaluate_lm_loss",
     "evaluate_loss",
+    "eval_mode",
     "make_optimizer",
     "batch_indices",
     "list_checkpoints",
@@ -81,6 +84,15 @@ class TrainConfig:
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-8
     grad_clip: float | None = 1.0
+    optimizer: str = "adamw"
+    """``"adamw"`` (with ``betas``, ``eps``) or ``"sgd"`` (heavy-ball, with ``momentum``)."""
+    momentum: float = 0.9
+    schedule: str = "cosine"
+    """``"cosine"``: warmup, then cosine decay to ``min_lr_ratio * lr``. ``"step"``: warmup, then the rate is
+    multiplied by ``gamma`` at each of ``milestones`` (fractions of ``steps``: 0.5 and 0.75 are epochs 100 and 150
+    of 200)."""
+    milestones: tuple[float, ...] = ()
+    gamma: float = 0.1
     seed: int = 0
     """Seeds the data order (the model's initialization is seeded where it is built)."""
     autocast_dtype: str | None = None
@@ -95,6 +107,11 @@ class TrainConfig:
     """Show a tqdm progress bar."""
 
     _NOT_FINGERPRINTED = ("checkpoint_dir", "checkpoint_every", "checkpoint_steps", "keep_resume", "progress")
+    _OPTIMIZERS = ("adamw", "sgd")
+    _SCHEDULES = ("cosine", "step")
+    _LATER_FIELDS = {"optimizer": "adamw", "momentum": 0.9, "schedule": "cosine", "milestones": [], "gamma": 0.1}
+    """Fields added after checkpoints were first written: left out of a fingerprint at these values, so those
+    checkpoints still resume."""
 
     def __post_init__(self):
         if self.steps < 0:
@@ -108,6 +125,13 @@ class TrainConfig:
         bad = [s for s in self.checkpoint_steps if not 0 <= int(s) <= self.steps]
         if bad:
             raise ValueError(f"checkpoint_steps {bad} are outside [0, steps={self.steps}]")
+        if self.optimizer not in self._OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {self._OPTIMIZERS}, got {self.optimizer!r}")
+        if self.schedule not in self._SCHEDULES:
+            raise ValueError(f"schedule must be one of {self._SCHEDULES}, got {self.schedule!r}")
+        if any(not 0 < m < 1 for m in self.milestones):
+            raise ValueError(f"milestones are fractions of training in (0, 1), got {self.milestones}")
+        self.milestones = tuple(sorted(float(m) for m in self.milestones))
         self.betas = tuple(float(b) for b in self.betas)
         self.checkpoint_steps = tuple(sorted({int(s) for s in self.checkpoint_steps}))
 
@@ -115,6 +139,8 @@ class TrainConfig:
         """Learning rate of the update taken at 0-based ``step`` (producing weights at step+1)."""
         if self.warmup_steps and step < self.warmup_steps:
             return self.lr * (step + 1) / self.warmup_steps
+        if self.schedule == "step":
+            return self.lr * self.gamma ** sum(step >= m * self.steps for m in self.milestones)
         span = max(self.steps - self.warmup_steps, 1)
         progress = min(max((step - self.warmup_steps) / span, 0.0), 1.0)
         floor = self.min_lr_ratio * self.lr
@@ -126,6 +152,10 @@ class TrainConfig:
         for k in self._NOT_FINGERPRINTED:
             d.pop(k, None)
         d["betas"] = list(d["betas"])
+        d["milestones"] = list(d["milestones"])
+        for name, default in self._LATER_FIELDS.items():
+            if d[name] == default:
+                del d[name]
         return d
 
 
@@ -184,7 +214,7 @@ def _autocast(device: torch.device, dtype_name: str | None):
 
 
 @contextlib.contextmanager
-def _eval_mode(model: torch.nn.Module):
+def eval_mode(model: torch.nn.Module):
     """``model.eval()`` inside the block; the model's train/eval mode is restored afterwards."""
     was_training = model.training
     model.eval()
@@ -223,14 +253,16 @@ def batch_indices(n: int, batch_size: int, seed: int, step: int) -> torch.Tensor
     return _Order(n, seed).batch(step, batch_size)
 
 
-def make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.AdamW:
-    """AdamW with weight decay on parameters of 2+ dimensions, none on the rest."""
+def make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW or SGD (``config.optimizer``) with weight decay on parameters of 2+ dimensions, none on the rest."""
     decay, no_decay = [], []
     for p in model.parameters():
         if p.requires_grad:
             (decay if p.ndim >= 2 else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": config.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=config.lr, momentum=config.momentum)
     return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, eps=config.eps)
 
 
@@ -379,7 +411,7 @@ def train(
     resume: bool = True,
     description: str = "train",
 ) -> TrainResult:
-    """Train ``model`` in place on ``data`` for ``config.steps`` AdamW steps.
+    """Train ``model`` in place on ``data`` for ``config.steps`` optimizer steps.
 
     Args:
         model: the model, freshly initialized (its parameters' device is used).
@@ -520,7 +552,7 @@ def evaluate_lm_loss(
         sequences = sequences[:max_sequences]
     device = next(model.parameters()).device
     total, count = 0.0, 0
-    with _eval_mode(model):
+    with eval_mode(model):
         for i in range(0, sequences.shape[0], batch_size):
             batch = sequences[i:i + batch_size].to(device)
             with _autocast(device, autocast_dtype):
@@ -555,7 +587,7 @@ def evaluate_loss(
     n = _data_len(data)
     device = next(model.parameters()).device
     total = 0.0
-    with _eval_mode(model):
+    with eval_mode(model):
         for i in range(0, n, batch_size):
             idx = torch.arange(i, min(i + batch_size, n))
             total += float(loss_fn(model, _take(data, idx, device)).double()) * len(idx)

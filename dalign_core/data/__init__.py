@@ -9,6 +9,7 @@ Typical use::
     require_sequences("held-out", len(data.test), 1024, seq_len=128, field="pool_size=1024")
 """
 
+from dalign_core.data.images import IMAGE_SETS, ImageData, ImageFormatError, load_images
 from dalign_core.data.manifest import (
     ChecksumError,
     DataMissingError,
@@ -77,4 +78,8 @@ __all__ = [
     "prepare_lm_data",
     "tokenizer_cache_key",
     "train_bpe",
+    "IMAGE_SETS",
+    "ImageData",
+    "ImageFormatError",
+    "load_images",
 ]

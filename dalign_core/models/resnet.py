@@ -1,7 +1,8 @@
 """CIFAR ResNet-20 (He et al., 2016, section 4.2) with a channel-width multiplier.
 
 Three stages of ``n`` basic blocks each (``n = 3`` for ResNet-20), with
-``16k``, ``32k`` and ``64k`` channels for width multiplier ``k``; the first block
+``16k``, ``32k`` and ``64k`` channels for width multiplier ``k`` (any k that makes ``16k``
+a whole number: 0.5, 0.75, 1, 2, 8, …); the first block
 of stages 2 and 3 halves the spatial size. Shortcuts are the paper's option A:
 the identity, and where the shape changes, stride-2 subsampling with zero-padded
 extra channels (no parameters). BatchNorm after every convolution; global average
@@ -16,6 +17,8 @@ mode (running statistics); capture with ``model.eval()``.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -71,22 +74,30 @@ class CifarResNet(nn.Module):
 
     Args:
         depth: 20, 32, 44, 56, 110, … (``(depth - 2) / 6`` blocks per stage).
-        width: channel multiplier k: stages have 16k, 32k, 64k channels.
+        width: channel multiplier k: stages have 16k, 32k, 64k channels (16k must be a whole number).
         num_classes: size of the output (10 for CIFAR-10, 100 for CIFAR-100).
         in_channels: image channels (3).
+        normalize: per-channel ``(mean, std)`` subtracted from and divided into the input first (the training set's
+            statistics), kept as buffers so a checkpoint carries them; None leaves the input as it is.
 
     Input: images ``(b, in_channels, H, W)`` (32x32 for CIFAR); output: logits ``(b, num_classes)``.
     """
 
-    def __init__(self, depth: int = 20, width: int = 1, num_classes: int = 10, in_channels: int = 3):
+    def __init__(self, depth: int = 20, width: float = 1, num_classes: int = 10, in_channels: int = 3,
+                 normalize: tuple[Sequence[float], Sequence[float]] | None = None):
         super().__init__()
+        mean, std = normalize if normalize is not None else ([0.0] * in_channels, [1.0] * in_channels)
+        self.register_buffer("input_mean", torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1))
+        self.register_buffer("input_std", torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1))
         if (depth - 2) % 6 != 0 or depth < 8:
             raise ValueError(f"CIFAR ResNet depth must be 6n + 2 with n >= 1 (20, 32, 44, 56, 110), got {depth}")
-        if int(width) != width or width < 1:
-            raise ValueError(f"width multiplier k must be a positive integer, got {width}")
+        if width <= 0 or 16 * width != int(16 * width):
+            raise ValueError(f"width multiplier k must be positive with 16k a whole number of channels (0.5, 1, 2, …), "
+                             f"got {width}")
         blocks = (depth - 2) // 6
-        self.depth, self.width, self.num_classes = depth, int(width), num_classes
-        channels = [16 * self.width, 32 * self.width, 64 * self.width]
+        self.depth, self.width, self.num_classes = depth, width, num_classes
+        base = int(16 * width)
+        channels = [base, 2 * base, 4 * base]
         self.conv1 = nn.Conv2d(in_channels, channels[0], 3, stride=1, padding=1, bias=False)
         self.bn1 = nn.BatchNorm2d(channels[0])
         in_ch = channels[0]
@@ -114,15 +125,17 @@ class CifarResNet(nn.Module):
                 nn.init.zeros_(module.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = (x - self.input_mean) / self.input_std
         out = F.relu(self.bn1(self.conv1(x)))
         out = self.layer3(self.layer2(self.layer1(out)))
         out = F.adaptive_avg_pool2d(out, 1).flatten(1)
         return self.fc(out)
 
 
-def resnet20(width: int = 1, num_classes: int = 10) -> CifarResNet:
+def resnet20(width: float = 1, num_classes: int = 10,
+             normalize: tuple[Sequence[float], Sequence[float]] | None = None) -> CifarResNet:
     """ResNet-20 with channel multiplier ``width`` (≈0.27M parameters at width 1, 10 classes)."""
-    return CifarResNet(depth=20, width=width, num_classes=num_classes)
+    return CifarResNet(depth=20, width=width, num_classes=num_classes, normalize=normalize)
 
 
 def residual_block_names(model: CifarResNet) -> list[str]:

@@ -1,0 +1,60 @@
+"""Causal language models in the width sweep: what the LLaMA and Pythia families share.
+
+Both train on one text corpus split by whole documents into train, validation and
+held-out test (:func:`dalign_core.data.load_corpus`), tokenized by the project's BPE
+tokenizer into sequences of ``context`` tokens. One sample is one sequence; its loss
+is the mean next-token cross-entropy over the sequence, so q at a decoder layer is
+the gradient of that loss with respect to the layer's output, summed over positions:
+the gradient of a zero-initialized residual bias shared over positions (the
+``shared`` reduction). A trained model must beat the add-k bigram model on the same
+held-out tokens, or it is a failed run.
+
+A family subclasses :class:`CausalLMFamily` and says only how to build its model at
+a width and where its insertion points are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dalign_core.baselines import bigram_heldout_loss
+from dalign_core.data import load_corpus, prepare_lm_data
+from dalign_core.family import Family, Splits, SweepConfig
+from dalign_core.training import evaluate_lm_loss
+
+__all__ = ["LMSweepConfig", "CausalLMFamily"]
+
+
+@dataclass(frozen=True)
+class LMSweepConfig(SweepConfig):
+    """The fields every language-model sweep adds: the text and how it is cut into samples."""
+
+    context: int = 128
+    """Tokens per sequence (one sample)."""
+    vocab_size: int = 2048
+    """Size of the BPE vocabulary trained on the corpus's train split."""
+    corpus: str = "shakespeare"
+    """``"shakespeare"`` (offline: 33 train, 4 validation and 5 held-out works, about 1.45M / 178k / 230k
+    tokens at vocabulary 2048), ``"dir:/path"`` (a folder of .txt or .jsonl files) or ``"hf:<dataset>"``."""
+
+
+class CausalLMFamily(Family):
+    """Data, batches, held-out loss and baseline of a causal LM sweep (see the module docstring)."""
+
+    training_fields = ("context", "vocab_size", "corpus")
+
+    def load_data(self, config: LMSweepConfig) -> Splits:
+        data = prepare_lm_data(load_corpus(config.corpus), vocab_size=config.vocab_size, seq_len=config.context)
+        return Splits(train=data.train, validation=data.validation, test=data.test,
+                      unit=f"sequences of {config.context} tokens", summary=data.summary())
+
+    def batches(self, examples: torch.Tensor, batch_size: int) -> list:
+        return [{"input_ids": examples[i:i + batch_size]} for i in range(0, len(examples), batch_size)]
+
+    def heldout_metric(self, model, examples: torch.Tensor, config: LMSweepConfig) -> float:
+        return evaluate_lm_loss(model, examples, batch_size=config.capture_batch, autocast_dtype=config.autocast_dtype)
+
+    def baseline(self, splits: Splits, examples: torch.Tensor, config: LMSweepConfig) -> float:
+        return bigram_heldout_loss(splits.train, examples, splits.summary["vocab_size"])
