@@ -85,18 +85,25 @@ def learning_rates(lr: pd.DataFrame) -> plt.Figure:
     return fig
 
 
-def heldout_loss(runs: pd.DataFrame) -> plt.Figure:
-    """Final held-out loss of every run against width, beside the baseline it must beat."""
+def heldout_loss(runs: pd.DataFrame, value: str = "heldout_loss", bar: float | None = None,
+                 bar_label: str = "bigram baseline") -> plt.Figure:
+    """A final held-out score of every run against width (default: the loss), beside the bar it must clear.
+
+    ``bar`` defaults to the run's ``baseline_loss``; pass ``value="test_accuracy"`` with
+    ``bar=<floor>`` for a classifier's accuracy.
+    """
     fig, ax = plt.subplots(figsize=(COLUMN_WIDTH * 0.7, 3.2))
     ok = _ok(runs)
-    ax.plot(runs.width[ok], runs.heldout_loss[ok], "o", color="C0", alpha=0.7, label="run")
-    means = runs[ok].groupby("width").heldout_loss.mean()
+    ax.plot(runs.width[ok], runs[value][ok], "o", color="C0", alpha=0.7, label="run")
+    means = runs[ok].groupby("width")[value].mean()
     ax.plot(means.index, means.values, "-", color="C0", label="mean over seeds")
-    ax.plot(runs.width[~ok], runs.heldout_loss[~ok], "x", color="0.5", label=f"failed run ({(~ok).sum()})")
-    if "baseline_loss" in runs and len(runs):
-        ax.axhline(runs.baseline_loss.iloc[0], color="C3", ls="--", lw=1, label="bigram baseline")
+    ax.plot(runs.width[~ok], runs[value][~ok], "x", color="0.5", label=f"failed run ({(~ok).sum()})")
+    if bar is None and "baseline_loss" in runs and len(runs):
+        bar = runs.baseline_loss.iloc[0]
+    if bar is not None:
+        ax.axhline(bar, color="C3", ls="--", lw=1, label=bar_label)
     _width_axis(ax, runs.width)
-    ax.set_ylabel("held-out loss (nats)")
+    ax.set_ylabel({"heldout_loss": "held-out loss (nats)", "test_accuracy": "test accuracy"}.get(value, value))
     _legend(ax)
     return fig
 

@@ -17,12 +17,35 @@ import pandas as pd
 from dalign_core.results import read_table
 from dalign_core.trend import Verdict, verdict
 
-__all__ = ["describe_runs", "describe_learning_rates", "describe_rate_resolution", "width_verdicts", "describe_bounds",
-           "summarize"]
+__all__ = ["by_regime", "describe_accuracy", "describe_runs", "describe_learning_rates", "describe_final_geometry",
+           "describe_rate_resolution", "width_verdicts", "describe_bounds", "summarize"]
 
 
 def _widths(frame: pd.DataFrame) -> str:
     return ", ".join(f"N={w}" for w in sorted(frame.width.unique()))
+
+
+def by_regime(tables: dict[str, pd.DataFrame], column: str) -> dict:
+    """Split every table by ``column`` (a Pythia depth, a ResNet data set): value → tables of that sweep alone."""
+    values = sorted(tables["runs"][column].unique()) if column in tables["runs"] else []
+    return {value: {name: (frame[frame[column] == value] if column in frame else frame)
+                    for name, frame in tables.items()} for value in values}
+
+
+def _reason(failure) -> str:
+    return failure if isinstance(failure, str) and failure else "diverged"
+
+
+def describe_accuracy(runs: pd.DataFrame, floor: float) -> str:
+    """A classifier's test accuracy by width, against the floor below which a run failed."""
+    if runs.empty or "test_accuracy" not in runs:
+        return "No classifier was trained at this profile."
+    accuracy = runs.groupby("width").test_accuracy.agg(["mean", "min"])
+    text = "Test accuracy by width (mean over seeds; lowest seed): " + ", ".join(
+        f"N={w}: {r['mean']:.3f} ({r['min']:.3f})" for w, r in accuracy.iterrows()) + "."
+    below = runs[runs.test_accuracy < floor]
+    return text + (f" {len(below)} of {len(runs)} runs fall below the floor of {floor:.2f} and count as failed."
+                   if len(below) else f" Every run clears the floor of {floor:.2f}.")
 
 
 def describe_runs(runs: pd.DataFrame) -> str:
@@ -31,9 +54,9 @@ def describe_runs(runs: pd.DataFrame) -> str:
         return "No run was made at this profile."
     failed = runs[~runs.trained_ok.astype(bool)]
     if len(failed):
-        text = (f"**{len(failed)} of {len(runs)} runs failed** (diverged, or did not beat the baseline on held-out "
-                "data) and are drawn in grey, outside every trend: "
-                + ", ".join(f"N={r.width} seed {r.seed}" for r in failed.itertuples()) + ".")
+        text = (f"**{len(failed)} of {len(runs)} runs failed** and are drawn in grey, outside every trend: "
+                + "; ".join(f"N={r.width} seed {r.seed} ({_reason(r.failure)})" for r in failed.itertuples())
+                + ".")
     else:
         text = f"All {len(runs)} runs beat the baseline on held-out data."
     loss = runs[runs.trained_ok.astype(bool)].groupby("width").heldout_loss.mean()
@@ -115,6 +138,26 @@ def width_verdicts(trend: pd.DataFrame, layer: str, pool: str = "heldout") -> li
                 "The misalignment probability falls with width at fixed (M, K)", direction="falls",
                 where="budgets"),
     ]
+
+
+def describe_final_geometry(geometry: pd.DataFrame, layer: str, step: int, pool: str = "heldout") -> str:
+    """‖μ‖² and d_align by width at one checkpoint (seed means of trained runs), and whether each rises with width."""
+    part = geometry[(geometry.step == step) & (geometry.layer == layer) & (geometry.pool == pool)]
+    part = part[part.trained_ok.astype(bool)] if "trained_ok" in part else part
+    if part.empty:
+        return "No run trained at this profile."
+    means = part.groupby("width")[["mean_sq", "d_align"]].mean()
+    if len(means) < 2:
+        return "Only one width trained, so there is no width comparison."
+    sentences = []
+    for column, name in (("mean_sq", "$\\|\\mu\\|^2$"), ("d_align", "$d_{\\mathrm{align}}$")):
+        values = means[column]
+        shape = ("rises with every increase of width" if values.is_monotonic_increasing else
+                 "falls with every increase of width" if values.is_monotonic_decreasing else
+                 f"is highest at N={values.idxmax()}, not monotone in width")
+        sentences.append(f"{name} (seed mean, {pool} pool, step {step}) reads " + ", ".join(
+            f"{v:.3g} at N={w}" for w, v in values.items()) + f": it {shape}.")
+    return " ".join(sentences)
 
 
 def describe_bounds(misalignment: pd.DataFrame) -> str:

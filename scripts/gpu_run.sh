@@ -3,7 +3,9 @@
 # H200-class GPU), then a summary to commit with the results.
 #
 #   scripts/gpu_run.sh                 every experiment; results/gpu/*.csv + .json, then the summary on stdout
-#   scripts/gpu_run.sh llama_width     only the named experiments (those already current are skipped anyway)
+#   scripts/gpu_run.sh llama_width     only the named experiments (those already current are skipped anyway);
+#                                      pythia_width and resnet_width too (resnet_width's gpu profile reads the
+#                                      CIFAR-10 archive from the data cache: make data PROFILE=gpu first)
 #   scripts/gpu_run.sh --dry-run       build the data and every model, time a few steps, print the projection
 #
 # On a machine without the project's .venv, set PYTHON to an interpreter that has torch and transformers

@@ -67,7 +67,7 @@ class Config(LMSweepConfig):
     batch_size: int = 32
     steps: int = 500
     warmup_steps: int = 50
-    lr_candidates: tuple[float, ...] = (1e-2, 3e-2)
+    lr_candidates: tuple[float, ...] = (1.5e-2, 4e-2)
     lr_width_exponent: float = 1.0
     """Each width tries the grid scaled by (32 / N), the muP rule for Adam."""
     checkpoint_steps: tuple[int, ...] = (0, 50, 150, 340, 420, 500)

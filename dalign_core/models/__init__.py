@@ -1,5 +1,8 @@
-"""Models with width as a parameter."""
+"""Models with width as a parameter: LLaMA-style decoders, Pythia's GPT-NeoX shapes, CIFAR ResNets."""
 
 from dalign_core.models.llama import LlamaWidthSpec, build_llama, count_parameters, ffn_width, llama_config
+from dalign_core.models.pythia import build_pythia, pythia_config, pythia_init, pythia_width_variant
+from dalign_core.models.resnet import CifarResNet, residual_block_names, resnet20
 
-__all__ = ["LlamaWidthSpec", "build_llama", "count_parameters", "ffn_width", "llama_config"]
+__all__ = ["LlamaWidthSpec", "build_llama", "count_parameters", "ffn_width", "llama_config", "build_pythia",
+           "pythia_config", "pythia_init", "pythia_width_variant", "CifarResNet", "residual_block_names", "resnet20"]

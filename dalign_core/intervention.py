@@ -1,0 +1,240 @@
+"""Residual interventions: does the alignment statistic predict the true held-out loss change?
+
+Insert a zero-initialized residual parameter at an insertion point ``z`` of a trained
+model, take one small step along the *train*-mean direction, and measure how the
+*held-out* loss actually moves. Two insertions:
+
+**Shared bias.** ``z ← z + b`` with one bias ``b ∈ R^N`` shared over positions (tokens,
+or the pixels of a feature map; the ``shared`` reduction of :mod:`dalign_core.hooks`),
+so ``∂ℓ_i/∂b = q_i``. With ``μ_M`` the mean q of M training examples and ``g_K`` that of
+K held-out examples, the step ``b = −η μ_M`` changes the held-out loss ``L_K`` by
+
+    ΔL_K(η) = −η μ_Mᵀ g_K + ½ η² μ_Mᵀ H_K μ_M + O(η³),
+
+where ``H_K`` is the held-out Hessian with respect to ``b``. The first term is the
+prediction; ``retention = observed / predicted`` tends to 1 as η → 0, and the second
+(computed exactly here, by differentiating ``L_K(b = t·u)`` twice in the scalar t) says
+where curvature takes over. The sign of ``μ_Mᵀ g_K`` is the paper's alignment event.
+
+**Zero-output residual block.** ``z ← z + W₂ σ(W₁ z)`` with ``W₂ = 0`` and ``W₁`` at the
+usual ``nn.Linear`` initialization (the predecessor paper's insertion), acting on the
+feature dimension at every position. At ``W₂ = 0`` only ``W₂`` has a gradient: the
+per-example gradient is ``Σ_t q_{i,t} σ(W₁ z_{i,t})ᵀ``, which depends on the block's
+features as well as on q. The step ``W₂ = −η G_M`` (G: mean gradients) predicts
+``ΔL_K ≈ −η ⟨G_M, G_K⟩``; how much of it the shared-bias statistic explains is the
+question the chapter asks.
+
+Nothing of the model changes: the insertions are forward hooks that add to the output,
+the model's mode, parameters, buffers and ``.grad`` are untouched, and every hook is
+removed when the function returns or raises. The refusals are those of capture
+(:func:`dalign_core.hooks.check_capturable`): BatchNorm in training mode, active
+dropout, an unknown insertion point.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from dalign_core.hooks import _call, _primary, _split_batch, _to, check_capturable, per_example_loss, resolve_layers
+
+__all__ = ["Intervention", "shared_bias_step", "residual_block_step", "KINDS"]
+
+KINDS = ("bias", "block")
+
+
+@dataclass(frozen=True)
+class Intervention:
+    """One step of size ``eta`` along the train-mean direction and what it did to the held-out loss (nats)."""
+
+    kind: str
+    """``"bias"`` (shared bias) or ``"block"`` (zero-output residual block)."""
+    eta: float
+    predicted: float
+    """First-order change ``−η ⟨train mean, held-out mean⟩`` of the held-out loss."""
+    observed: float
+    """The held-out loss with the step minus without it."""
+    second_order: float
+    """``½ η² uᵀ H_K u``: the curvature term along the step direction ``u``."""
+    alignment: float
+    """``⟨train mean, held-out mean⟩`` (for the bias: ``μ_Mᵀ g_K``)."""
+
+    @property
+    def retention(self) -> float:
+        """observed / predicted (NaN when nothing was predicted)."""
+        return self.observed / self.predicted if self.predicted else math.nan
+
+
+def _feature_dim(z: torch.Tensor) -> int:
+    """The feature axis of an insertion point's output: last for ``(b, T, N)``, 1 for ``(b, C, *spatial)``."""
+    if z.ndim == 3 or z.ndim == 2:
+        return z.ndim - 1
+    if z.ndim >= 4:
+        return 1
+    raise ValueError(f"cannot insert a residual parameter into an output of shape {tuple(z.shape)}")
+
+
+def _along_features(z: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
+    """``vector`` (N,) shaped to broadcast along ``z``'s feature axis."""
+    shape = [1] * z.ndim
+    shape[_feature_dim(z)] = -1
+    return vector.view(shape).to(z.dtype)
+
+
+@contextlib.contextmanager
+def _added(module: nn.Module, add: Callable[[torch.Tensor], torch.Tensor]) -> Iterator[None]:
+    """While inside, ``module``'s output ``z`` becomes ``z + add(z)``; the hook is removed on exit, also on error."""
+    def hook(_module, _args, output):
+        z, rebuild = _primary(output)
+        return rebuild(z + add(z))
+
+    handle = module.register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def _mean_loss(model: nn.Module, batches: Iterable[Any], device: torch.device) -> torch.Tensor:
+    """Mean per-example loss over every example of ``batches`` (a differentiable scalar)."""
+    total, count = 0.0, 0
+    for batch in batches:
+        inputs, targets = _split_batch(batch)
+        inputs, targets = _to(inputs, device), _to(targets, device)
+        losses = per_example_loss(_call(model, inputs), inputs, targets)
+        total = total + losses.sum()
+        count += losses.numel()
+    if not count:
+        raise ValueError("no examples: pass at least one non-empty batch")
+    return total / count
+
+
+def _setup(model: nn.Module, layer: str) -> tuple[nn.Module, torch.device]:
+    check_capturable(model)
+    (module,) = resolve_layers(model, layer).values()
+    return module, next(model.parameters()).device
+
+
+@torch.no_grad()
+def _insertion_width(model, module, batch, device) -> int:
+    """The feature width N of ``module``'s output, from one forward pass of ``batch``."""
+    widths: list[int] = []
+
+    def probe(z):
+        widths.append(z.shape[_feature_dim(z)])
+        return torch.zeros((), dtype=z.dtype, device=z.device)
+
+    with _added(module, probe):
+        _mean_loss(model, [batch], device)
+    return widths[0]
+
+
+def _bias_gradient(model, module, batches, device, width: int) -> torch.Tensor:
+    """Gradient ``(N,)`` of the mean loss of ``batches`` with respect to a zero bias shared over positions."""
+    dtype = next(model.parameters()).dtype  # the gradient in the model's own precision
+    bias = torch.zeros(width, device=device, dtype=dtype, requires_grad=True)
+    with torch.enable_grad(), _added(module, lambda z: _along_features(z, bias)):
+        (grad,) = torch.autograd.grad(_mean_loss(model, batches, device), bias)
+    return grad.detach().double()
+
+
+def _curvature(model, module, batches, device, step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> float:
+    """``d²L/dt²`` at 0 of the held-out loss along ``z ← z + step(z, t)`` in the scalar t (exact, by autograd)."""
+    t = torch.zeros((), device=device, dtype=torch.float64, requires_grad=True)
+    # The fused attention kernels have no second derivative; the reference ("math") one is plain autograd.
+    with torch.enable_grad(), sdpa_kernel(SDPBackend.MATH), _added(module, lambda z: step(z, t.to(z.dtype))):
+        loss = _mean_loss(model, batches, device)
+        (first,) = torch.autograd.grad(loss, t, create_graph=True)
+        (second,) = torch.autograd.grad(first, t)
+    return float(second)
+
+
+@torch.no_grad()
+def _loss_with(model, module, batches, device, add) -> float:
+    with _added(module, add):
+        return float(_mean_loss(model, batches, device))
+
+
+def _no_change(z: torch.Tensor) -> torch.Tensor:
+    # The loss without the step goes through the same hook and kernels as with it, so their difference is the
+    # step's effect and not a difference of roundoff between two code paths.
+    return torch.zeros((), dtype=z.dtype, device=z.device)
+
+
+def shared_bias_step(model: nn.Module, layer: str, train_batches: list, heldout_batches: list,
+                     etas: Iterable[float]) -> list[Intervention]:
+    """A shared bias at ``layer`` stepped to ``−η μ_M`` for each η; see the module docstring.
+
+    Args:
+        model: a trained model in a capturable state (``model.eval()`` for BatchNorm or dropout).
+        layer: the insertion point (a dotted module name).
+        train_batches: the M training examples, as batches :func:`dalign_core.hooks.accumulate_geometry` takes.
+        heldout_batches: the K held-out examples, likewise.
+        etas: step sizes (units: the bias moves by ``η ‖μ_M‖``).
+
+    Returns:
+        One :class:`Intervention` per η (``kind="bias"``), in the order given.
+    """
+    module, device = _setup(model, layer)
+    width = _insertion_width(model, module, heldout_batches[0], device)
+    mu_train = _bias_gradient(model, module, train_batches, device, width)
+    g_heldout = _bias_gradient(model, module, heldout_batches, device, width)
+    alignment = float(mu_train @ g_heldout)
+    direction = -mu_train.to(device)
+    base = _loss_with(model, module, heldout_batches, device, _no_change)
+    curvature = _curvature(model, module, heldout_batches, device, lambda z, t: _along_features(z, t * direction))
+    return [Intervention("bias", float(eta), -float(eta) * alignment,
+                         _loss_with(model, module, heldout_batches, device,
+                                    lambda z, eta=eta: _along_features(z, eta * direction)) - base,
+                         0.5 * float(eta) ** 2 * curvature, alignment) for eta in etas]
+
+
+class _ZeroBlock(nn.Module):
+    """``W₂ σ(W₁ z)`` on the feature axis, ``W₂ = 0``, ``W₁`` as ``nn.Linear`` initializes it (no biases)."""
+
+    def __init__(self, width: int, hidden: int, generator: torch.Generator):
+        super().__init__()
+        bound = 1 / math.sqrt(width)  # nn.Linear's default: kaiming_uniform(a=sqrt(5)) = U(-1/sqrt(fan_in), ...)
+        self.w1 = (torch.rand(hidden, width, generator=generator, dtype=torch.float64) * 2 - 1) * bound
+        self.w2 = torch.zeros(width, hidden, dtype=torch.float64)
+
+    def features(self, z: torch.Tensor) -> torch.Tensor:
+        return F.gelu(torch.movedim(z, _feature_dim(z), -1) @ self.w1.to(z).T)
+
+    def output(self, z: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+        return torch.movedim(self.features(z) @ w2.to(z).T, -1, _feature_dim(z))
+
+
+def residual_block_step(model: nn.Module, layer: str, train_batches: list, heldout_batches: list,
+                        etas: Iterable[float], hidden: int | None = None, seed: int = 0) -> list[Intervention]:
+    """A zero-output residual block at ``layer`` whose ``W₂`` is stepped to ``−η G_M``; see the module docstring.
+
+    ``hidden`` is the block's width (default: the insertion point's width N); ``seed``
+    draws ``W₁``. Arguments and return as in :func:`shared_bias_step` (``kind="block"``).
+    """
+    module, device = _setup(model, layer)
+    width = _insertion_width(model, module, heldout_batches[0], device)
+    block = _ZeroBlock(width, hidden or width, torch.Generator().manual_seed(seed))
+
+    def w2_gradient(batches) -> torch.Tensor:
+        w2 = block.w2.to(device=device, dtype=next(model.parameters()).dtype).requires_grad_(True)
+        with torch.enable_grad(), _added(module, lambda z: block.output(z, w2)):
+            (grad,) = torch.autograd.grad(_mean_loss(model, batches, device), w2)
+        return grad.detach().double()
+
+    g_train, g_heldout = w2_gradient(train_batches), w2_gradient(heldout_batches)
+    alignment = float((g_train * g_heldout).sum())
+    direction = -g_train.to(device)
+    base = _loss_with(model, module, heldout_batches, device, _no_change)
+    curvature = _curvature(model, module, heldout_batches, device, lambda z, t: block.output(z, t * direction))
+    return [Intervention("block", float(eta), -float(eta) * alignment,
+                         _loss_with(model, module, heldout_batches, device,
+                                    lambda z, eta=eta: block.output(z, eta * direction)) - base,
+                         0.5 * float(eta) ** 2 * curvature, alignment) for eta in etas]

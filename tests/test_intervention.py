@@ -1,0 +1,89 @@
+"""Residual interventions: first order holds at small steps, curvature after, and the model is left bit for bit."""
+
+import pytest
+import torch
+
+from dalign_core.hooks import CaptureError, activation_gradients
+from dalign_core.intervention import residual_block_step, shared_bias_step
+from dalign_core.models.llama import LlamaWidthSpec, build_llama
+from dalign_core.models.resnet import resnet20
+
+SPEC = LlamaWidthSpec(width=32, depth=2, head_dim=16, vocab_size=64, context=12)
+
+
+def _lm(dtype=torch.float64):
+    # transformers' RMSNorm computes in float32 whatever the model's dtype, so a loss difference below about 1e-8
+    # is roundoff: the steps below are sized to stay above it.
+    model = build_llama(SPEC, seed=0).to(dtype).eval()
+    ids = torch.randint(0, SPEC.vocab_size, (24, SPEC.context), generator=torch.Generator().manual_seed(1))
+    train = [{"input_ids": ids[:8]}, {"input_ids": ids[8:12]}]
+    heldout = [{"input_ids": ids[12:24]}]
+    return model, train, heldout
+
+
+def _snapshot(model):
+    return ({k: v.clone() for k, v in model.state_dict().items()}, model.training,
+            [(n, dict(m._forward_hooks)) for n, m in model.named_modules()])
+
+
+def _unchanged(model, snapshot):
+    state, training, hooks = snapshot
+    now = model.state_dict()
+    assert now.keys() == state.keys() and all(torch.equal(now[k], state[k]) for k in state)
+    assert model.training == training
+    assert [(n, dict(m._forward_hooks)) for n, m in model.named_modules()] == hooks
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_bias_alignment_is_the_mean_q_inner_product_and_first_order_holds():
+    model, train, heldout = _lm()
+    before = _snapshot(model)
+    steps = shared_bias_step(model, "model.layers.0", train, heldout, etas=(1e-4, 1e-3, 1.0))
+    _unchanged(model, before)
+    mu = torch.cat([activation_gradients(model, "model.layers.0", b) for b in train]).mean(0)
+    g = torch.cat([activation_gradients(model, "model.layers.0", b) for b in heldout]).mean(0)
+    assert steps[0].alignment == pytest.approx(float(mu.double() @ g.double()), rel=1e-5)
+    assert steps[0].retention == pytest.approx(1.0, abs=5e-3)
+    # second order: observed = predicted + (1/2) eta^2 u'Hu + O(eta^3)
+    middle = steps[1]
+    assert middle.observed - middle.predicted == pytest.approx(middle.second_order, rel=0.05)
+    assert abs(steps[2].retention - 1) > 0.5  # at a large step curvature has taken over
+    assert [s.eta for s in steps] == [1e-4, 1e-3, 1.0] and {s.kind for s in steps} == {"bias"}
+
+
+def test_block_first_order_holds_over_a_wide_range_of_steps():
+    model, train, heldout = _lm()
+    before = _snapshot(model)
+    steps = residual_block_step(model, "model.layers.1", train, heldout, etas=(0.1, 1.0), seed=3)
+    _unchanged(model, before)
+    assert steps[0].retention == pytest.approx(1.0, abs=5e-3) and steps[1].retention == pytest.approx(1.0, abs=5e-3)
+    assert steps[1].predicted == pytest.approx(10 * steps[0].predicted)
+    again = residual_block_step(model, "model.layers.1", train, heldout, etas=(0.1,), seed=3)
+    assert again[0].alignment == steps[0].alignment  # W1 is drawn from the seed alone
+
+
+def test_convolutional_insertion_in_eval_mode():
+    model = resnet20(0.25, num_classes=4).double().eval()
+    g = torch.Generator().manual_seed(0)
+    images, labels = torch.randn(12, 3, 32, 32, generator=g, dtype=torch.float64), torch.arange(12) % 4
+    train, heldout = [(images[:6], labels[:6])], [(images[6:], labels[6:])]
+    before = _snapshot(model)
+    bias = shared_bias_step(model, "layer2.2", train, heldout, etas=(1e-5,))
+    block = residual_block_step(model, "layer2.2", train, heldout, etas=(1e-5,))
+    _unchanged(model, before)
+    assert bias[0].retention == pytest.approx(1.0, abs=1e-3) and block[0].retention == pytest.approx(1.0, abs=1e-3)
+
+
+def test_refusals_and_an_error_midway_leave_the_model_as_it_was():
+    model = resnet20(0.25, num_classes=4).train()  # BatchNorm in training mode couples the examples
+    batch = [(torch.randn(4, 3, 32, 32), torch.arange(4))]
+    with pytest.raises(CaptureError):
+        shared_bias_step(model, "layer1.0", batch, batch, etas=(0.1,))
+    model.eval()
+    with pytest.raises(Exception, match="layer9"):
+        shared_bias_step(model, "layer9.0", batch, batch, etas=(0.1,))
+    before = _snapshot(model)
+    bad = [(torch.randn(4, 3, 32, 32), torch.arange(4)), (torch.randn(4, 3, 32, 32), torch.arange(5))]
+    with pytest.raises(Exception):
+        residual_block_step(model, "layer1.0", bad, batch, etas=(0.1,))
+    _unchanged(model, before)

@@ -1,0 +1,131 @@
+"""The ResNet-20 family: SGD recipe, bitwise resume with augmentation, the accuracy floor, and a smoke sweep."""
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from dalign_core.experiments import resnet_width
+from dalign_core.family import Splits
+from dalign_core.models.resnet import resnet20
+from dalign_core.training import TrainConfig, list_checkpoints, train
+
+
+def _images(n=48, classes=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.arange(n) % classes
+    images = (torch.rand(n, 3, 32, 32, generator=g) * 255).to(torch.uint8)
+    return images, labels
+
+
+def _same(a, b):
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+class _Interrupt(Exception):
+    pass
+
+
+def test_sgd_step_schedule_divides_the_rate_at_the_milestones():
+    config = TrainConfig(steps=200, lr=0.1, optimizer="sgd", schedule="step", milestones=(0.5, 0.75))
+    assert [config.lr_at(s) for s in (0, 99, 100, 149, 150, 199)] == pytest.approx(
+        [0.1, 0.1, 0.01, 0.01, 0.001, 0.001])
+    with pytest.raises(ValueError, match="fractions"):
+        TrainConfig(steps=10, schedule="step", milestones=(100,))
+    with pytest.raises(ValueError, match="optimizer"):
+        TrainConfig(steps=10, optimizer="lion")
+
+
+def test_new_training_fields_leave_old_fingerprints_unchanged():
+    """Checkpoints written before the optimizer fields existed must still resume under the defaults."""
+    default = TrainConfig(steps=5).fingerprint()
+    assert not {"optimizer", "momentum", "schedule", "milestones", "gamma"} & set(default)
+    sgd = TrainConfig(steps=5, optimizer="sgd", schedule="step", milestones=(0.5,)).fingerprint()
+    assert sgd["optimizer"] == "sgd" and sgd["milestones"] == [0.5]
+
+
+def test_fractional_width_multiplier_builds_the_stated_channels():
+    model = resnet20(0.5, num_classes=10)
+    assert model.conv1.out_channels == 8 and model.fc.in_features == 32
+    assert sum(p.numel() for p in resnet20(1, 10).parameters()) == 269_722  # He et al.: 0.27M
+    with pytest.raises(ValueError, match="whole number"):
+        resnet20(0.3)
+
+
+def test_resume_with_augmentation_is_bitwise_identical(tmp_path):
+    family = resnet_width.ResNetFamily(augment=True)
+    data = _images()
+
+    def config(folder):
+        return TrainConfig(steps=6, batch_size=8, lr=0.05, optimizer="sgd", schedule="step", milestones=(0.5,),
+                           grad_clip=None, weight_decay=1e-4, checkpoint_every=3, checkpoint_steps=(0, 6),
+                           checkpoint_dir=str(tmp_path / folder), progress=False)
+
+    torch.manual_seed(1)
+    full = resnet20(0.25, num_classes=4)
+    train(full, data, config("full"), loss_fn=family.train_loss)
+
+    calls = {"n": 0}
+
+    def dies_at_step_5(model, batch):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise _Interrupt
+        return family.train_loss(model, batch)
+
+    torch.manual_seed(1)
+    with pytest.raises(_Interrupt):
+        train(resnet20(0.25, num_classes=4), data, config("part"), loss_fn=dies_at_step_5)
+    assert list(list_checkpoints(tmp_path / "part", resumable=True)) == [3]
+    torch.manual_seed(99)  # the resumed run restores the generator state of step 3, whatever it is now
+    fresh = resnet20(0.25, num_classes=4)
+    result = train(fresh, data, config("part"), loss_fn=family.train_loss)
+    assert result.resumed_from == 3 and _same(fresh, full)
+
+
+def test_augment_crops_and_flips_within_the_padding():
+    images = torch.arange(2 * 1 * 8 * 8, dtype=torch.float32).view(2, 1, 8, 8)
+    torch.manual_seed(0)
+    out = resnet_width.augment(images, padding=2)
+    assert out.shape == images.shape
+    # every output pixel is an input pixel of the same image, or zero padding
+    for i in range(2):
+        assert set(out[i].flatten().tolist()) <= set(images[i].flatten().tolist()) | {0.0}
+
+
+def test_accuracy_floor_and_baseline():
+    family = resnet_width.FAMILY
+    config = resnet_width.Config.for_profile("smoke")
+    assert family.failure(config, 1.0, 2.3, {"test_accuracy": 0.9}) == ""
+    assert "below the floor" in family.failure(config, 1.0, 2.3, {"test_accuracy": 0.2})
+    assert "does not beat" in family.failure(config, 2.4, 2.3, {"test_accuracy": 0.9})
+    labels = torch.tensor([0, 0, 0, 1])
+    splits = Splits(train=(torch.zeros(4, 3, 32, 32, dtype=torch.uint8), labels), validation=None, test=None,
+                    unit="images", summary={"num_classes": 2})
+    # add-one class frequencies 4/6 and 2/6, scored on labels [0, 1]
+    expected = -(math.log(4 / 6) + math.log(2 / 6)) / 2
+    assert family.baseline(splits, (None, torch.tensor([0, 1])), config) == pytest.approx(expected)
+
+
+def test_smoke_sweep_on_synthetic_images(tmp_path, monkeypatch):
+    monkeypatch.setenv("DALIGN_CHECKPOINTS", str(tmp_path / "checkpoints"))
+    monkeypatch.setenv("DALIGN_CACHE", str(tmp_path / "cache"))
+    config = resnet_width.Config.for_profile("smoke", widths=(4, 8, 12), steps=10, checkpoint_steps=(0, 5, 10),
+                                             lr_candidates=(0.05,), resamples=200, trend_resamples=50)
+    out = resnet_width.run(config, out_dir=tmp_path / "results")
+    runs = pd.read_csv(out / "resnet_runs.csv")
+    geometry = pd.read_csv(out / "resnet_geometry.csv")
+    trend = pd.read_csv(out / "resnet_trend.csv")
+    assert {"dataset", "test_accuracy"} <= set(runs.columns) and {"dataset", "test_accuracy"} <= set(geometry.columns)
+    assert set(runs.dataset) == {"synthetic"} and len(runs) == 3 * config.seeds
+    assert set(geometry.layer) == {f"layer{s}.{b}" for s in (1, 2, 3) for b in range(3)}
+    # the q dimension at a block is its stage's channel count
+    final = geometry[(geometry.step == 10) & (geometry.width == 8)]
+    assert dict(final.groupby("layer").d.first()) == {f"layer{s}.{b}": 8 * 2 ** (s - 1) for s in (1, 2, 3)
+                                                      for b in range(3)}
+    assert runs.test_accuracy.between(0, 1).all()
+    failed = runs[~runs.trained_ok]
+    assert all(isinstance(f, str) and f for f in failed.failure)
+    assert "dataset" in trend.columns or trend.empty
