@@ -17,7 +17,9 @@ Conventions for degenerate geometry, chosen so that the certificates stay valid:
 dimension, and with no noise at all both bounds are 0.
 
 Every function accepts numpy arrays or torch tensors on any device, computes in
-float64 and returns Python floats.  The functions ending in ``_from_moments`` take
+float64 and returns Python floats (:func:`n_eff` and :func:`b_align` also take
+arrays elementwise and then return numpy arrays). ``sigma`` must be symmetric and
+positive semidefinite (within rounding): anything else is refused with a ValueError.  The functions ending in ``_from_moments`` take
 the three scalar moments directly; the estimators use them, so one formula serves
 both the population and the estimated geometry.
 """
@@ -27,6 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from dalign_core._tensor import as_count, as_float64
@@ -58,10 +61,39 @@ class EffectiveDims:
     """Effective alignment dimension ``min(d_par, d_2)``."""
 
 
-def n_eff(M, K) -> float:
-    """Effective sample size ``M K / (M + K + 1)`` for train budget M and test budget K (both >= 1)."""
-    M, K = as_count(M, "M"), as_count(K, "K")
+def n_eff(M, K):
+    """Effective sample size ``M K / (M + K + 1)`` for train budget M and test budget K (both >= 1).
+
+    Scalars give a float; arrays (numpy broadcasting) give a float64 numpy array.
+    """
+    M, K = _budget(M, "M"), _budget(K, "K")
     return M * K / (M + K + 1.0)
+
+
+def _is_scalar(x) -> bool:
+    return np.ndim(x.detach().cpu() if isinstance(x, torch.Tensor) else x) == 0
+
+
+def _as_numpy(x, name: str) -> np.ndarray:
+    """``x`` (array, tensor, nested sequence) as a float64 numpy array, or ValueError naming ``name``."""
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu().numpy()
+    try:
+        return np.asarray(x, dtype=np.float64)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{name} must be a number or an array of numbers, got {type(x).__name__}") from err
+
+
+def _budget(x, name: str):
+    """A sample budget: a float for a scalar (see :func:`as_count`), else a validated float64 array."""
+    if _is_scalar(x):
+        return as_count(x.item() if isinstance(x, (torch.Tensor, np.ndarray)) else x, name)
+    values = _as_numpy(x, name)
+    if not np.isfinite(values).all():
+        raise ValueError(f"{name} must be finite, got {values[~np.isfinite(values)][0]} among its entries")
+    if (values < 1).any():
+        raise ValueError(f"{name} is a number of examples and must be at least 1, got {values.min()} among its entries")
+    return values
 
 
 def _check_mu(mu) -> torch.Tensor:
@@ -82,7 +114,45 @@ def _check_sigma(sigma, d: int, device: torch.device) -> torch.Tensor:
             f"sigma must be symmetric (a covariance matrix); max |sigma - sigma^T| = {asym:.3g} "
             f"against max |sigma| = {scale:.3g}. Symmetrize it with (sigma + sigma.T) / 2 if the asymmetry is rounding."
         )
+    _check_psd(sigma, scale)
     return sigma
+
+
+PSD_RTOL = 1e-6
+"""Eigenvalues of sigma down to ``-PSD_RTOL * max|sigma|`` count as rounding (a float32 covariance has such)."""
+_EIGEN_MAX_DIM = 1024
+"""Up to this d, PSD is checked by eigenvalues (and the message names the smallest); above, by Cholesky."""
+
+
+def _check_psd(sigma: torch.Tensor, scale: float) -> None:
+    """Raise ValueError unless the symmetric ``sigma`` is positive semidefinite within :data:`PSD_RTOL`."""
+    if not sigma.numel() or scale == 0.0:
+        return
+    tolerance = PSD_RTOL * scale
+    diagonal = torch.diagonal(sigma)
+    lowest_variance = float(diagonal.min())
+    if lowest_variance < -tolerance:
+        index = int(diagonal.argmin())
+        raise ValueError(
+            f"sigma is not a covariance matrix: its diagonal holds the negative variance sigma[{index}, {index}] = "
+            f"{lowest_variance:.3g}; pass the covariance of q (positive semidefinite), e.g. a sample covariance"
+        )
+    if sigma.shape[0] <= _EIGEN_MAX_DIM:
+        lowest = float(torch.linalg.eigvalsh(sigma)[0])
+        if lowest < -tolerance:
+            raise ValueError(
+                f"sigma is not positive semidefinite: its smallest eigenvalue is {lowest:.3g} against max |sigma| = "
+                f"{scale:.3g}, so some direction would have negative variance; pass the covariance of q (e.g. a "
+                "sample covariance), or clip its eigenvalues at 0 if the negative ones come from an approximation"
+            )
+        return
+    jittered = sigma + tolerance * torch.eye(sigma.shape[0], dtype=sigma.dtype, device=sigma.device)
+    if int(torch.linalg.cholesky_ex(jittered).info) != 0:
+        raise ValueError(
+            f"sigma is not positive semidefinite: a Cholesky factorization fails even after adding {tolerance:.3g} "
+            "to the diagonal, so some direction has negative variance; pass the covariance of q (e.g. a sample "
+            "covariance), or clip its eigenvalues at 0 if the negative ones come from an approximation"
+        )
 
 
 def _moments(mu, sigma) -> tuple[float, float, float]:
@@ -160,17 +230,21 @@ def b_exact(mu, sigma, M, K) -> float:
     return b_exact_from_moments(mean_sq * mean_sq, directional, cov_energy, M, K)
 
 
-def b_align(d_align, M, K) -> float:
+def b_align(d_align, M, K):
     """Theorem 1's one-scalar bound ``1 / (1 + n_eff(M, K) d_align)``.
 
-    ``d_align`` must be >= 0 (``inf`` gives 0); M and K are the sample budgets.
+    ``d_align`` must be >= 0 (``inf`` gives 0); M and K are the sample budgets. Scalars
+    give a float; arrays (numpy arrays, tensors, lists) are taken elementwise with
+    numpy broadcasting and give a float64 numpy array, e.g. B_align along a grid of
+    ``d_align`` for a plot.
     """
-    if isinstance(d_align, torch.Tensor):
-        d_align = d_align.item()
-    d_align = float(d_align)
-    if math.isnan(d_align) or d_align < 0:
-        raise ValueError(f"d_align must be a non-negative number, got {d_align}")
+    scalar = _is_scalar(d_align) and _is_scalar(M) and _is_scalar(K)
+    dims = _as_numpy(d_align, "d_align")
+    bad = np.isnan(dims) | (dims < 0)
+    if bad.any():
+        where = "" if dims.ndim == 0 else f" at index {tuple(int(i) for i in np.argwhere(bad)[0])}"
+        raise ValueError(f"d_align must be a non-negative number, got {dims[bad].flat[0]}{where}")
     n = n_eff(M, K)
-    if math.isinf(d_align):
-        return 0.0
-    return 1.0 / (1.0 + n * d_align)
+    with np.errstate(over="ignore"):
+        bound = 1.0 / (1.0 + n * dims)  # d_align = inf gives 0
+    return float(bound) if scalar else bound

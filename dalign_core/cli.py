@@ -4,7 +4,12 @@
 estimates the activation-gradient geometry at one or more insertion points of a
 causal language model and prints ‖μ‖², d_∥, d_2 and d_align with jackknife
 confidence intervals, and the misalignment certificates B_exact and B_align for
-train/test budgets M and K. ``--layer all`` scans every residual block (decoder
+train/test budgets M and K: B_align at the d_align estimate and, the certificate,
+at the lower end of its interval (1, and a note, when that interval reaches 0).
+Inputs that would give wrong numbers (a checkpoint that does not match its config,
+a tokenizer larger than the embedding, a --seq-len beyond the model's positions,
+a --data file that is not UTF-8 text) are refused with one line on stderr, and an
+--out that cannot be written is refused before anything is loaded. ``--layer all`` scans every residual block (decoder
 layer) in one backward pass per batch and ranks them by d_align: where a block
 inserted near zero output would have its training direction carry over to test
 data best.
@@ -21,6 +26,7 @@ from __future__ import annotations
 import argparse
 import io
 import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -126,26 +132,53 @@ def _render(headers: list[str], rows: list[list[str]], align: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _uncertified(row: dict) -> bool:
+    """True when the d_align interval reaches 0 (or is missing): these examples certify nothing."""
+    low = row.get("d_align_lo")
+    return low is None or not low > 0
+
+
+def _certificate_note(records: list[dict], pct: str) -> str:
+    """A warning when a d_align interval reaches 0, so that the B_align estimate is not read as a certificate."""
+    weak = [r["layer"] for r in records if _uncertified(r)]
+    if not weak:
+        return ""
+    n = records[0]["n"]
+    where = "" if len(records) == 1 else f" at {len(weak)} of {len(records)} layers ({', '.join(weak[:5])}" + \
+        (", …)" if len(weak) > 5 else ")")
+    return (f"\nnote: the {pct} interval of d_align reaches 0{where}, so these n={n} examples certify nothing there "
+            "(B_align at the interval's lower end is 1) and B_align at the estimate is not a certificate; "
+            "use more examples (--examples) for one")
+
+
 def format_table(records: list[dict], confidence: float) -> str:
-    """Human-readable results: a detailed table for one layer, a ranked table for several."""
+    """Human-readable results: a detailed table for one layer, a ranked table for several.
+
+    Besides B_align at the point estimate of d_align, each table shows the certificate
+    B_align at the lower end of d_align's interval, and a note says where that
+    interval reaches 0 (too wide for any certificate).
+    """
     pct = f"{confidence * 100:g}%"
     if len(records) == 1:
         r = records[0]
         header = (f"layer {r['layer']}: n={r['n']} examples, d={r['d']} ({r['reduction']} reduction), "
                   f"{pct} jackknife intervals")
+        budgets = f"(M={_fmt(r['M'])}, K={_fmt(r['K'])})"
         rows = [
             ["||mu||^2", _fmt(r["mean_sq"]), _ci(r, "mean_sq")],
             ["d_par", _fmt(r["d_par"]), _ci(r, "d_par")],
             ["d_2", _fmt(r["d_2"]), _ci(r, "d_2")],
             ["d_align", _fmt(r["d_align"]), _ci(r, "d_align")],
-            [f"B_exact (M={_fmt(r['M'])}, K={_fmt(r['K'])})", _fmt(r["b_exact"]), ""],
-            [f"B_align (M={_fmt(r['M'])}, K={_fmt(r['K'])})", _fmt(r["b_align"]), ""],
+            [f"B_exact {budgets}", _fmt(r["b_exact"]), ""],
+            [f"B_align {budgets}", _fmt(r["b_align"]), _ci(r, "b_align")],
+            [f"B_align at d_align's {pct} lower end (certificate)", _fmt(r["b_align_at_lo"]), ""],
         ]
-        return header + "\n" + _render(["quantity", "estimate", f"{pct} CI"], rows, ["l", "r", "l"])
+        table = _render(["quantity", "estimate", f"{pct} CI"], rows, ["l", "r", "l"])
+        return header + "\n" + table + _certificate_note(records, pct)
     ranked = sorted(records, key=lambda r: r["rank"])
     rows = [
         [str(r["rank"]), r["layer"], _fmt(r["mean_sq"]), _fmt(r["d_par"]), _fmt(r["d_2"]), _fmt(r["d_align"]),
-         _ci(r, "d_align"), _fmt(r["b_exact"]), _fmt(r["b_align"])]
+         _ci(r, "d_align"), _fmt(r["b_exact"]), _fmt(r["b_align"]), _fmt(r["b_align_at_lo"])]
         for r in ranked
     ]
     first = ranked[0]
@@ -153,10 +186,13 @@ def format_table(records: list[dict], confidence: float) -> str:
         f"{len(records)} insertion points, ranked by d_align (highest first: where an inserted block's training "
         f"direction would carry over to test data best)\n"
         f"n={first['n']} examples, d={first['d']} ({first['reduction']} reduction), {pct} jackknife intervals, "
-        f"certificates at M={_fmt(first['M'])}, K={_fmt(first['K'])}"
+        f"certificates at M={_fmt(first['M'])}, K={_fmt(first['K'])}; B_align@lo: the certificate, B_align at "
+        f"d_align's {pct} lower end"
     )
-    headers = ["rank", "layer", "||mu||^2", "d_par", "d_2", "d_align", f"d_align {pct} CI", "B_exact", "B_align"]
-    return header + "\n" + _render(headers, rows, ["r", "l", "r", "r", "r", "r", "l", "r", "r"])
+    headers = ["rank", "layer", "||mu||^2", "d_par", "d_2", "d_align", f"d_align {pct} CI", "B_exact", "B_align",
+               "B_align@lo"]
+    table = _render(headers, rows, ["r", "l", "r", "r", "r", "r", "l", "r", "r", "r"])
+    return header + "\n" + table + _certificate_note(ranked, pct)
 
 
 CSV_COLUMNS = [
@@ -166,9 +202,82 @@ CSV_COLUMNS = [
     "d_par", "d_par_lo", "d_par_hi", "d_par_se",
     "d_2", "d_2_lo", "d_2_hi", "d_2_se",
     "d_align", "d_align_lo", "d_align_hi", "d_align_se",
-    "b_exact", "b_align",
+    "b_exact", "b_align", "b_align_lo", "b_align_hi", "b_align_at_lo",
     "mean_sq_sq", "directional", "cov_energy", "method", "sketch_dim", "wall_time_s",
 ]
+
+
+def _b_align_columns(row: dict, M: float, K: float) -> dict:
+    """B_align at the d_align estimate and at its interval's ends; ``b_align_at_lo`` is the certificate.
+
+    B_align falls as d_align grows, so ``b_align_lo``/``b_align_hi`` come from d_align's
+    upper/lower end; a lower end at 0 gives 1: no certificate. A missing or NaN
+    d_align gives NaN.
+    """
+    from dalign_core.bounds import b_align
+
+    def at(d_align) -> float:
+        if d_align is None or math.isnan(d_align):
+            return math.nan
+        return b_align(max(d_align, 0.0), M, K)
+
+    at_low = at(row.get("d_align_lo"))
+    return {"b_align": at(row["d_align"]), "b_align_lo": at(row.get("d_align_hi")), "b_align_hi": at_low,
+            "b_align_at_lo": at_low}
+
+
+def _block_indices(model) -> dict[str, int]:
+    """Position of each residual block (insertion point) in forward order; {} for a model without blocks."""
+    from dalign_core.hooks import CaptureError, insertion_points
+
+    try:
+        return {name: i for i, name in enumerate(insertion_points(model))}
+    except CaptureError:
+        return {}
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    """Refuse numeric options out of range, before anything is loaded."""
+    if args.examples < 5:
+        raise ValueError(f"--examples must be at least 5 (the intervals need n >= 5), got {args.examples}")
+    if args.seq_len < 2:
+        raise ValueError(f"--seq-len must be at least 2 (a next-token loss needs two tokens), got {args.seq_len}")
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.sketch_dim is not None and args.sketch_dim < 1:
+        raise ValueError(f"--sketch-dim must be at least 1, got {args.sketch_dim}")
+    if not 0 < args.confidence < 1:
+        raise ValueError(f"--confidence must lie strictly between 0 and 1, got {args.confidence}")
+    for flag, value in (("--m", args.m), ("--k", args.k)):
+        if value is not None and not (value >= 1 and math.isfinite(value)):
+            raise ValueError(f"{flag} is a number of examples and must be a finite number, at least 1, got {value}")
+
+
+def _is_local_data(spec: str) -> bool:
+    """True when ``--data`` names a local file (or a path meant as one), False for a Hugging Face dataset name."""
+    return Path(spec).expanduser().exists() or spec.endswith((".txt", ".text", ".md")) or \
+        spec.startswith((".", "/", "~"))
+
+
+def _check_out(path: Path) -> None:
+    """Refuse an ``--out`` that cannot be written (a folder, a path under a file, no write access), before any work."""
+    import tempfile
+
+    path = path.expanduser()
+    if path.is_dir():
+        raise ValueError(f"--out {str(path)!r} is a directory; give a file name, e.g. --out {path / 'geometry.csv'}")
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise ValueError(f"--out {str(path)!r} cannot be created: {str(folder)!r} is a file, not a folder; "
+                         "choose a path inside a folder")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        raise ValueError(f"--out {str(path)!r} cannot be written: no file can be created in {str(folder)!r} "
+                         f"({err.strerror or err}); choose a folder you can write to") from err
 
 
 def _write_csv(path: Path, records: list[dict]) -> None:
@@ -190,8 +299,11 @@ def _write_csv(path: Path, records: list[dict]) -> None:
 
 def estimate(args: argparse.Namespace) -> list[dict]:
     """Run ``dalign estimate``; return one record per layer (also printed and optionally written)."""
-    from dalign_core.hooks import accumulate_geometry, insertion_points, resolve_layers
+    from dalign_core.hooks import accumulate_geometry, resolve_layers
     from dalign_core.loading import (
+        check_data_file,
+        check_seq_len,
+        check_tokenizer_fits,
         dataset_text_examples,
         load_model,
         load_tokenizer,
@@ -200,27 +312,25 @@ def estimate(args: argparse.Namespace) -> list[dict]:
         resolve_model_source,
     )
 
-    if args.examples < 5:
-        raise ValueError(f"--examples must be at least 5 (the intervals need n >= 5), got {args.examples}")
-    if args.seq_len < 2:
-        raise ValueError(f"--seq-len must be at least 2 (a next-token loss needs two tokens), got {args.seq_len}")
-    if not 0 < args.confidence < 1:
-        raise ValueError(f"--confidence must lie strictly between 0 and 1, got {args.confidence}")
-    for flag, value in (("--m", args.m), ("--k", args.k)):
-        if value is not None and not value >= 1:
-            raise ValueError(f"{flag} is a number of examples and must be at least 1, got {value}")
+    _check_numbers(args)
     device = resolve_device(args.device)
+    if args.out is not None:
+        _check_out(args.out)  # before anything is loaded or computed
+    source = resolve_model_source(args.model, revision=args.revision)  # fails fast, loads nothing
+    data_path = Path(args.data).expanduser() if _is_local_data(args.data) else None
+    if data_path is not None:
+        check_data_file(data_path)
     start = time.perf_counter()
 
-    source = resolve_model_source(args.model, revision=args.revision)
     tokenizer = load_tokenizer(args.tokenizer if args.tokenizer else source)
     model = load_model(source, device=device, dtype=getattr(torch, args.dtype))
+    check_tokenizer_fits(tokenizer, model)
+    check_seq_len(model, args.seq_len)
     layer_arg = args.layer if args.layer == "all" else [s.strip() for s in args.layer.split(",") if s.strip()]
     modules = resolve_layers(model, layer_arg)  # unknown names fail here, before any data is read
-    order = {name: i for i, name in enumerate(insertion_points(model))} if args.layer == "all" else {}
+    block_index = _block_indices(model)
 
-    data_path = Path(args.data).expanduser()
-    if data_path.exists() or args.data.endswith((".txt", ".text", ".md")) or args.data.startswith((".", "/", "~")):
+    if data_path is not None:
         sequences = read_text_examples(data_path, tokenizer, args.examples, args.seq_len, args.split_mode)
     else:
         sequences = dataset_text_examples(args.data, tokenizer, args.examples, args.seq_len,
@@ -244,13 +354,13 @@ def estimate(args: argparse.Namespace) -> list[dict]:
     K = args.k if args.k is not None else n
     wall = time.perf_counter() - start
     records = []
-    for index, (name, accumulator) in enumerate(accumulators.items()):
+    for name, accumulator in accumulators.items():
         geometry = accumulator.result(args.confidence)
         row = geometry.to_row()
         row.update(
-            model=args.model, revision=args.revision, layer=name, layer_index=order.get(name, index), data=args.data,
+            model=args.model, revision=args.revision, layer=name, layer_index=block_index.get(name), data=args.data,
             reduction=args.reduction, seq_len=args.seq_len, M=M, K=K, confidence=args.confidence,
-            b_exact=geometry.b_exact(M, K), b_align=geometry.b_align(M, K), wall_time_s=round(wall, 3),
+            b_exact=geometry.b_exact(M, K), wall_time_s=round(wall, 3), **_b_align_columns(row, M, K),
         )
         records.append(row)
     ranked = sorted(records, key=lambda r: (-r["d_align"] if not math.isnan(r["d_align"]) else math.inf))
@@ -288,8 +398,9 @@ def main(argv: list[str] | None = None) -> int:
             estimate(args)
         elif args.command == "layers":
             _layers(args)
-    except (LoadError, CaptureError, ValueError, FileNotFoundError) as err:
-        print(f"dalign: error: {err}", file=sys.stderr)
+    except (LoadError, CaptureError, ValueError, OSError) as err:
+        one_line = re.sub(r"\s*\n\s*", " ", str(err).strip())  # a message quoted from a library may span lines
+        print(f"dalign: error: {one_line}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         print("dalign: interrupted", file=sys.stderr)

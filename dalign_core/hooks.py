@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import numbers
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -119,19 +120,25 @@ def resolve_layers(model: nn.Module, layer: str | Sequence[str]) -> dict[str, nn
     """Map each requested name (or ``"all"`` = :func:`insertion_points`) to its submodule.
 
     Raises:
-        CaptureError: a name that is not a submodule; the message lists the nearest names.
+        CaptureError: a name that is not a submodule (the message lists the nearest
+            names), or a ``layer`` that is not a string or a list of strings.
     """
+    _check_model(model)
     if isinstance(layer, str):
         requested = insertion_points(model) if layer == "all" else [layer]
     else:
-        requested = list(layer)
+        requested = list(layer) if isinstance(layer, Iterable) and not isinstance(layer, (Mapping, torch.Tensor)) \
+            else None
+        if requested is None or not all(isinstance(name, str) for name in requested):
+            raise CaptureError(
+                f"layer must be a submodule name such as 'model.layers.1' (a str), a list of such names, or 'all'; "
+                f"got {_describe(layer)}. Names are dotted paths as printed by model.named_modules()."
+            )
         if not requested:
             raise CaptureError("no layer given: name at least one submodule")
     modules = dict(model.named_modules())
     out: dict[str, nn.Module] = {}
     for name in requested:
-        if not isinstance(name, str):
-            raise TypeError(f"layer names must be strings, got {type(name).__name__}")
         if name not in modules or not name:
             candidates = _module_names(model)
             near = difflib.get_close_matches(name, candidates, n=5, cutoff=0.3)
@@ -152,6 +159,79 @@ def resolve_layers(model: nn.Module, layer: str | Sequence[str]) -> dict[str, nn
 
 # ---------------------------------------------------------------------------
 # Refusals
+
+
+def _describe(value: Any) -> str:
+    """A short description of a wrong argument for an error message: its type, and its elements' for a list."""
+    if isinstance(value, (list, tuple)):
+        kinds = sorted({type(item).__name__ for item in value})
+        return f"a {type(value).__name__} of {', '.join(kinds) or 'nothing'}"
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
+    if value is None or isinstance(value, (int, float, str)):
+        return f"{value!r} ({type(value).__name__})"
+    return type(value).__name__
+
+
+def _check_model(model: Any) -> None:
+    if not isinstance(model, nn.Module):
+        raise CaptureError(f"model must be a torch.nn.Module, got {_describe(model)}")
+
+
+def _embedding_rows(model: nn.Module) -> int | None:
+    """The number of token ids the model's input embedding accepts; None if it has no ``nn.Embedding`` input."""
+    get = getattr(model, "get_input_embeddings", None)
+    try:
+        embedding = get() if callable(get) else None
+    except (NotImplementedError, AttributeError):
+        return None
+    return embedding.num_embeddings if isinstance(embedding, nn.Embedding) else None
+
+
+def _check_token_ids(ids: Any, vocabulary: int | None, what: str) -> None:
+    """Refuse token ids that are not an integer tensor, or that fall outside the model's embedding."""
+    if not isinstance(ids, torch.Tensor) or ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
+        raise CaptureError(
+            f"{what} must be an integer tensor of token ids (torch.long), got {_describe(ids)}; "
+            "pass the tokenizer's output, or convert whole-number ids with .long()"
+        )
+    if vocabulary is None or ids.numel() == 0:
+        return
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= vocabulary:
+        bad = low if low < 0 else high
+        raise CaptureError(
+            f"{what} holds token id {bad}, outside the model's embedding of {vocabulary} tokens (ids 0..{vocabulary - 1}); "
+            "use the tokenizer the model was trained with"
+        )
+
+
+def _check_batch(model: nn.Module, inputs: Any, targets: Any, loss_fn: LossFn | None) -> None:
+    """Refuse inputs and targets of the wrong type before they reach the model (and fail deep inside torch)."""
+    if not isinstance(inputs, (torch.Tensor, Mapping)):
+        raise CaptureError(
+            "inputs must be a tensor or a mapping of keyword arguments such as {'input_ids': ..., 'attention_mask': ...}, "
+            f"got {_describe(inputs)}"
+        )
+    vocabulary = _embedding_rows(model)
+    if isinstance(inputs, Mapping) and "input_ids" in inputs:
+        _check_token_ids(inputs["input_ids"], vocabulary, "input_ids")
+    elif isinstance(inputs, torch.Tensor) and vocabulary is not None:
+        _check_token_ids(inputs, vocabulary, "inputs (token ids for a model with an input embedding)")
+    if loss_fn is None and targets is not None and not isinstance(targets, torch.Tensor):
+        raise CaptureError(f"targets (or a batch's labels) must be a tensor, got {_describe(targets)}")
+
+
+def _targets_from_labels(inputs: Any, targets: Any) -> Any:
+    """A batch's ``labels`` entry, which has the transformers meaning, serves as the targets when none are given."""
+    if not isinstance(inputs, Mapping) or inputs.get("labels") is None:
+        return targets
+    if targets is not None:
+        raise CaptureError(
+            "the batch has both a 'labels' entry and separate targets; pass the labels one way only "
+            "(in the batch, or as targets)"
+        )
+    return inputs["labels"]
 
 
 def check_capturable(model: nn.Module) -> None:
@@ -214,6 +294,11 @@ def _logits(output: Any) -> torch.Tensor:
     )
 
 
+def _at_least_float32(logits: torch.Tensor) -> torch.Tensor:
+    """Half-precision logits in float32 for the loss; float32 and float64 logits keep their precision."""
+    return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+
+
 def per_example_loss(output: Any, inputs: Any, targets: Any = None, task: str = "auto") -> torch.Tensor:
     """Per-example losses ``(batch,)`` from a model output.
 
@@ -221,6 +306,7 @@ def per_example_loss(output: Any, inputs: Any, targets: Any = None, task: str = 
       example's target tokens. ``targets`` follow the transformers ``labels``
       convention (aligned with the inputs, shifted here, ``-100`` ignored); the
       default is the input ids. Positions with ``attention_mask == 0`` are ignored.
+      The loss is computed in the logits' precision (half precision in float32).
     * ``classification`` (logits ``(b, C)``): cross-entropy of each example's label
       (class indices ``(b,)`` or class probabilities ``(b, C)``).
     """
@@ -234,7 +320,10 @@ def per_example_loss(output: Any, inputs: Any, targets: Any = None, task: str = 
     if task == "classification":
         if targets is None:
             raise CaptureError("a classifier needs targets (the labels of the batch) to define each example's loss")
-        return F.cross_entropy(logits.float(), targets, reduction="none")
+        logits = _at_least_float32(logits)
+        if isinstance(targets, torch.Tensor) and targets.is_floating_point():  # class probabilities
+            targets = targets.to(logits.dtype)
+        return F.cross_entropy(logits, targets, reduction="none")
     # causal LM
     mask = inputs.get("attention_mask") if isinstance(inputs, Mapping) else None
     if targets is None:
@@ -242,6 +331,10 @@ def per_example_loss(output: Any, inputs: Any, targets: Any = None, task: str = 
         if not isinstance(ids, torch.Tensor) or ids.is_floating_point():
             raise CaptureError("a causal LM needs integer input_ids (or explicit targets) to define next-token losses")
         targets = ids
+    elif not isinstance(targets, torch.Tensor) or targets.is_floating_point() or targets.dtype == torch.bool:
+        raise CaptureError(
+            f"causal-LM targets (labels) must be an integer tensor of token ids, -100 where ignored; got {_describe(targets)}"
+        )
     labels = targets.clone()
     if mask is not None:
         labels = labels.masked_fill(mask.to(labels.device) == 0, IGNORE_INDEX)
@@ -249,7 +342,8 @@ def per_example_loss(output: Any, inputs: Any, targets: Any = None, task: str = 
         raise CaptureError(f"causal-LM targets of shape {tuple(labels.shape)} do not match logits {tuple(logits.shape)}")
     shift_labels = labels[:, 1:]
     token_loss = F.cross_entropy(
-        logits[:, :-1].flatten(0, 1).float(), shift_labels.flatten(), ignore_index=IGNORE_INDEX, reduction="none"
+        _at_least_float32(logits[:, :-1].flatten(0, 1)), shift_labels.flatten(), ignore_index=IGNORE_INDEX,
+        reduction="none",
     ).view(shift_labels.shape)
     counts = (shift_labels != IGNORE_INDEX).sum(dim=1)
     empty = torch.nonzero(counts == 0).flatten().tolist()
@@ -281,6 +375,28 @@ def _to(value: Any, device: torch.device) -> Any:
     if isinstance(value, (tuple, list)):
         return type(value)(_to(v, device) for v in value)
     return value
+
+
+def _check_options(reduction: Any, task: Any, loss_fn: Any) -> None:
+    if reduction not in REDUCTIONS:
+        raise CaptureError(f"reduction must be one of {REDUCTIONS}, got {_describe(reduction)}")
+    if task not in TASKS:
+        raise CaptureError(f"task must be one of {TASKS}, got {_describe(task)}")
+    if loss_fn is not None and not callable(loss_fn):
+        raise CaptureError(f"loss_fn must be a function (output, targets) -> per-example losses, got {_describe(loss_fn)}")
+
+
+def _check_batches(batches: Any) -> None:
+    """``batches`` is an iterable of batches; a single batch (a tensor or a mapping) is refused, not iterated."""
+    if isinstance(batches, (torch.Tensor, Mapping)) or not isinstance(batches, Iterable):
+        raise CaptureError(
+            f"batches must be an iterable of batches (a list, a DataLoader, a generator), got {_describe(batches)}; "
+            "wrap a single batch in a list: [batch]"
+        )
+
+
+def _is_positive_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1
 
 
 def _split_batch(batch: Any) -> tuple[Any, Any]:
@@ -334,6 +450,8 @@ def _capture(model, modules: dict[str, nn.Module], inputs, targets, reduction, t
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
     check_capturable(model)
+    targets = _targets_from_labels(inputs, targets)
+    _check_batch(model, inputs, targets, loss_fn)
     device = _device_of(model)
     inputs, targets = _to(inputs, device), _to(targets, device)
     captured: dict[str, list[torch.Tensor]] = {name: [] for name in modules}
@@ -415,7 +533,9 @@ def activation_gradients(
         inputs: what the model takes: a tensor, or a mapping of keyword arguments
             (``input_ids``, ``attention_mask``, …) for transformers models.
         targets: labels for a classifier; for a causal LM, optional ``labels`` in the
-            transformers convention (default: the input ids; padding ignored).
+            transformers convention (default: the input ids; padding ignored). A
+            ``labels`` entry of a mapping ``inputs`` is used the same way (its ``-100``
+            positions are left out of the loss); give labels one way only.
         reduction: ``"shared"`` (sum over positions) or ``"full"`` (keep positions).
         task: ``"auto"`` (3-D logits → causal LM, 2-D → classifier), ``"causal_lm"``, ``"classification"``.
         loss_fn: ``loss_fn(output, targets) -> (batch,)`` per-example losses, overriding ``task``.
@@ -426,9 +546,12 @@ def activation_gradients(
 
     Raises:
         CaptureError: unknown layer, BatchNorm in training mode, active dropout,
-            non-finite loss or gradient, a layer that does not run exactly once.
+            non-finite loss or gradient, a layer that does not run exactly once, and
+            arguments of the wrong type (a layer that is not a name, float ``input_ids``,
+            token ids outside the embedding); it is a ``ValueError``.
     """
     modules = resolve_layers(model, layer)
+    _check_options(reduction, task, loss_fn)
     rows = _capture(model, modules, inputs, targets, reduction, task, loss_fn)
     if isinstance(layer, str) and layer != "all":
         return rows[layer]
@@ -450,6 +573,8 @@ def iter_activation_gradients(
     during each batch's forward pass, so abandoning the iterator leaves the model clean.
     """
     modules = resolve_layers(model, layer)  # fail before the first batch
+    _check_options(reduction, task, loss_fn)
+    _check_batches(batches)
     single = isinstance(layer, str) and layer != "all"
     for batch in batches:
         inputs, targets = _split_batch(batch)
@@ -483,9 +608,13 @@ def accumulate_geometry(
         The accumulator, or a dict name → accumulator for a list of layers or ``"all"``.
     """
     modules = resolve_layers(model, layer)
+    _check_options(reduction, task, loss_fn)
+    _check_batches(batches)
     single = isinstance(layer, str) and layer != "all"
-    if examples is not None and examples < 1:
-        raise ValueError(f"examples must be a positive number, got {examples}")
+    if examples is not None and not _is_positive_int(examples):
+        raise CaptureError(f"examples must be a positive int (a number of examples) or None, got {_describe(examples)}")
+    if sketch_dim is not None and not _is_positive_int(sketch_dim):
+        raise CaptureError(f"sketch_dim must be a positive int or None, got {_describe(sketch_dim)}")
     accumulators = {
         name: GeometryAccumulator(sketch_dim=sketch_dim, seed=seed, device=device) for name in modules
     }

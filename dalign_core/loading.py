@@ -8,7 +8,11 @@ Safety and offline behaviour:
   the subfolder ``<folder>/<revision>/`` holding that checkpoint). Weights load
   from safetensors when the checkpoint has them; a ``pytorch_model.bin`` is read
   by transformers with ``torch.load(weights_only=True)``, so no pickled code ever
-  runs. ``trust_remote_code`` is always off.
+  runs; a pickle that needs more than plain tensors is refused with the steps to
+  convert a trusted one to safetensors. ``trust_remote_code`` is always off.
+* A checkpoint must fill the model its config describes: missing, unexpected or
+  wrongly shaped tensors are refused (listed), never replaced by random
+  initialization. A damaged safetensors file is refused before transformers opens it.
 * A Hugging Face id is first looked up in the local cache. If it is not cached and
   the Hub is unreachable (``HF_HUB_OFFLINE=1`` or ``TRANSFORMERS_OFFLINE=1``, or no
   connection within a few seconds), loading fails at once with a :class:`LoadError`
@@ -18,7 +22,9 @@ Safety and offline behaviour:
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pickle
 import socket
 import warnings
 from dataclasses import dataclass
@@ -37,6 +43,10 @@ __all__ = [
     "revision_folders",
     "load_model",
     "load_tokenizer",
+    "check_tokenizer_fits",
+    "max_positions",
+    "check_seq_len",
+    "check_data_file",
     "read_text_examples",
     "dataset_text_examples",
     "make_batches",
@@ -197,6 +207,113 @@ def _check_local_weights(folder: Path) -> bool:
     )
 
 
+def _check_safetensors_files(folder: Path) -> None:
+    """Refuse a truncated or corrupt ``*.safetensors`` file by reading its header (no tensor data)."""
+    from safetensors import SafetensorError, safe_open
+
+    for file in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), framework="pt") as handle:
+                handle.keys()
+        except (SafetensorError, OSError) as err:
+            raise LoadError(
+                f"{str(file)!r} is not a valid safetensors file ({err}); it is probably truncated or corrupt: "
+                "download or save the checkpoint again (model.save_pretrained(folder))"
+            ) from err
+
+
+@contextlib.contextmanager
+def _transformers_quiet() -> Iterator[None]:
+    """Silence transformers' loading report and progress bar: :func:`_check_loading_info` reports what matters."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _listing(keys, limit: int = 8) -> str:
+    keys = sorted(str(k) for k in keys)
+    return ", ".join(keys[:limit]) + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
+
+
+def _tied_to_loaded(model, missing: set[str]) -> set[str]:
+    """Missing parameter names that share their storage with a loaded parameter (tied weights)."""
+    loaded = {p.data_ptr() for name, p in model.named_parameters(remove_duplicate=False) if name not in missing}
+    tied = set()
+    for name in missing:
+        try:
+            if model.get_parameter(name).data_ptr() in loaded:
+                tied.add(name)
+        except AttributeError:
+            continue
+    return tied
+
+
+def _check_loading_info(model, info: dict, where: str) -> None:
+    """Refuse a checkpoint whose tensors do not fill the model: missing, unexpected or mismatched names."""
+    missing = set(info.get("missing_keys") or ())
+    missing -= _tied_to_loaded(model, missing)
+    unexpected = set(info.get("unexpected_keys") or ())
+    mismatched = list(info.get("mismatched_keys") or ())
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} tensor(s) the model needs are missing ({_listing(missing)})")
+    if unexpected:
+        problems.append(f"{len(unexpected)} tensor(s) in the checkpoint are not in the model ({_listing(unexpected)})")
+    if mismatched:
+        shapes = [f"{name} {tuple(stored)} in the checkpoint, {tuple(wanted)} in the config"
+                  for name, stored, wanted in sorted(mismatched)[:4]]
+        more = f" and {len(mismatched) - 4} more" if len(mismatched) > 4 else ""
+        problems.append(f"{len(mismatched)} tensor shape(s) differ from the config ({'; '.join(shapes)}{more})")
+    if problems:
+        raise LoadError(
+            f"the checkpoint in {where} does not match its config.json: {'; '.join(problems)}. These weights would be "
+            "random, so nothing is computed; use the config.json saved with these weights (model.save_pretrained(folder) "
+            "writes both)"
+        )
+
+
+def _unpickler_detail(err: Exception) -> str:
+    """What torch's weights-only unpickler objected to (e.g. ``Unsupported global: GLOBAL print``), or ''."""
+    _, _, after = str(err).partition("WeightsUnpickler error:")
+    lines = [line.strip() for line in after.splitlines() if line.strip()]
+    return lines[0].split(" was not an allowed global")[0][:120] if lines else ""
+
+
+def _unpickling_message(spec: str, err: Exception) -> str:
+    """A refused pickle (it names a function or class, so loading it could run code) or a damaged one."""
+    detail = _unpickler_detail(err)
+    if not detail.startswith("Unsupported global"):
+        return (f"the pickle checkpoint (pytorch_model.bin) of {spec!r} cannot be read ({detail or err}); it is "
+                "probably truncated or corrupt: download or save the checkpoint again")
+    return (
+        f"the pickle checkpoint (pytorch_model.bin) of {spec!r} was refused because loading it could run code "
+        f"(torch.load with weights_only=True found more than tensors: {detail}). If you trust where it came from, "
+        "convert it once to safetensors in a trusted session: model = AutoModelForCausalLM.from_pretrained(folder, "
+        "weights_only=False); model.save_pretrained(new_folder, safe_serialization=True), copy the tokenizer files "
+        "there too, and pass --model new_folder"
+    )
+
+
+def _load_error(source: ModelSource, err: Exception) -> LoadError:
+    where = "folder" if source.local else ("cached model" if source.cached else "model id")
+    hint = ""
+    if source.cached:
+        rev = f" --revision {source.revision}" if source.revision else ""
+        hint = (f" Its config is cached but other files are missing; download the whole model "
+                f"(`hf download {source.spec}{rev}`) while online.")
+    at = f" at revision {source.revision!r}" if source.revision else ""
+    reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return LoadError(f"could not load the {where} {source.spec!r}{at} as a causal language model: {reason}.{hint}")
+
+
 def load_model(source: ModelSource | str, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
                revision: str | None = None):
     """Load a causal LM from a :class:`ModelSource` (or spec) in eval mode on ``device``.
@@ -204,30 +321,75 @@ def load_model(source: ModelSource | str, *, device: str | torch.device = "cpu",
     ``dtype`` defaults to float32, whatever the stored dtype, so that capture and
     estimation are not limited by half precision. A Hub source loads at its
     ``revision``; ``revision`` applies to a string ``source`` (see :func:`resolve_model_source`).
+
+    Raises:
+        LoadError: no or damaged weights, a pickle that ``weights_only`` refuses, or
+            a checkpoint whose tensors do not match the config (missing, unexpected
+            or differently shaped; tied weights are fine).
     """
     if isinstance(source, str):
         source = resolve_model_source(source, revision)
+    from safetensors import SafetensorError
     from transformers import AutoConfig, AutoModelForCausalLM
 
     kwargs = dict(trust_remote_code=False, local_files_only=source.local_files_only, revision=source.hub_revision)
     if source.local:
         kwargs["use_safetensors"] = True if _check_local_weights(Path(source.path)) else None
+        _check_safetensors_files(Path(source.path))
     try:
         config = AutoConfig.from_pretrained(source.path, **{k: v for k, v in kwargs.items() if k != "use_safetensors"})
-        model = AutoModelForCausalLM.from_pretrained(
-            source.path, config=config, dtype=dtype or torch.float32, **kwargs
-        )
-    except (OSError, ValueError, KeyError) as err:
-        where = "folder" if source.local else ("cached model" if source.cached else "model id")
-        hint = ""
-        if source.cached:
-            rev = f" --revision {source.revision}" if source.revision else ""
-            hint = (f" Its config is cached but other files are missing; download the whole model "
-                    f"(`hf download {source.spec}{rev}`) while online.")
-        at = f" at revision {source.revision!r}" if source.revision else ""
-        raise LoadError(f"could not load the {where} {source.spec!r}{at} as a causal language model: {err}.{hint}") \
-            from err
+        with _transformers_quiet():
+            model, info = AutoModelForCausalLM.from_pretrained(
+                source.path, config=config, dtype=dtype or torch.float32, output_loading_info=True,
+                ignore_mismatched_sizes=True, **kwargs
+            )
+    except pickle.UnpicklingError as err:
+        raise LoadError(_unpickling_message(source.spec, err)) from err
+    except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as err:
+        raise _load_error(source, err) from err
+    _check_loading_info(model, info, f"{'folder' if source.local else 'model'} {source.spec!r}")
     return model.to(device).eval()
+
+
+def check_tokenizer_fits(tokenizer, model) -> None:
+    """Refuse a tokenizer that can produce token ids beyond the model's input embedding."""
+    embedding = model.get_input_embeddings()
+    rows = getattr(embedding, "num_embeddings", None)
+    if rows is not None and len(tokenizer) > rows:
+        raise LoadError(
+            f"the tokenizer has {len(tokenizer)} tokens but the model's embedding only {rows}, so some token ids "
+            "have no embedding: use the tokenizer the model was trained with (--tokenizer)"
+        )
+
+
+_POSITION_FIELDS = ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length")
+
+
+def _position_field(model) -> tuple[str, int] | None:
+    """(name, value) of the config field that bounds the sequence length; None if the config states none."""
+    config = getattr(model, "config", None)
+    for name in _POSITION_FIELDS:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return name, value
+    return None
+
+
+def max_positions(model) -> int | None:
+    """The longest sequence the model's config allows (``max_position_embeddings``, ``n_positions``); None if unstated."""
+    field = _position_field(model)
+    return field[1] if field else None
+
+
+def check_seq_len(model, seq_len: int) -> None:
+    """Refuse sequences longer than the model's maximum position count."""
+    field = _position_field(model)
+    if field is not None and seq_len > field[1]:
+        name, limit = field
+        raise LoadError(
+            f"--seq-len {seq_len} is longer than the {limit} positions the model was built for "
+            f"(config.{name}); use --seq-len {limit} or less"
+        )
 
 
 def _has_tokenizer(folder: Path) -> bool:
@@ -304,17 +466,61 @@ def _chunks_from_texts(texts: Iterable[str], tokenizer, examples: int, seq_len: 
 
 
 def _file_blocks(path: Path, block_chars: int = 1 << 20) -> Iterator[str]:
-    with path.open("r", encoding="utf-8", errors="replace") as handle:
-        block: list[str] = []
-        size = 0
-        for line in handle:
-            block.append(line)
-            size += len(line)
-            if size >= block_chars:
+    try:
+        with path.open("r", encoding="utf-8-sig", errors="strict") as handle:  # a leading BOM is dropped
+            block: list[str] = []
+            size = 0
+            for line in handle:
+                block.append(line)
+                size += len(line)
+                if size >= block_chars:
+                    yield "".join(block)
+                    block, size = [], 0
+            if block:
                 yield "".join(block)
-                block, size = [], 0
-        if block:
-            yield "".join(block)
+    except UnicodeDecodeError as err:
+        raise LoadError(_not_utf8_message(path)) from err
+
+
+def _first_undecodable(path: Path) -> tuple[int, int, bytes]:
+    """(line number, byte offset, the bytes there) of the first byte sequence that is not UTF-8."""
+    offset = 0
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):  # b"\n" never occurs inside a UTF-8 sequence
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                return number, offset + err.start, raw[err.start:err.start + 4]
+            offset += len(raw)
+    return 0, offset, b""
+
+
+def _not_utf8_message(path: Path) -> str:
+    """Why ``path`` is not UTF-8 text, and the command that converts it."""
+    with path.open("rb") as handle:
+        head = handle.read(1 << 16)
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return (f"data file {str(path)!r} is UTF-16 text, not UTF-8: convert it, e.g. "
+                f"`iconv -f utf-16 -t utf-8 {path} > {path}.utf8`, and pass the converted file")
+    if b"\x00" in head:
+        return (f"data file {str(path)!r} looks binary (it holds NUL bytes), not UTF-8 text: --data needs a "
+                "plain text file")
+    line, offset, found = _first_undecodable(path)
+    return (
+        f"data file {str(path)!r} is not UTF-8 text (bytes {found!r} at line {line}, byte offset {offset}); "
+        f"convert it from its encoding, e.g. from Latin-1: `iconv -f latin1 -t utf-8 {path} > {path}.utf8` "
+        "(`file -i` tells the encoding), and pass the converted file"
+    )
+
+
+def check_data_file(path: str | os.PathLike) -> Path:
+    """``path`` as a Path if it is a readable file; a LoadError for a missing path or a directory."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise LoadError(f"data path {str(path)!r} is a directory; --data needs a UTF-8 text file (one file)")
+    if not path.is_file():
+        raise LoadError(f"data file {str(path)!r} does not exist")
+    return path
 
 
 def read_text_examples(path: str | os.PathLike, tokenizer, examples: int, seq_len: int,
@@ -324,11 +530,10 @@ def read_text_examples(path: str | os.PathLike, tokenizer, examples: int, seq_le
     ``split="chunks"``: the file's token stream cut into consecutive windows of
     ``seq_len`` tokens (the last may be shorter); ``"lines"``: one example per
     non-empty line, truncated to ``seq_len``. No special tokens are added. Reads only
-    as much of the file as it needs.
+    as much of the file as it needs. A file that is not UTF-8 (binary, Latin-1,
+    UTF-16, …) is refused with a :class:`LoadError` that says how to convert it.
     """
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise LoadError(f"data file {str(path)!r} does not exist")
+    path = check_data_file(path)
     return _chunks_from_texts(_file_blocks(path), tokenizer, examples, seq_len, split)
 
 

@@ -90,14 +90,16 @@ def width_trend(
         One row per group: the ``by`` columns and :data:`TREND_COLUMNS` — ``rho`` on
         the seed means, ``rho_lo``/``rho_hi`` the bootstrap percentile interval,
         ``p_positive`` the fraction of bootstrap draws with ρ > 0, ``widths`` and
-        ``means`` as ``"/"``-joined strings. Groups with fewer than 3 widths, or a width
-        with a single seed (no spread to draw from), get NaN.
+        ``means`` as ``"/"``-joined strings. A width with a single seed (a run that
+        failed leaves some with one) has no spread to draw its mean from and is left out;
+        groups with fewer than 3 widths left get NaN.
     """
     rows = []
     clean = table.dropna(subset=[value])
     for key, group in clean.groupby(list(by), sort=True, dropna=False):
         key = key if isinstance(key, tuple) else (key,)
         per_width = {w: part[value].to_numpy(dtype=float) for w, part in group.groupby(width, sort=True)}
+        per_width = {w: values for w, values in per_width.items() if len(values) >= 2} or per_width
         widths = np.array(sorted(per_width), dtype=float)
         means = np.array([per_width[w].mean() for w in sorted(per_width)])
         row = dict(zip(by, key), n_widths=len(widths), n_seeds=min(len(v) for v in per_width.values()),

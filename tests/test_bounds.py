@@ -137,3 +137,51 @@ def test_bad_sigma_shape_or_asymmetry():
         bounds.alignment_mean(np.ones((2, 2)))
     with pytest.raises(ValueError, match="non-negative"):
         bounds.b_align(-0.1, 2, 2)
+
+
+@pytest.mark.parametrize("sigma,match", [
+    (-np.eye(3), r"negative variance sigma\[0, 0\] = -1"),
+    (np.array([[1.0, 2.0, 0.0], [2.0, 1.0, 0.0], [0.0, 0.0, 1.0]]), r"not positive semidefinite.*smallest eigenvalue is -1"),
+])
+def test_sigma_that_is_not_a_covariance_is_refused(sigma, match):
+    mu = np.ones(3)
+    for call in (lambda: bounds.b_exact(mu, sigma, 16, 16), lambda: bounds.alignment_variance(mu, sigma, 16, 16),
+                 lambda: bounds.effective_dims(mu, sigma)):
+        with pytest.raises(ValueError, match=match):
+            call()
+
+
+def test_psd_check_by_cholesky_for_large_d_and_rounding_is_accepted(monkeypatch):
+    rng = np.random.default_rng(0)
+    # a float32 sample covariance of 5 points in 60 dimensions: rank 4, eigenvalues negative only by rounding
+    sample = rng.normal(size=(5, 60)).astype(np.float32)
+    rounded = np.cov(sample.T).astype(np.float32)
+    assert np.linalg.eigvalsh(rounded.astype(np.float64))[0] < 0
+    bounds.effective_dims(np.ones(60), rounded)
+    monkeypatch.setattr(bounds, "_EIGEN_MAX_DIM", 4)  # the Cholesky path, used above 1024 dimensions
+    bounds.effective_dims(np.ones(60), rounded)
+    indefinite = np.eye(6)
+    indefinite[0, 1] = indefinite[1, 0] = 3.0
+    with pytest.raises(ValueError, match="Cholesky factorization fails"):
+        bounds.b_exact(np.ones(6), indefinite, 2, 2)
+
+
+def test_b_align_takes_arrays_elementwise_and_scalars_as_floats():
+    dims = np.array([0.0, 0.5, 2.0, np.inf])
+    out = bounds.b_align(dims, 10, 20)
+    assert isinstance(out, np.ndarray) and out.shape == (4,)
+    np.testing.assert_allclose(out, [bounds.b_align(float(d), 10, 20) for d in dims])
+    assert out[0] == 1.0 and out[-1] == 0.0
+    assert isinstance(bounds.b_align(0.5, 10, 20), float)
+    assert isinstance(bounds.b_align(torch.tensor(0.5), 10, 20), float)
+    np.testing.assert_allclose(bounds.b_align(torch.tensor([0.5, 2.0]), 10, 20), out[1:3])
+    np.testing.assert_allclose(bounds.b_align([0.5, 2.0], 10, 20), out[1:3])
+    # budgets broadcast too: a (3, 1) grid of d_align against a (2,) row of M
+    grid = bounds.b_align(np.array([[0.5], [1.0], [2.0]]), np.array([10, 100]), 20)
+    assert grid.shape == (3, 2)
+    assert grid[2, 1] == pytest.approx(bounds.b_align(2.0, 100, 20))
+    np.testing.assert_allclose(bounds.n_eff(np.array([10, 100]), 20), [bounds.n_eff(10, 20), bounds.n_eff(100, 20)])
+    with pytest.raises(ValueError, match=r"d_align must be a non-negative number, got -1.0 at index \(2,\)"):
+        bounds.b_align(np.array([1.0, 2.0, -1.0]), 10, 20)
+    with pytest.raises(ValueError, match="M is a number of examples and must be at least 1"):
+        bounds.b_align(dims, np.array([10, 0.5]).reshape(2, 1), 20)

@@ -321,3 +321,100 @@ def test_layer_returning_a_tuple():
     for i in range(5):
         expected = _brute_force(model, "block", lambda: x[i:i + 1], lambda out: F.cross_entropy(out, y[i:i + 1]))
         torch.testing.assert_close(q[i], expected)
+
+
+# ---------------------------------------------------------------------------
+# Labels in the batch, precision, and arguments of the wrong type
+
+
+def test_labels_in_the_batch_are_honoured_like_transformers_labels():
+    model = tiny_llama()
+    batch, _ = lm_batch(b=4)
+    labels = batch["input_ids"].clone()
+    labels[:, :4] = -100  # score only the later tokens
+    plain = activation_gradients(model, "model.layers.1", batch)
+    with_labels = activation_gradients(model, "model.layers.1", {**batch, "labels": labels})
+    assert not torch.allclose(with_labels, plain, rtol=1e-3, atol=1e-6)  # the mask changes the loss, hence q
+    torch.testing.assert_close(with_labels, activation_gradients(model, "model.layers.1", batch, labels))
+    ids = batch["input_ids"][:1]
+
+    def loss(out):
+        return F.cross_entropy(out.logits[0, :-1], labels[0, 1:], ignore_index=-100)
+
+    expected = _brute_force(model, "model.layers.1", lambda: ids, loss).sum(dim=0)
+    torch.testing.assert_close(with_labels[0], expected, rtol=1e-4, atol=1e-6)
+    # the streaming forms read them too
+    acc = accumulate_geometry(model, "model.layers.1", [{**batch, "labels": labels}])
+    torch.testing.assert_close(acc.result().mean_sq, estimate_geometry(with_labels).mean_sq)
+    # labels given twice are ambiguous
+    before = snapshot(model)
+    with pytest.raises(ValueError, match="labels one way only"):
+        activation_gradients(model, "model.layers.1", {**batch, "labels": labels}, labels)
+    assert_unchanged(model, before)
+
+
+def test_float64_model_keeps_float64_precision():
+    model = tiny_llama().double()
+    batch, _ = lm_batch(b=3)
+    batch["attention_mask"][:] = 1
+    q = activation_gradients(model, "model.layers.0", batch)
+    assert q.dtype == torch.float64
+    ids = batch["input_ids"][:1]
+
+    def loss(out):
+        return F.cross_entropy(out.logits[0, :-1], ids[0, 1:])  # float64 throughout
+
+    expected = _brute_force(model, "model.layers.0", lambda: ids, loss).sum(dim=0)
+    torch.testing.assert_close(q[0], expected, rtol=1e-10, atol=1e-13)  # a float32 loss would miss by ~1e-7
+
+
+@pytest.mark.parametrize("layer,match", [
+    (3, r"layer must be a submodule name.*got 3 \(int\)"),
+    ([3], r"layer must be a submodule name.*list of int"),
+    (None, r"layer must be a submodule name"),
+])
+def test_layer_of_the_wrong_type_is_a_value_error(layer, match):
+    model = tiny_llama()
+    batch, _ = lm_batch()
+    before = snapshot(model)
+    for call in (lambda: activation_gradients(model, layer, batch),
+                 lambda: accumulate_geometry(model, layer, [batch])):
+        with pytest.raises(ValueError, match=match):
+            call()
+    assert_unchanged(model, before)
+
+
+@pytest.mark.parametrize("make_inputs,match", [
+    (lambda b: {**b, "input_ids": b["input_ids"].float()}, r"input_ids must be an integer tensor.*float32"),
+    (lambda b: b["input_ids"].float(), r"must be an integer tensor.*float32"),
+    (lambda b: {**b, "input_ids": b["input_ids"].tolist()}, r"input_ids must be an integer tensor.*list of list"),
+    (lambda b: b["input_ids"].tolist(), r"inputs must be a tensor or a mapping"),
+    (lambda b: {**b, "input_ids": b["input_ids"] + VOCAB}, rf"token id \d+, outside the model's embedding of {VOCAB}"),
+    (lambda b: {**b, "labels": b["input_ids"].float()}, r"labels\) must be an integer tensor"),
+])
+def test_inputs_of_the_wrong_type_are_refused_at_the_boundary(make_inputs, match):
+    model = tiny_llama()
+    batch, _ = lm_batch()
+    before = snapshot(model)
+    with pytest.raises(ValueError, match=match):
+        activation_gradients(model, "model.layers.0", make_inputs(batch))
+    with pytest.raises(ValueError, match=match):
+        accumulate_geometry(model, "model.layers.0", [make_inputs(batch)])
+    assert_unchanged(model, before)
+
+
+def test_accumulate_geometry_arguments_are_checked():
+    model = tiny_llama()
+    batch, _ = lm_batch()
+    with pytest.raises(ValueError, match=r"batches must be an iterable of batches.*\[batch\]"):
+        accumulate_geometry(model, "model.layers.0", batch)  # one batch, not a list of batches
+    with pytest.raises(ValueError, match=r"batches must be an iterable.*int64 tensor of shape \(5, 12\)"):
+        accumulate_geometry(model, "model.layers.0", batch["input_ids"])
+    with pytest.raises(ValueError, match=r"examples must be a positive int.*2.5"):
+        accumulate_geometry(model, "model.layers.0", [batch], examples=2.5)
+    with pytest.raises(ValueError, match=r"sketch_dim must be a positive int"):
+        accumulate_geometry(model, "model.layers.0", [batch], sketch_dim="8")
+    with pytest.raises(ValueError, match=r"reduction must be one of"):
+        activation_gradients(model, "model.layers.0", batch, reduction="mean")
+    with pytest.raises(ValueError, match=r"model must be a torch.nn.Module"):
+        activation_gradients(model.state_dict(), "model.layers.0", batch)

@@ -207,7 +207,8 @@ def test_smoke_profile_writes_the_table(tiny, held_out, results_root):
     assert (table["d_align"] <= table["d_align_hi"] + 1e-9).all()
     loss = table.groupby("revision")["heldout_loss"].first()
     vocab = json.loads((tiny / "pythia-tiny" / "step0" / "config.json").read_text())["vocab_size"]
-    assert loss["step0"] == pytest.approx(math.log(vocab), abs=0.1)  # near uniform at initialization
+    # near uniform at initialization (Pythia's small_init gives logits of std about 0.5 at width 32)
+    assert loss["step0"] == pytest.approx(math.log(vocab), abs=0.5)
     assert loss["step1000"] < loss["step0"] - 1.0
     provenance = json.loads((out / "pythia_released.json").read_text())
     assert set(provenance["checkpoints"]) == {"pythia-tiny@step0", "pythia-tiny@step1000"}

@@ -71,3 +71,12 @@ def test_a_falling_claim_mirrors_the_intervals():
     assert result.label == "partly" and result.holds == 1 and "below zero" in result.sentence
     with pytest.raises(ValueError, match="direction"):
         verdict(_trend([(0, 1)]), "x", direction="up")
+
+
+def test_a_width_left_with_one_seed_is_left_out_of_the_trend():
+    rows = [dict(width=w, seed=s, d_align=float(w) + s) for w in (8, 16, 32, 64) for s in range(3)]
+    rows = [r for r in rows if not (r["width"] == 8 and r["seed"] > 0)]  # two of N=8's runs failed
+    trend = width_trend(pd.DataFrame(rows).assign(layer="a"), "d_align", ["layer"], resamples=200)
+    assert trend.widths.iloc[0] == "16/32/64" and trend.n_seeds.iloc[0] == 3 and trend.rho.iloc[0] == 1.0
+    only_single = pd.DataFrame([dict(width=w, seed=0, d_align=float(w), layer="a") for w in (8, 16, 32)])
+    assert np.isnan(width_trend(only_single, "d_align", ["layer"]).rho.iloc[0])

@@ -1,0 +1,351 @@
+"""Bad inputs to the `dalign` command: each gives a correct answer or one line that says what is wrong and what to do.
+
+Command-line cases go through ``dalign_core.cli.main`` (and one through ``python -m
+dalign_core``); the API's own cases are in test_hooks.py and test_bounds.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from dalign_core.bounds import b_align
+from dalign_core.cli import format_table, main
+from dalign_core.config import REPO_ROOT
+
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+TEXT = (
+    "Shall I compare thee to a summer's day? Thou art more lovely and more temperate: rough winds do shake the "
+    "darling buds of May, and summer's lease hath all too short a date.\n"
+)
+MAX_POSITIONS = 64
+
+
+def _save_tokenizer(folder: Path) -> int:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "<eos>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator([TEXT] * 4, trainer=trainer)
+    wrapped = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
+    wrapped.save_pretrained(folder)
+    return len(wrapped)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    """``good/`` (a tiny LLaMA with its tokenizer) and ``data.txt``; variants are copies of ``good/``."""
+    root = tmp_path_factory.mktemp("bad_input")
+    vocab = _save_tokenizer(root / "good")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=vocab, max_position_embeddings=MAX_POSITIONS,
+    )
+    transformers.LlamaForCausalLM(config).save_pretrained(root / "good")
+    (root / "data.txt").write_text(TEXT * 8, encoding="utf-8")
+    return root
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+
+
+def _variant(root: Path, name: str) -> Path:
+    folder = root / name
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.copytree(root / "good", folder)
+    return folder
+
+
+def _tensors(root: Path) -> dict[str, torch.Tensor]:
+    return safetensors_torch.load_file(root / "good" / "model.safetensors")
+
+
+def _save_tensors(folder: Path, tensors: dict[str, torch.Tensor]) -> None:
+    safetensors_torch.save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+def _edit_config(folder: Path, **changes) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    config.update(changes)
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+def _argv(model: Path, data: Path, *extra: str, layer: str = "model.layers.1") -> list[str]:
+    return ["estimate", "--model", str(model), "--layer", layer, "--data", str(data),
+            "--examples", "8", "--seq-len", "16", "--quiet", *extra]
+
+
+def _fails(capsys, argv: list[str], *needles: str) -> str:
+    """Run the command; it must exit 1 with one line on stderr holding every needle, and print no results."""
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert rc == 1, (out, err)
+    assert len(lines) == 1 and lines[0].startswith("dalign: error: "), err
+    assert "Traceback" not in err and "d_align" not in out
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+# ---------------------------------------------------------------------------
+# Checkpoints that do not fill the model: refused, never run with random weights
+
+
+def test_renamed_tensors_are_refused_with_both_lists(root, capsys):
+    folder = _variant(root, "renamed")
+    _save_tensors(folder, {k.replace("model.", "transformer."): v for k, v in _tensors(root).items()})
+    _fails(capsys, _argv(folder, root / "data.txt"), "does not match its config.json", "are missing",
+           "model.embed_tokens.weight", "not in the model", "transformer.embed_tokens.weight", "would be random")
+
+
+def test_missing_tensors_are_refused_and_listed(root, capsys):
+    folder = _variant(root, "missing")
+    tensors = _tensors(root)
+    gone = sorted(tensors)[:3]
+    _save_tensors(folder, {k: v for k, v in tensors.items() if k not in gone})
+    line = _fails(capsys, _argv(folder, root / "data.txt"), "3 tensor(s) the model needs are missing")
+    assert all(name in line for name in gone)
+
+
+def test_unexpected_tensors_are_refused(root, capsys):
+    folder = _variant(root, "extra")
+    _save_tensors(folder, {**_tensors(root), "extra.weight": torch.zeros(2)})
+    _fails(capsys, _argv(folder, root / "data.txt"), "not in the model (extra.weight)")
+
+
+def test_tied_weights_are_not_missing(root):
+    from dalign_core.loading import load_model
+
+    folder = root / "tied"
+    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                                      vocab_size=50, max_position_embeddings=16, tie_word_embeddings=True)
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    model = load_model(str(folder))
+    assert model.lm_head.weight is model.get_input_embeddings().weight
+
+
+def test_shapes_that_differ_from_the_config_are_refused(root, capsys):
+    folder = _variant(root, "wider-config")
+    _edit_config(folder, intermediate_size=96)
+    _fails(capsys, _argv(folder, root / "data.txt"), "tensor shape(s) differ from the config",
+           "(64, 32) in the checkpoint, (96, 32) in the config")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "random"])
+def test_damaged_safetensors_is_one_sentence(root, capsys, damage):
+    folder = _variant(root, damage)
+    weights = folder / "model.safetensors"
+    whole = weights.read_bytes()
+    weights.write_bytes(whole[:len(whole) // 2] if damage == "truncated" else os.urandom(4096))
+    _fails(capsys, _argv(folder, root / "data.txt"), "is not a valid safetensors file", "truncated or corrupt")
+
+
+class _NotATensor:
+    def __reduce__(self):  # a pickle that would call print when loaded without weights_only
+        return (print, ("this must never run",))
+
+
+def test_pickle_checkpoint_refused_says_why_and_how_to_convert(root, capsys):
+    folder = _variant(root, "pickled")
+    (folder / "model.safetensors").unlink()
+    torch.save({**_tensors(root), "surprise": _NotATensor()}, folder / "pytorch_model.bin")
+    line = _fails(capsys, _argv(folder, root / "data.txt"), "was refused because loading it could run code",
+                  "weights_only=False", "save_pretrained(new_folder, safe_serialization=True)")
+    assert "this must never run" not in capsys.readouterr().out + line
+
+
+def test_corrupt_pickle_checkpoint_is_not_called_unsafe(root, capsys):
+    folder = _variant(root, "garbled-bin")
+    (folder / "model.safetensors").unlink()
+    (folder / "pytorch_model.bin").write_bytes(b"\x80\x02garbage" + os.urandom(512))
+    line = _fails(capsys, _argv(folder, root / "data.txt"), str(folder))
+    assert "could run code" not in line
+
+
+# ---------------------------------------------------------------------------
+# Tokenizer, sequence length
+
+
+def test_tokenizer_larger_than_the_embedding_is_refused_at_load_time(root, capsys):
+    folder = _variant(root, "small-vocab")
+    _edit_config(folder, vocab_size=200)
+    tensors = _tensors(root)
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        tensors[name] = tensors[name][:200].clone()
+    _save_tensors(folder, tensors)
+    _fails(capsys, _argv(folder, root / "data.txt"), "the tokenizer has", "embedding only 200", "--tokenizer")
+
+
+def test_seq_len_beyond_the_position_count_is_refused(root, capsys):
+    argv = _argv(root / "good", root / "data.txt")
+    argv[argv.index("--seq-len") + 1] = str(MAX_POSITIONS + 1)
+    _fails(capsys, argv, f"--seq-len {MAX_POSITIONS + 1} is longer than the {MAX_POSITIONS} positions",
+           f"--seq-len {MAX_POSITIONS} or less")
+
+
+# ---------------------------------------------------------------------------
+# --data
+
+
+def test_binary_data_is_refused(root, capsys):
+    binary = root / "program"
+    binary.write_bytes(b"\x7fELF\x02\x01\x01\x00" + bytes(range(256)) * 8)
+    _fails(capsys, _argv(root / "good", binary), "looks binary", "plain text file")
+
+
+def test_latin1_data_is_refused_with_the_conversion(root, capsys):
+    latin = root / "latin1.txt"
+    latin.write_bytes(("Les naïfs déjà vus. " * 40).encode("latin-1"))
+    _fails(capsys, _argv(root / "good", latin), "is not UTF-8 text", "line 1, byte offset 6",
+           f"iconv -f latin1 -t utf-8 {latin}")
+
+
+def test_utf16_data_is_refused_with_the_conversion(root, capsys):
+    wide = root / "utf16.txt"
+    wide.write_text(TEXT * 4, encoding="utf-16")
+    _fails(capsys, _argv(root / "good", wide), "is UTF-16 text", "iconv -f utf-16 -t utf-8")
+
+
+def test_utf8_with_a_byte_order_mark_is_read(root, capsys):
+    marked = root / "bom.txt"
+    marked.write_bytes(b"\xef\xbb\xbf" + (TEXT * 8).encode("utf-8"))
+    assert main(_argv(root / "good", marked)) == 0
+    assert "d_align" in capsys.readouterr().out
+
+
+def test_data_directory_is_named_as_such(root, capsys):
+    _fails(capsys, _argv(root / "good", root), "is a directory", "needs a UTF-8 text file")
+
+
+# ---------------------------------------------------------------------------
+# --out: checked before the model is loaded; the CSV follows the umask
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    import dalign_core.loading
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded before --out was checked")
+
+    monkeypatch.setattr(dalign_core.loading, "load_model", refuse)
+
+
+def test_out_directory_is_refused_before_loading(root, tmp_path, capsys, no_model_load):
+    _fails(capsys, _argv(root / "good", root / "data.txt", "--out", str(tmp_path)), "is a directory",
+           "give a file name")
+
+
+def test_out_under_a_file_is_refused_before_loading(root, tmp_path, capsys, no_model_load):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    _fails(capsys, _argv(root / "good", root / "data.txt", "--out", str(blocker / "sub" / "x.csv")),
+           "cannot be created", "is a file, not a folder")
+
+
+def test_unwritable_out_is_refused_before_loading(root, tmp_path, capsys, no_model_load):
+    if os.geteuid() != 0:
+        locked = tmp_path / "locked"
+        locked.mkdir()
+        locked.chmod(0o500)
+        target = locked / "x.csv"
+    elif Path("/proc/self").is_dir():
+        target = Path("/proc/dalign-test.csv")  # not even root can create files in /proc
+    else:  # pragma: no cover
+        pytest.skip("no place this user cannot write to")
+    _fails(capsys, _argv(root / "good", root / "data.txt", "--out", str(target)), "cannot be written",
+           "choose a folder you can write to")
+
+
+@pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o077, 0o600)])
+def test_csv_mode_follows_the_umask(root, tmp_path, capsys, umask, mode):
+    out = tmp_path / "geometry.csv"
+    previous = os.umask(umask)
+    try:
+        assert main(_argv(root / "good", root / "data.txt", "--out", str(out))) == 0
+    finally:
+        os.umask(previous)
+    capsys.readouterr()
+    assert out.stat().st_mode & 0o777 == mode
+
+
+# ---------------------------------------------------------------------------
+# What the results say
+
+
+def test_layer_index_and_the_certificate_at_the_interval_end(root, tmp_path, capsys):
+    out = tmp_path / "one.csv"
+    assert main(_argv(root / "good", root / "data.txt", "--out", str(out))) == 0
+    printed = capsys.readouterr().out
+    row = pd.read_csv(out).iloc[0]
+    assert row["layer"] == "model.layers.1" and row["layer_index"] == 1
+    at_low = b_align(max(row["d_align_lo"], 0.0), row["M"], row["K"])
+    assert row["b_align_at_lo"] == pytest.approx(at_low)
+    assert row["b_align_lo"] <= row["b_align"] <= row["b_align_hi"] == pytest.approx(at_low)
+    assert "B_align at d_align's 95% lower end (certificate)" in printed
+    reaches_zero = row["d_align_lo"] <= 0
+    assert ("certify nothing" in printed) == reaches_zero
+    if reaches_zero:
+        assert row["b_align_at_lo"] == 1.0
+    # a submodule that is not a residual block has no block index
+    assert main(_argv(root / "good", root / "data.txt", "--out", str(out), layer="model.layers.1.mlp")) == 0
+    capsys.readouterr()
+    assert pd.isna(pd.read_csv(out).loc[0, "layer_index"])
+
+
+def _record(d_align_lo: float) -> dict:
+    row = dict(layer="model.layers.0", n=512, d=32, reduction="shared", M=1000, K=1000, rank=1, mean_sq=1.0,
+               d_par=3.0, d_2=2.0, d_align=2.0, d_align_lo=d_align_lo, d_align_hi=3.0, b_exact=0.001)
+    row.update(b_align=b_align(2.0, 1000, 1000), b_align_lo=b_align(3.0, 1000, 1000),
+               b_align_hi=b_align(max(d_align_lo, 0), 1000, 1000), b_align_at_lo=b_align(max(d_align_lo, 0), 1000, 1000))
+    return row
+
+
+def test_table_says_when_the_interval_is_too_wide_for_a_certificate():
+    wide, narrow = _record(0.0), _record(1.0)
+    assert "certify nothing" in format_table([wide], 0.95)
+    assert "certify nothing" not in format_table([narrow], 0.95)
+    ranked = format_table([wide, {**narrow, "layer": "model.layers.1", "rank": 2}], 0.95)
+    assert "B_align@lo" in ranked and "at 1 of 2 layers (model.layers.0)" in ranked
+
+
+def test_float64_model_runs_in_float64(root, tmp_path, capsys):
+    out = tmp_path / "f64.csv"
+    assert main(_argv(root / "good", root / "data.txt", "--dtype", "float64", "--out", str(out))) == 0
+    capsys.readouterr()
+    assert pd.read_csv(out).loc[0, "d_align"] >= 0
+
+
+# ---------------------------------------------------------------------------
+# The real command: one line on stderr, no traceback
+
+
+def test_command_line_error_is_one_line_without_traceback(root):
+    folder = _variant(root, "renamed-cli")
+    _save_tensors(folder, {k.replace("model.", "transformer."): v for k, v in _tensors(root).items()})
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "dalign_core", *_argv(folder, root / "data.txt")],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 1
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("dalign: error: the checkpoint"), proc.stderr
+    assert proc.stdout == ""
