@@ -39,7 +39,7 @@ def tiny_config(**overrides):
 
 @pytest.fixture
 def tiny_env(tmp_path, monkeypatch):
-    monkeypatch.setattr(llama_width, "load_corpus", lambda name: tiny_corpus())
+    monkeypatch.setattr("dalign_core.lm_family.load_corpus", lambda name: tiny_corpus())
     monkeypatch.setenv("DALIGN_CHECKPOINTS", str(tmp_path / "checkpoints"))
     monkeypatch.setenv("DALIGN_CACHE", str(tmp_path / "cache"))
     return tmp_path
