@@ -55,7 +55,7 @@ def describe_runs(runs: pd.DataFrame) -> str:
     failed = runs[~runs.trained_ok.astype(bool)]
     if len(failed):
         text = (f"**{len(failed)} of {len(runs)} runs failed** and are drawn in grey, outside every trend: "
-                + "; ".join(f"N={r.width} seed {r.seed} ({_reason(r.failure)})" for r in failed.itertuples())
+                + "; ".join(f"N={r.width} seed {r.seed} ({_reason(getattr(r, 'failure', ''))})" for r in failed.itertuples())
                 + ".")
     else:
         text = f"All {len(runs)} runs beat the baseline on held-out data."
