@@ -25,6 +25,8 @@ transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
+from test_cli import _train_tokenizer  # noqa: E402  (tests/ is on sys.path: the CLI tests' tokenizer helper)
+
 TEXT = (
     "Shall I compare thee to a summer's day? Thou art more lovely and more temperate: rough winds do shake the "
     "darling buds of May, and summer's lease hath all too short a date.\n"
@@ -32,25 +34,11 @@ TEXT = (
 MAX_POSITIONS = 64
 
 
-def _save_tokenizer(folder: Path) -> int:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "<eos>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator([TEXT] * 4, trainer=trainer)
-    wrapped = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
-    wrapped.save_pretrained(folder)
-    return len(wrapped)
-
-
 @pytest.fixture(scope="module")
 def root(tmp_path_factory) -> Path:
     """``good/`` (a tiny LLaMA with its tokenizer) and ``data.txt``; variants are copies of ``good/``."""
     root = tmp_path_factory.mktemp("bad_input")
-    vocab = _save_tokenizer(root / "good")
+    vocab = len(_train_tokenizer(root / "good", TEXT))
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
         hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

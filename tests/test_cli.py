@@ -25,7 +25,8 @@ TEXT = (
 )
 
 
-def _train_tokenizer(folder: Path) -> transformers.PreTrainedTokenizerFast:
+def _train_tokenizer(folder: Path, text: str = TEXT) -> transformers.PreTrainedTokenizerFast:
+    """A 300-token byte-level BPE trained on ``text``, saved in ``folder`` as transformers reads it."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -33,7 +34,7 @@ def _train_tokenizer(folder: Path) -> transformers.PreTrainedTokenizerFast:
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "<eos>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator([TEXT] * 4, trainer=trainer)
+    tok.train_from_iterator([text] * 4, trainer=trainer)
     wrapped = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
     wrapped.save_pretrained(folder)
     return wrapped

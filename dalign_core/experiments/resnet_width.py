@@ -29,7 +29,6 @@ Run without Jupyter: ``python -m dalign_core.experiments.resnet_width --profile 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -39,7 +38,7 @@ import torch.nn.functional as F
 from dalign_core._tensor import derived_seed
 from dalign_core.data.images import load_images
 from dalign_core.experiments._runner import main, run_experiment
-from dalign_core.family import Family, Splits, SweepConfig, count, take
+from dalign_core.family import Family, Splits, SweepConfig, count
 from dalign_core.models.resnet import resnet20, residual_block_names
 from dalign_core.sweep import dry_run as sweep_dry_run
 from dalign_core.sweep import run_sweeps, tables_of
