@@ -61,7 +61,7 @@ from dalign_core.bounds import b_align
 from dalign_core.training import TrainConfig, load_weights, train
 from dalign_core.trend import width_trend
 
-__all__ = ["Pools", "SWEEP_TABLES", "tables_of", "check_supply", "draw_pools", "checkpoint_root", "jobs_dir", "run_sweep",
+__all__ = ["Pools", "SWEEP_TABLES", "tables_of", "check_supply", "draw_pools", "checkpoint_root", "jobs_dir", "prepare", "trained_model", "run_sweep",
            "run_sweeps",
            "matched_loss_rows", "trend_table", "trained_only", "dry_run"]
 
@@ -140,7 +140,7 @@ def draw_pools(config: SweepConfig, splits: Splits) -> Pools:
     )
 
 
-def _prepare(config: SweepConfig, family: Family) -> tuple[Splits, dict[str, Any], Pools]:
+def prepare(config: SweepConfig, family: Family) -> tuple[Splits, dict[str, Any], Pools]:
     """The family's data, checked to supply the config (the facts for the provenance), and the pools."""
     splits = family.load_data(config)
     return splits, check_supply(config, splits), draw_pools(config, splits)
@@ -167,6 +167,21 @@ def _train_config(config: SweepConfig, family: Family, width: int, seed: int, lr
         checkpoint_every=max(config.steps // max(config.resume_points, 1), 1), checkpoint_steps=config.checkpoint_steps,
         progress=sys.stderr.isatty(), **family.train_settings(config),
     )
+
+
+def trained_model(config: SweepConfig, family: Family, splits: Splits, width: int, seed: int, lr: float,
+                  device: torch.device | str = "cpu") -> torch.nn.Module:
+    """The model a sweep trained at ``(width, seed, lr)``, at its final step and in eval mode.
+
+    Loaded from the sweep's checkpoints (:func:`checkpoint_root`); where they are gone, the
+    run is trained again, which gives the same weights on the same machine. Raises
+    ``RuntimeError`` if that training diverges.
+    """
+    model, result, failure = _train(config, family, splits, width, seed, lr, torch.device(device))
+    if result is None:
+        raise RuntimeError(f"{family.name} N={width} seed={seed} lr={lr:g} diverged ({failure}); it has no trained "
+                           "model to load")
+    return model.eval()
 
 
 def _train(config, family, splits, width, seed, lr, device):
@@ -365,7 +380,7 @@ def run_sweep(config: SweepConfig, family: Family, jobs: str | Path | None = Non
             f"it would take hours here. Run it on a GPU machine (scripts/gpu_run.sh), copy results/{config.profile}/ "
             "back, or choose a smaller profile (cpu); device='cpu' in the config runs it here anyway, and --dry-run "
             "projects how long that would take.")
-    splits, facts, pools = _prepare(config, family)
+    splits, facts, pools = prepare(config, family)
     baseline = family.baseline(splits, take(splits.test, pools.evaluation), config)
     log.info("%s: %s; baseline held-out loss %.3f", family.name, splits.unit, baseline)
     folder = Path(jobs) if jobs is not None else None
@@ -430,7 +445,7 @@ def dry_run(config: SweepConfig, family: Family, steps: int = 2) -> str:
     # A GPU's clocks ramp up over the first fraction of a second: a couple of steps overstate its step time
     # (seen on an H200: 472 ms/step timed over 2 steps where whole runs went more than twice as fast).
     steps = steps if device.type == "cpu" else max(steps, 20)
-    splits, facts, pools = _prepare(config, family)
+    splits, facts, pools = prepare(config, family)
     heldout = take(splits.test, pools.heldout)
     train_runs = len(config.lr_candidates) + config.seeds - 1
     pool_passes = len(config.checkpoint_steps) + len(config.train_pool_checkpoints)
