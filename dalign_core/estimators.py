@@ -49,6 +49,8 @@ __all__ = [
     "gram_product",
     "estimate_geometry",
     "geometry_from_gram",
+    "geometry_from_row_statistics",
+    "row_statistics",
     "plugin_geometry",
 ]
 
@@ -210,25 +212,39 @@ class CountSketch:
 # U-statistics from the Gram matrix
 
 
-def _distinct_sums(G: torch.Tensor) -> dict[str, torch.Tensor]:
+def row_statistics(G: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The per-row numbers every U-statistic below needs from an ``(n, n)`` Gram matrix: four ``(n,)`` vectors.
+
+    ``diag`` (``G_jj``), ``row`` (``r_j = sum_{i != j} G_ij``), ``row_sq`` (``c_j = sum_{i != j} G_ij^2``) and
+    ``gram_row`` (``(G r)_j``). Row j's entries come from row j of G alone (``gram_row`` also from ``r``), so
+    processes that each hold some rows of G can compute theirs and gather the vectors
+    (:func:`dalign_core.distributed.sharded_geometry`).
+    """
+    diag = torch.diagonal(G)
+    # H = G with a zero diagonal is never formed: at n = 20,000 each n x n copy costs 3.2 GB.
+    row = G.sum(dim=1) - diag
+    row_sq = torch.cat([(block * block).sum(dim=1) for block in G.split(_row_block(G.shape[1]))]) - diag * diag
+    return {"diag": diag, "row": row, "row_sq": row_sq, "gram_row": G @ row}
+
+
+def _distinct_sums(stats: "Mapping[str, torch.Tensor] | torch.Tensor") -> dict[str, torch.Tensor]:
     """Sums of Gram products over distinct indices, for all n and for each leave-one-out sample.
 
-    Returns tensors ``s, p2, p3, p4`` (scalars) and ``s_loo, p2_loo, p3_loo, p4_loo``
-    (shape ``(n,)``), where for the off-diagonal Gram ``H``:
+    Takes :func:`row_statistics` (or the Gram matrix itself). Returns tensors ``s, p2, p3, p4`` (scalars) and
+    ``s_loo, p2_loo, p3_loo, p4_loo`` (shape ``(n,)``), where for the off-diagonal Gram ``H``:
     ``s = sum_{i!=j} H_ij``, ``p2 = sum_{i!=j} H_ij^2``,
     ``p3 = sum_{i,j,k distinct} H_ij H_jk``, ``p4 = sum_{i,j,k,l distinct} H_ij H_kl``.
     """
-    # H = G with a zero diagonal is never formed: at n = 20,000 each n x n copy costs 3.2 GB.
-    diag = torch.diagonal(G)
-    row = G.sum(dim=1) - diag  # r_j = sum_{i != j} H_ij
-    row_sq = torch.cat([(block * block).sum(dim=1) for block in G.split(_row_block(G.shape[0]))]) - diag * diag
+    if isinstance(stats, torch.Tensor):
+        stats = row_statistics(stats)
+    diag, row, row_sq = stats["diag"], stats["row"], stats["row_sq"]
     s, p2, sum_row_sq = row.sum(), row_sq.sum(), (row * row).sum()
     p3 = sum_row_sq - p2
     p4 = s * s - 4.0 * p3 - 2.0 * p2
     # Removing example m: row sums lose H_jm, so sum_j r_j^2 loses r_m^2 + 2 (H r)_m - c_m.
     s_loo = s - 2.0 * row
     p2_loo = p2 - 2.0 * row_sq
-    p3_loo = (sum_row_sq - row * row - 2.0 * (G @ row - diag * row) + row_sq) - p2_loo
+    p3_loo = (sum_row_sq - row * row - 2.0 * (stats["gram_row"] - diag * row) + row_sq) - p2_loo
     p4_loo = s_loo * s_loo - 4.0 * p3_loo - 2.0 * p2_loo
     return {"s": s, "p2": p2, "p3": p3, "p4": p4, "s_loo": s_loo, "p2_loo": p2_loo, "p3_loo": p3_loo, "p4_loo": p4_loo}
 
@@ -271,11 +287,20 @@ def geometry_from_gram(
     G = torch.as_tensor(G).to(torch.float64)
     if G.ndim != 2 or G.shape[0] != G.shape[1]:
         raise ValueError(f"G must be a square (n, n) Gram matrix, got shape {tuple(G.shape)}")
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must lie strictly between 0 and 1, got {confidence}")
-    n = G.shape[0]
+    _check_confidence(confidence)
+    _check_n(G.shape[0])
+    return geometry_from_row_statistics(row_statistics(G), d, confidence=confidence, sketch_dim=sketch_dim)
+
+
+def geometry_from_row_statistics(
+    stats: Mapping[str, torch.Tensor], d: int | None = None, *, confidence: float = 0.95,
+    sketch_dim: int | None = None,
+) -> Geometry:
+    """:func:`geometry_from_gram` from the Gram matrix's :func:`row_statistics` alone (four ``(n,)`` vectors)."""
+    _check_confidence(confidence)
+    n = int(stats["row"].shape[0])
     _check_n(n)
-    sums = _distinct_sums(G)
+    sums = _distinct_sums({name: torch.as_tensor(value).to(torch.float64) for name, value in stats.items()})
     full = _u_statistics(n, sums["s"], sums["p2"], sums["p3"], sums["p4"])
     if n >= 5:
         loo = _u_statistics(n - 1, sums["s_loo"], sums["p2_loo"], sums["p3_loo"], sums["p4_loo"])
@@ -286,6 +311,11 @@ def geometry_from_gram(
     return Geometry(
         n=n, d=-1 if d is None else int(d), sketch_dim=sketch_dim, confidence=confidence, intervals=intervals, **values
     )
+
+
+def _check_confidence(confidence: float) -> None:
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must lie strictly between 0 and 1, got {confidence}")
 
 
 # ---------------------------------------------------------------------------

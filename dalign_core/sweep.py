@@ -30,6 +30,14 @@ A run that diverges, or whose final held-out loss does not beat the family's
 baseline, is marked ``trained_ok = False``: reported as failed, never part of a trend.
 Before anything trains, the data is checked to supply every pool, and a run of many
 epochs over its split warns (the epoch count goes into the provenance).
+
+The work is a grid of independent jobs — each (width, rate) trial of step 1, then each
+measured (width, seed) run of steps 2-4 — kept one file each in a jobs folder as they
+finish (:func:`jobs_dir`), so a rerun computes only what is missing. Under ``torchrun``
+the ranks share that grid (:mod:`dalign_core.distributed`): the trials first; then every
+rank reads the chosen rates from the shared folder and the measured runs follow; rank 0
+merges the tables. The widest widths may train on several ranks at once (data parallel,
+``DALIGN_RANKS_PER_JOB``). A plain process is a world of one and runs the same grid.
 """
 
 from __future__ import annotations
@@ -50,8 +58,8 @@ from typing import Any
 import pandas as pd
 import torch
 
+from dalign_core import distributed
 from dalign_core._tensor import derived_seed, resolve_device
-from dalign_core.atomic import atomic_write_text
 from dalign_core.config import REPO_ROOT
 from dalign_core.data.supply import check_epochs, require_sequences, training_epochs
 from dalign_core.family import Family, Splits, SweepConfig, count, take
@@ -184,39 +192,50 @@ def trained_model(config: SweepConfig, family: Family, splits: Splits, width: in
     return model.eval()
 
 
-def _train(config, family, splits, width, seed, lr, device):
-    """Train (or resume, or load a finished run); returns (model, TrainResult or None, failure message)."""
+def _train(config, family, splits, width, seed, lr, device, group=None):
+    """Train (or resume, or load a finished run); returns (model, TrainResult or None, failure message).
+
+    ``group``: the process group of a job that several ranks train together (data parallel).
+    """
     model = family.build(config, width, seed, splits).to(device)
     try:
         result = train(model, splits.train, _train_config(config, family, width, seed, lr),
-                       loss_fn=family.train_loss, description=f"{family.name} N={width} seed={seed} lr={lr:g}")
+                       loss_fn=family.train_loss, description=f"{family.name} N={width} seed={seed} lr={lr:g}",
+                       group=group)
     except FloatingPointError as err:  # diverged: a failed run, reported, never measured
         return model, None, str(err)
     return model, result, ""
 
 
-def _fit_learning_rate(config, family, splits, pools, width, device) -> list[dict]:
-    """Train the first seed at every candidate rate; the lowest validation loss wins (ties: the smaller rate).
+def _rate_trial(config, family, splits, pools, width, lr, device, group=None) -> dict | None:
+    """Train the first seed at rate ``lr`` and score it on the validation pool: one row of ``<family>_lr``.
 
-    One row per rate; the kept one has ``chosen = True``.
+    In a job group only the group's first rank scores it (the others return None).
     """
+    model, result, failure = _train(config, family, splits, width, config.seed, lr, device, group)
+    if group is not None and torch.distributed.get_rank(group) != 0:
+        return None
     validation = take(splits.validation, pools.validation)
-    rows = []
-    for lr in config.lr_grid(width):
-        model, result, failure = _train(config, family, splits, width, config.seed, lr, device)
-        loss = family.heldout_metric(model.eval(), validation, config) if result is not None else math.inf
-        rows.append(dict(family=family.name, width=width, seed=config.seed, lr=lr, validation_loss=loss,
-                         diverged=result is None, failure=failure))
-        log.info("%s N=%d lr=%g: validation loss %.4f", family.name, width, lr, loss)
+    loss = family.heldout_metric(model.eval(), validation, config) if result is not None else math.inf
+    log.info("%s N=%d lr=%g: validation loss %.4f", family.name, width, lr, loss)
+    return dict(family=family.name, width=width, seed=config.seed, lr=lr, validation_loss=loss,
+                diverged=result is None, failure=failure)
+
+
+def _choose_rate(rows: list[dict], grid: tuple[float, ...]) -> list[dict]:
+    """A width's rate-trial rows with ``chosen``: the lowest validation loss wins (ties: the smaller rate)."""
     finite = [row for row in rows if math.isfinite(row["validation_loss"])]
-    chosen = min(finite, key=lambda row: (row["validation_loss"], row["lr"]))["lr"] if finite else min(
-        config.lr_grid(width))
-    for row in rows:
-        row["chosen"] = row["lr"] == chosen
-        if config.prune_candidates and not row["chosen"]:
-            shutil.rmtree(_train_config(config, family, width, config.seed, row["lr"]).checkpoint_dir,
-                          ignore_errors=True)
-    return rows
+    chosen = min(finite, key=lambda row: (row["validation_loss"], row["lr"]))["lr"] if finite else min(grid)
+    return [{**row, "chosen": row["lr"] == chosen} for row in rows]
+
+
+def _prune_candidates(config, family, width, rows) -> None:
+    """With ``prune_candidates``, delete the checkpoints of the rates a width did not keep."""
+    if config.prune_candidates:
+        for row in rows:
+            if not row["chosen"]:
+                shutil.rmtree(_train_config(config, family, width, config.seed, row["lr"]).checkpoint_dir,
+                              ignore_errors=True)
 
 
 def _measure(config, family, model, result, splits, pools, base, device):
@@ -318,10 +337,15 @@ def trend_table(config: SweepConfig, geometry: pd.DataFrame, misalignment: pd.Da
     return pd.concat(parts, ignore_index=True).reindex(columns=columns)
 
 
-def _measured_run(config, family, splits, pools, width, seed, lr, baseline, device) -> dict[str, Any]:
-    """Train (or load) one (width, seed) run at rate ``lr`` and measure it: its rows for every table."""
+def _measured_run(config, family, splits, pools, width, seed, lr, baseline, device, group=None) -> dict | None:
+    """Train (or load) one (width, seed) run at rate ``lr`` and measure it: its rows for every table.
+
+    In a job group every rank trains, and the group's first rank alone measures (the others return None).
+    """
     started = time.perf_counter()
-    model, result, failure = _train(config, family, splits, width, seed, lr, device)
+    model, result, failure = _train(config, family, splits, width, seed, lr, device, group)
+    if group is not None and torch.distributed.get_rank(group) != 0:
+        return None
     base = dict(family=family.name, model=family.model_name(config, width), width=width, seed=seed, lr=lr,
                 parameters=sum(p.numel() for p in model.parameters()), baseline_loss=baseline)
     if result is None:
@@ -350,56 +374,106 @@ def jobs_dir(out_dir: str | Path, config: SweepConfig, family: Family) -> Path:
     return Path(out_dir) / "partial" / f"{family.name}-{config.config_hash()}"
 
 
-def _job(folder: Path | None, name: str, compute):
-    """``compute()``'s rows, kept in ``folder/name.json`` (atomically) so a rerun after an interruption skips it."""
-    if folder is None:
-        return compute()
-    path = folder / f"{name}.json"
-    if path.is_file():
-        log.info("reusing the finished job %s", name)
-        return json.loads(path.read_text())
-    rows = compute()
-    atomic_write_text(path, json.dumps(rows, default=float))
-    return rows
+def _trial_name(width: int, lr: float) -> str:
+    return f"lr_N{width}_lr{lr:g}"
 
 
-def run_sweep(config: SweepConfig, family: Family, jobs: str | Path | None = None
+def _job_grid(config: SweepConfig, group_sizes: dict[int, int], training: dict[int, float],
+              measuring: dict[int, float]) -> tuple[list, list]:
+    """The sweep's jobs: the (width, rate) trials of the rate fit, then the measured (width, seed) runs.
+
+    ``training`` and ``measuring``: the cost of one training and of measuring one trained
+    run at each width (any unit). The first seed's measured run reuses the chosen trial's
+    training, so it is a measurement on one rank.
+    """
+    trials = [distributed.Job(_trial_name(width, lr), cost=training[width], ranks=group_sizes[width],
+                              payload=(width, lr)) for width in config.widths for lr in config.lr_grid(width)]
+    runs = [distributed.Job(f"N{width}_seed{seed}", payload=(width, seed),
+                            cost=measuring[width] + (0.0 if seed == config.seed else training[width]),
+                            ranks=1 if seed == config.seed else group_sizes[width])
+            for width in config.widths for seed in range(config.seed, config.seed + config.seeds)]
+    return trials, runs
+
+
+def run_sweep(config: SweepConfig, family: Family, jobs: str | Path | None = None, ranks_per_job: str | None = None
               ) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
     """Run the whole sweep; returns (tables by name, provenance extras). See the module docstring.
 
-    With ``jobs`` (see :func:`jobs_dir`), every finished job — a width's rate fit, a
-    measured (width, seed) run — is kept there as it finishes, so a rerun of the same
-    config after an interruption computes only what is missing and gives the same
-    tables as an uninterrupted run. The folder is removed once the tables are built.
+    With ``jobs`` (see :func:`jobs_dir`), every finished job — a (width, rate) trial of
+    the rate fit, a measured (width, seed) run — is kept there as it finishes, so a rerun
+    of the same config after an interruption computes only what is missing and gives the
+    same tables as an uninterrupted run. The folder is removed once the tables are built.
+
+    Under ``torchrun`` the ranks share these jobs (:mod:`dalign_core.distributed`): the
+    rate trials first, then — every rank reading the chosen rates from ``jobs``, which must
+    be on a filesystem they share — the measured runs; rank 0 returns the tables, the
+    other ranks ``({}, {})``. ``ranks_per_job`` (or ``$DALIGN_RANKS_PER_JOB``, see
+    :func:`dalign_core.distributed.ranks_per_job`) trains the widest models on several
+    ranks together.
     """
     torch.use_deterministic_algorithms(True, warn_only=True)
-    device = resolve_device(config.device)
+    ctx = distributed.init(config.device)
+    device = distributed.local_device(config.device)
     if config.profile in GPU_PROFILES and config.device == "auto" and device.type == "cpu":
         raise RuntimeError(
             f"{family.name}: profile {config.profile!r} trains models sized for a GPU and this machine has none, so "
             f"it would take hours here. Run it on a GPU machine (scripts/gpu_run.sh), copy results/{config.profile}/ "
             "back, or choose a smaller profile (cpu); device='cpu' in the config runs it here anyway, and --dry-run "
             "projects how long that would take.")
-    splits, facts, pools = prepare(config, family)
+    with distributed.main_first():  # rank 0 fills the data caches (tokenizer, downloads) before the others read them
+        splits, facts, pools = prepare(config, family)
     baseline = family.baseline(splits, take(splits.test, pools.evaluation), config)
     log.info("%s: %s; baseline held-out loss %.3f", family.name, splits.unit, baseline)
     folder = Path(jobs) if jobs is not None else None
+    group_sizes = distributed.ranks_per_job(config.widths, ctx.world_size, ranks_per_job)
+    for width, size in group_sizes.items():
+        if config.batch_size % size:
+            raise ValueError(f"{family.name} N={width}: batch_size {config.batch_size} does not split over {size} "
+                             "ranks; choose a number of ranks per job that divides it")
+
+    # ---- 1. the rate fit: every (width, rate) trial is a job; a width's choice is read from all of its trials
+    grids = {width: config.lr_grid(width) for width in config.widths}
+    # costs only balance the ranks' shares: training ~ N^2, measuring a trained run ~ a tenth of that
+    trials, runs = _job_grid(config, group_sizes, {w: float(w) ** 2 for w in config.widths},
+                             {w: 0.1 * float(w) ** 2 for w in config.widths})
+
+    def width_fitted(job, lookup):  # prune a width's other candidates as soon as its last trial is in
+        width = job.payload[0]
+        rows = [lookup(_trial_name(width, lr)) for lr in grids[width]]
+        if all(row is not None for row in rows):
+            _prune_candidates(config, family, width, _choose_rate(rows, grids[width]))
+
+    trial_rows = distributed.run_jobs(
+        folder, trials, lambda job, group: _rate_trial(config, family, splits, pools, *job.payload, device, group),
+        finished=width_fitted)
+    lr_rows = {width: _choose_rate([trial_rows[_trial_name(width, lr)] for lr in grids[width]], grids[width])
+               for width in config.widths}
+    chosen = {width: next(row["lr"] for row in rows if row["chosen"]) for width, rows in lr_rows.items()}
+
+    # ---- 2. the measured runs at the chosen rates (the first seed's training is the chosen trial's: measured only)
+    measured = distributed.run_jobs(folder, runs, lambda job, group: _measured_run(
+        config, family, splits, pools, *job.payload, chosen[job.payload[0]], baseline, device, group), collect="main")
+    if not ctx.is_main:
+        return {}, {}
+
+    # ---- 3. rank 0 (or the only process) merges the jobs into the tables
     tables: dict[str, list[dict]] = defaultdict(list)
     for width in config.widths:
-        lr_rows = _job(folder, f"lr_N{width}",
-                       lambda: _fit_learning_rate(config, family, splits, pools, width, device))
-        tables["lr"] += lr_rows
-        lr = next(row["lr"] for row in lr_rows if row["chosen"])
+        tables["lr"] += lr_rows[width]
         for seed in range(config.seed, config.seed + config.seeds):
-            job = _job(folder, f"N{width}_seed{seed}", lambda: _measured_run(
-                config, family, splits, pools, width, seed, lr, baseline, device))
-            for name, rows in job.items():
+            for name, rows in measured[f"N{width}_seed{seed}"].items():
                 tables[name] += rows
     frames = {name: pd.DataFrame(tables.get(name, [])) for name in SWEEP_TABLES + family.extra_tables}
     frames["trend"] = trend_table(config, frames["geometry"], frames["misalignment"])
     frames = {name: _stamp(frame, family.columns(config)) for name, frame in frames.items()}
-    extra = dict(data=facts, device=str(device), runs=tables["runs"],
+    # The runs themselves are <family>_runs.csv: the provenance names the table and counts them.
+    runs_table = frames["runs"]
+    extra = dict(data=facts, device=str(device),
+                 runs=dict(table=f"{family.name}_runs.csv", count=len(runs_table),
+                           trained_ok=int(runs_table.trained_ok.astype(bool).sum()) if len(runs_table) else 0),
                  pools={name: len(getattr(pools, name)) for name in ("train", "heldout", "evaluation", "validation")})
+    if any(size > 1 for size in group_sizes.values()):
+        extra["ranks_per_job"] = {str(width): size for width, size in group_sizes.items()}
     if folder is not None:
         shutil.rmtree(folder, ignore_errors=True)
     return {f"{family.name}_{name}": frame for name, frame in frames.items()}, extra
@@ -419,7 +493,9 @@ def run_sweeps(configs: list[SweepConfig], family: Family, out_dir: str | Path |
 
     Each config is a sweep of its own — its own rate fits, pools, trends and job folder
     under ``out_dir`` — told apart by :meth:`Family.columns`, which every row carries.
-    The provenance keeps each sweep's data facts and runs under its columns' values.
+    The provenance keeps each sweep's data facts and count of runs under its columns' values.
+    Under ``torchrun`` the sweeps run one after another, each over all ranks; rank 0
+    returns the tables, the other ranks ``({}, {})``.
     """
     tables: dict[str, list[pd.DataFrame]] = defaultdict(list)
     sweeps = []
@@ -428,6 +504,8 @@ def run_sweeps(configs: list[SweepConfig], family: Family, out_dir: str | Path |
         for name, frame in frames.items():
             tables[name].append(frame)
         sweeps.append({**family.columns(config), **extra})
+    if not distributed.context().is_main:
+        return {}, {}
     merged = {name: pd.concat([f for f in frames if not f.empty] or frames[:1], ignore_index=True)
               for name, frames in tables.items()}
     return merged, dict(sweeps=sweeps)
@@ -456,6 +534,7 @@ def dry_run(config: SweepConfig, family: Family, steps: int = 2) -> str:
              f"of {config.steps} steps; {config.seeds} measured runs x {pool_passes} pool captures of "
              f"{config.pool_size} examples"]
     total = 0.0
+    training_seconds, measuring_seconds = {}, {}
     for width in config.widths:
         model = family.build(config, width, config.seed, splits).to(device)
         probe = TrainConfig(steps=steps, batch_size=config.batch_size, lr=min(config.lr_grid(width)),
@@ -480,11 +559,17 @@ def dry_run(config: SweepConfig, family: Family, steps: int = 2) -> str:
         training = per_step * config.steps * train_runs
         capture = per_capture * pool_passes * config.seeds
         total += training + capture
+        training_seconds[width], measuring_seconds[width] = per_step * config.steps, per_capture * pool_passes
         lines.append(f"  N={width}: {per_step * 1e3:.1f} ms/step x {config.steps} steps x {train_runs} = "
                      f"{training:.0f} s training; {per_capture:.2f} s/pool x {pool_passes * config.seeds} = "
                      f"{capture:.0f} s capture")
         del model
     lines.append(f"projected: {total:.0f} s ({total / 60:.1f} min) plus evaluation, resampling and start-up")
+    for world in sorted({8, distributed.context().world_size} - {1}):
+        seconds = sum(max((a.end for a in distributed.plan(jobs, world)), default=0.0) for jobs in _job_grid(
+            config, distributed.ranks_per_job(config.widths, world), training_seconds, measuring_seconds))
+        lines.append(f"on {world} such devices sharing the jobs (torchrun --nproc_per_node={world}; the plan of "
+                     f"dalign_core.distributed, rates first, then seeds): {seconds:.0f} s ({seconds / 60:.1f} min)")
     return "\n".join(lines)
 
 

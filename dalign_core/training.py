@@ -26,6 +26,17 @@ and ``data``, a tensor (or tuple of tensors) whose first dimension indexes examp
 
 Without a ``checkpoint_dir`` nothing is written and the requested checkpoints are kept
 in memory as CPU state dicts.
+
+* Data parallel: ``train(..., group=g)`` trains one model on the ranks of the
+  ``torch.distributed`` process group ``g`` (all calling ``train`` together with the same
+  model, data and config) through ``DistributedDataParallel``. Every rank draws the same
+  global batch of step ``s`` and takes its contiguous slice ``B / |g|``; DDP averages the
+  slices' gradients, which is the gradient of the global batch's mean loss, so training
+  matches one process at the same seed and batch size to float rounding (for a loss that
+  is a mean over the batch's examples, and no batch statistics: BatchNorm is refused).
+  The group's first rank writes the checkpoints (the others wait for them), every rank
+  resumes from them, and the fingerprint is the same as in one process: a run may resume
+  on a different number of ranks.
 """
 
 from __future__ import annotations
@@ -399,6 +410,33 @@ def _history_rows(t: dict[str, torch.Tensor]) -> list[dict]:
             for s, l, r in zip(t["step"].tolist(), t["loss"].tolist(), t["lr"].tolist())]
 
 
+# ----------------------------------------------------------------------------- data parallel
+
+
+def _group_shape(group) -> tuple[int, int]:
+    """(this rank's index in ``group``, the group's size); (0, 1) without a group."""
+    if group is None:
+        return 0, 1
+    return torch.distributed.get_rank(group), torch.distributed.get_world_size(group)
+
+
+def _refuse_batch_statistics(model: torch.nn.Module) -> None:
+    norms = [name for name, module in model.named_modules()
+             if isinstance(module, torch.nn.modules.batchnorm._BatchNorm)
+             and not isinstance(module, torch.nn.SyncBatchNorm)]
+    if norms:
+        raise ValueError(f"{norms[0]} is a BatchNorm layer: its statistics would come from each rank's slice of the "
+                         "batch, not the whole batch, so data-parallel training would not match one process; train "
+                         "this model on one rank (or convert it with torch.nn.SyncBatchNorm on CUDA)")
+
+
+def _data_parallel(model: torch.nn.Module, group, device: torch.device):
+    from torch.nn.parallel import DistributedDataParallel  # noqa: PLC0415
+
+    return DistributedDataParallel(model, process_group=group,
+                                   device_ids=[device.index] if device.type == "cuda" else None)
+
+
 # ----------------------------------------------------------------------------- training
 
 
@@ -410,6 +448,7 @@ def train(
     loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor] = lm_loss,
     resume: bool = True,
     description: str = "train",
+    group: Any = None,
 ) -> TrainResult:
     """Train ``model`` in place on ``data`` for ``config.steps`` optimizer steps.
 
@@ -424,6 +463,8 @@ def train(
             (raising if it was made with a different config).  ``False`` refuses to run
             over existing checkpoints.
         description: the progress bar's label.
+        group: a ``torch.distributed`` process group whose ranks train this model together
+            (data parallel; see the module docstring); None trains in this process alone.
 
     Returns:
         A :class:`TrainResult` (history, checkpoints, ...).
@@ -431,6 +472,14 @@ def train(
     t0 = time.perf_counter()
     n = _data_len(data)
     device = next(model.parameters()).device
+    rank, ranks = _group_shape(group)
+    if config.batch_size % ranks:
+        raise ValueError(f"batch_size {config.batch_size} does not split into {ranks} equal slices; choose a batch "
+                         "size that the number of ranks divides")
+    if ranks > 1:
+        _refuse_batch_statistics(model)
+    leader = rank == 0
+    share = config.batch_size // ranks
     order = _Order(n, config.seed)
     requested = set(config.checkpoint_steps)
     root = Path(config.checkpoint_dir) if config.checkpoint_dir else None
@@ -443,6 +492,8 @@ def train(
     if root is not None:
         root.mkdir(parents=True, exist_ok=True)
         existing = list_checkpoints(root, resumable=True)
+        if ranks > 1:  # every rank has chosen where to resume before the first rank writes anything
+            torch.distributed.barrier(group=group)
         if existing and not resume:
             raise ValueError(f"{root} already holds checkpoints {list(existing)}; pass resume=True to continue "
                              "from them, or use an empty checkpoint_dir")
@@ -482,42 +533,53 @@ def train(
             if step in requested or step == config.steps:
                 memory_ckpts[step] = _weights(model)
             return
-        meta = {"step": step, "requested": step in requested, "resume_point": resume_point,
-                "config": fingerprint, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        _write_checkpoint(root, step, model, resume_state(step) if resume_point else None, meta)
-        if resume_point:
-            _prune(root, requested, step, config.keep_resume)
+        if leader:
+            meta = {"step": step, "requested": step in requested, "resume_point": resume_point,
+                    "config": fingerprint, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            _write_checkpoint(root, step, model, resume_state(step) if resume_point else None, meta)
+            if resume_point:
+                _prune(root, requested, step, config.keep_resume)
+        if ranks > 1:  # the others read the checkpoint folder only once it is complete
+            torch.distributed.barrier(group=group)
 
     if start == 0 and (0 in requested or config.steps == 0):
         save(0)
 
     autocast = _autocast(device, config.autocast_dtype)
     model.train()
-    bar = tqdm(total=config.steps, initial=start, desc=description, disable=not config.progress,
+    stepper = model if ranks == 1 else _data_parallel(model, group, device)
+    bar = tqdm(total=config.steps, initial=start, desc=description, disable=not (config.progress and leader),
                dynamic_ncols=True, leave=False)
     try:
         for step in range(start, config.steps):
             lr = config.lr_at(step)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            batch = _take(data, order.batch(step, config.batch_size), device)
+            for param_group in optimizer.param_groups:
+                param_group["lr"] = lr
+            indices = order.batch(step, config.batch_size)
+            batch = _take(data, indices[rank * share:(rank + 1) * share] if ranks > 1 else indices, device)
             with autocast:
-                loss = loss_fn(model, batch)
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"loss is {loss.item()} at step {step}; lower the learning rate")
+                loss = loss_fn(stepper, batch)
+            reported = loss.detach()
+            if ranks > 1:  # the global batch's loss: the mean of the equal slices' means, the same on every rank
+                reported = reported.float().clone()
+                torch.distributed.all_reduce(reported, group=group)
+                reported /= ranks
+            if not torch.isfinite(reported):
+                raise FloatingPointError(f"loss is {reported.item()} at step {step}; lower the learning rate")
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if config.grad_clip:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
             optimizer.step()
             done = step + 1
-            history.append({"step": done, "loss": float(loss.detach()), "lr": lr})
+            history.append({"step": done, "loss": float(reported), "lr": lr})
             bar.update(1)
             bar.set_postfix(loss=f"{history[-1]['loss']:.3f}", lr=f"{lr:.2e}", refresh=False)
             if done in requested or is_resume_point(done):
                 save(done)
     finally:
         bar.close()
+        del stepper  # DistributedDataParallel's gradient hooks go with it: later backward passes stay local
 
     if root is not None:
         checkpoints = {s: p for s, p in list_checkpoints(root).items() if s in requested or s == config.steps}

@@ -201,6 +201,7 @@ def test_dry_run_projects_the_full_run(checkpoints):
     text = sweep.dry_run(ToyConfig(), ToyFamily())
     assert "3 trainings (2 rates + 1 more seeds) of 30 steps" in text
     assert text.count("ms/step x 30 steps") == 3 and "projected:" in text
+    assert "on 8 such devices sharing the jobs (torchrun --nproc_per_node=8" in text
     assert not checkpoints.exists()
 
 
@@ -228,11 +229,11 @@ def test_an_interrupted_sweep_resumes_job_by_job_to_the_same_tables(checkpoints,
     monkeypatch.setattr(sweep, "_measured_run", dies_at_width_24)
     with pytest.raises(KeyboardInterrupt):
         sweep.run_sweep(config, ToyFamily(), jobs=jobs)
+    trials = [f"lr_N{w}_lr{lr:g}.json" for w in config.widths for lr in config.lr_grid(w)]
     assert sorted(p.name for p in jobs.iterdir()) == sorted(
-        ["lr_N8.json", "lr_N16.json", "lr_N24.json", "N8_seed0.json", "N8_seed1.json", "N16_seed0.json",
-         "N16_seed1.json"])
+        trials + ["N8_seed0.json", "N8_seed1.json", "N16_seed0.json", "N16_seed1.json"])
     monkeypatch.setattr(sweep, "_measured_run", real_measured_run)
-    monkeypatch.setattr(sweep, "_fit_learning_rate", lambda *a: pytest.fail("a finished rate fit ran again"))
+    monkeypatch.setattr(sweep, "_rate_trial", lambda *a: pytest.fail("a finished rate trial ran again"))
     resumed, _ = sweep.run_sweep(config, ToyFamily(), jobs=jobs)
     assert not jobs.exists()  # removed once the tables are built
     for name, table in uninterrupted.items():

@@ -14,18 +14,26 @@ the same config hash (``force=True`` recomputes), times ``compute``, and writes 
 table with its provenance JSON (written last, so its presence means the CSV is
 complete). Messages go to the ``dalign`` logger: the command line shows them, a
 notebook stays quiet.
+
+Under ``torchrun`` (:mod:`dalign_core.distributed`) an experiment whose ``compute``
+shares its jobs over the ranks (``sharded=True``: the width sweeps) runs on every rank
+and rank 0 writes the tables, with the world size and every rank's hardware in the
+provenance; any other experiment runs on rank 0 alone. Without torchrun nothing changes:
+a world of one.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import pandas as pd
 
+from dalign_core import distributed
 from dalign_core.config import PROFILES, ExperimentConfig, default_results_dir
 from dalign_core.results import results_current, write_table
 
@@ -37,21 +45,37 @@ Compute = Callable[[Any, Path], "tuple[Mapping[str, pd.DataFrame], dict[str, Any
 
 
 def run_experiment(name: str, tables: tuple[str, ...], config: ExperimentConfig, compute: Compute,
-                   out_dir: str | Path | None = None, force: bool = False) -> Path:
+                   out_dir: str | Path | None = None, force: bool = False, sharded: bool = False) -> Path:
     """Compute and write ``tables`` for ``config`` unless they are current; return the results folder.
 
     ``compute(config, out_dir)`` returns ``(tables by name, provenance extras)``; every
     name in ``tables`` must be present (an empty DataFrame is fine: it is written as
     such). ``out_dir`` is where the tables will go; a long computation may keep its
-    finished parts there (see :func:`dalign_core.sweep.jobs_dir`).
+    finished parts there (see :func:`dalign_core.sweep.jobs_dir`). ``sharded``: ``compute``
+    spreads its work over torchrun's ranks and returns the tables on rank 0 only (see the
+    module docstring).
     """
     out_dir = Path(out_dir) if out_dir is not None else default_results_dir(config.profile)
-    if not force and results_current(out_dir, tables, config):
+    ctx = distributed.context()
+    if ctx.distributed and not sharded and not ctx.is_main:
+        log.info("%s: runs on rank 0 alone; rank %d has nothing to do", name, ctx.rank)
+        return out_dir
+    shared = ctx.distributed and sharded
+    if shared:
+        distributed.init(getattr(config, "device", "auto"))
+    current = not force and results_current(out_dir, tables, config)
+    if shared:
+        current = distributed.broadcast(current)  # every rank takes rank 0's answer: they skip or work together
+    if current:
         log.info("%s: results for this configuration (hash %s) exist; reusing them (force=True recomputes)",
                  name, config.config_hash())
         return out_dir
     started = time.perf_counter()
     frames, extra = compute(config, out_dir)
+    ranks = distributed.hardware() if shared else None  # collective: every rank answers
+    if not ctx.is_main:
+        return out_dir
+    extra = {**extra, "world_size": ctx.world_size if shared else 1, **({"ranks": ranks} if ranks else {})}
     missing = sorted(set(tables) - set(frames))
     if missing:
         raise RuntimeError(f"{name}: compute returned no table(s) {missing}")
@@ -68,6 +92,8 @@ def main(config_cls: type[ExperimentConfig], run: Callable, description: str | N
 
     ``--profile --seed --out --force``, and ``--dry-run`` where the experiment has one
     (build the data and every model, time a few steps, print the projected wall time).
+    Under ``torchrun`` every rank runs this; ``--ranks-per-job`` sets
+    ``$DALIGN_RANKS_PER_JOB`` (see :func:`dalign_core.distributed.ranks_per_job`).
     """
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--profile", choices=PROFILES, default="cpu", help="scale of the run (default: cpu)")
@@ -77,12 +103,21 @@ def main(config_cls: type[ExperimentConfig], run: Callable, description: str | N
     if dry_run is not None:
         parser.add_argument("--dry-run", action="store_true",
                             help="build data and models, time a few steps, print the projected wall time; write nothing")
+    parser.add_argument("--ranks-per-job", default=None, metavar="SPEC",
+                        help="under torchrun: ranks that train one model together, '2' or width:ranks pairs "
+                             "'2560:2,3072:4' (default: $DALIGN_RANKS_PER_JOB, else 1)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    ctx = distributed.context()
+    prefix = f"[rank {ctx.rank}/{ctx.world_size}] " if ctx.distributed else ""
+    logging.basicConfig(level=logging.INFO, format=f"{prefix}%(message)s")
+    if args.ranks_per_job is not None:
+        os.environ[distributed.RANKS_PER_JOB_VARIABLE] = args.ranks_per_job
     overrides = {} if args.seed is None else {"seed": args.seed}
     config = config_cls.for_profile(args.profile, **overrides)
     if dry_run is not None and args.dry_run:
-        print(dry_run(config))
+        if ctx.is_main:
+            print(dry_run(config))
         return
     out_dir = args.out if args.out is not None else default_results_dir(args.profile)
-    run(config, out_dir=out_dir, force=args.force)
+    with distributed.session(getattr(config, "device", "auto")):
+        run(config, out_dir=out_dir, force=args.force)

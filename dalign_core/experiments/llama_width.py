@@ -172,7 +172,7 @@ def run(config: Config, out_dir: str | Path | None = None, force: bool = False) 
     """Run the LLaMA width sweep and write its tables (skipped when current, unless ``force``)."""
     return run_experiment("llama_width", TABLES, config,
                           lambda c, out: run_sweep(c, FAMILY, jobs=jobs_dir(out, c, FAMILY)), out_dir=out_dir,
-                          force=force)
+                          force=force, sharded=True)
 
 
 def dry_run(config: Config) -> str:

@@ -47,8 +47,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from dalign_core import distributed
 from dalign_core._env import offline_variable
-from dalign_core._tensor import resolve_device
 from dalign_core.config import ExperimentConfig
 from dalign_core.data import (TextCorpus, default_cache_dir, load_corpus, make_sequences, prepare_lm_data,
                               require_sequences)
@@ -273,51 +273,81 @@ def evaluation_windows(tokenizer, documents: list[str], config: Config) -> tuple
 # The experiment
 
 
+def _parameters(name: str) -> float:
+    """Rough parameter count from a Pythia name (``pythia-6.9b`` -> 6.9e9): the cost that balances the ranks' shares."""
+    match = re.search(r"(\d+(?:\.\d+)?)([mb])$", name)
+    return float(match.group(1)) * (1e6 if match.group(2) == "m" else 1e9) if match else 1e6
+
+
+def _measure(config: Config, name: str, revision: str, source: ModelSource, documents: list[str], device,
+             pools: dict) -> dict:
+    """One checkpoint's rows (one per layer) and its provenance entry."""
+    tokenizer = load_tokenizer(source)
+    model = load_model(source, device=device, dtype=getattr(torch, config.dtype))
+    if name not in pools:  # one pool per model: its revisions share the tokenizer
+        pools[name] = evaluation_windows(tokenizer, documents, config)
+    pool, available = pools[name]
+    depth = model.config.num_hidden_layers
+    indices = sorted({layer_index(f, depth) for f in config.layer_fractions})
+    layers = [f"gpt_neox.layers.{i}" for i in indices]
+    batches = [{"input_ids": pool[i:i + config.batch_size]} for i in range(0, len(pool), config.batch_size)]
+    accumulators = accumulate_geometry(model, layers, batches, examples=len(pool), reduction="shared",
+                                       desc=f"{name} {revision}")
+    loss = evaluate_lm_loss(model, pool, batch_size=config.batch_size)
+    rows = []
+    for i, layer in zip(indices, layers):
+        geometry = accumulators[layer].result(config.confidence)
+        interval = geometry.intervals["d_align"]
+        rows.append(dict(
+            model=name, width=model.config.hidden_size, depth=depth, revision=revision, step=step_of(revision),
+            layer=layer, relative_depth=(i + 1) / depth, n=geometry.n, d=geometry.d, mean_sq=geometry.mean_sq,
+            d_par=geometry.d_par, d_2=geometry.d_2, d_align=geometry.d_align, d_align_lo=interval.lo,
+            d_align_hi=interval.hi, heldout_loss=loss,
+        ))
+    checkpoint = dict(source=source.spec, path=source.path, commit=getattr(model.config, "_commit_hash", None),
+                      windows_available=available)
+    del model, accumulators
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return {"rows": rows, "checkpoint": checkpoint}
+
+
 def compute(config: Config, out_dir: Path | None = None) -> tuple[dict[str, pd.DataFrame], dict]:
-    """The ``pythia_released`` table and provenance extras (checkpoint paths and commits, the text)."""
-    if config.tiny_checkpoints:
-        for name in config.names:
-            make_tiny_checkpoints(config.checkpoints_dir() / name, config.revisions)
-    sources = resolve_checkpoints(config)  # everything missing fails here, before any work
-    device = resolve_device(config.device)
-    documents, text_source = evaluation_documents(config.text)
-    rows, checkpoints, pools = [], {}, {}
-    for (name, revision), source in sources.items():
-        tokenizer = load_tokenizer(source)
-        model = load_model(source, device=device, dtype=getattr(torch, config.dtype))
-        if name not in pools:  # one pool per model: its revisions share the tokenizer
-            pools[name] = evaluation_windows(tokenizer, documents, config)
-        pool, available = pools[name]
-        depth = model.config.num_hidden_layers
-        indices = sorted({layer_index(f, depth) for f in config.layer_fractions})
-        layers = [f"gpt_neox.layers.{i}" for i in indices]
-        batches = [{"input_ids": pool[i:i + config.batch_size]} for i in range(0, len(pool), config.batch_size)]
-        accumulators = accumulate_geometry(model, layers, batches, examples=len(pool), reduction="shared",
-                                           desc=f"{name} {revision}")
-        loss = evaluate_lm_loss(model, pool, batch_size=config.batch_size)
-        for i, layer in zip(indices, layers):
-            geometry = accumulators[layer].result(config.confidence)
-            interval = geometry.intervals["d_align"]
-            rows.append(dict(
-                model=name, width=model.config.hidden_size, depth=depth, revision=revision, step=step_of(revision),
-                layer=layer, relative_depth=(i + 1) / depth, n=geometry.n, d=geometry.d, mean_sq=geometry.mean_sq,
-                d_par=geometry.d_par, d_2=geometry.d_2, d_align=geometry.d_align, d_align_lo=interval.lo,
-                d_align_hi=interval.hi, heldout_loss=loss,
-            ))
-        checkpoints[f"{name}@{revision}"] = dict(source=source.spec, path=source.path,
-                                                 commit=getattr(model.config, "_commit_hash", None),
-                                                 windows_available=available)
-        del model, accumulators
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+    """The ``pythia_released`` table and provenance extras (checkpoint paths and commits, the text).
+
+    Each (model, revision) is a job (:mod:`dalign_core.distributed`): under torchrun the
+    ranks share them, each on its own GPU, and rank 0 merges the table (the other ranks
+    return ``({}, {})``). With ``out_dir`` every finished checkpoint is kept in
+    ``<out_dir>/partial/`` until the table is written, so a rerun measures only the rest.
+    """
+    ctx = distributed.init(config.device)
+    with distributed.main_first():  # rank 0 builds the tiny checkpoints and fills the caches; the others read them
+        if config.tiny_checkpoints:
+            for name in config.names:
+                make_tiny_checkpoints(config.checkpoints_dir() / name, config.revisions)
+        sources = resolve_checkpoints(config)  # everything missing fails here, before any work
+        documents, text_source = evaluation_documents(config.text)
+    device = distributed.local_device(config.device)
+    jobs = [distributed.Job(f"{name}@{revision}", cost=_parameters(name), payload=(name, revision))
+            for name, revision in sources]
+    folder = Path(out_dir) / "partial" / f"pythia_released-{config.config_hash()}" if out_dir is not None else None
+    pools: dict = {}
+    results = distributed.run_jobs(folder, jobs, lambda job, group: _measure(
+        config, *job.payload, sources[job.payload], documents, device, pools), collect="main")
+    if not ctx.is_main:
+        return {}, {}
+    rows = [row for job in jobs for row in results[job.name]["rows"]]
+    checkpoints = {job.name: results[job.name]["checkpoint"] for job in jobs}
     table = pd.DataFrame(rows, columns=COLUMNS)
     table["step"] = table["step"].astype("Int64")
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
     return {"pythia_released": table}, dict(checkpoints=checkpoints, text=text_source, device=str(device))
 
 
 def run(config: Config, out_dir: str | Path | None = None, force: bool = False) -> Path:
     """Measure every checkpoint and write ``pythia_released`` (skipped when current, unless ``force``)."""
-    return run_experiment("pythia_checkpoints", TABLES, config, compute, out_dir=out_dir, force=force)
+    return run_experiment("pythia_checkpoints", TABLES, config, compute, out_dir=out_dir, force=force, sharded=True)
 
 
 if __name__ == "__main__":

@@ -155,7 +155,7 @@ TABLES = tables_of(FAMILY)
 def run(config: Config, out_dir: str | Path | None = None, force: bool = False) -> Path:
     """Run the Pythia width sweep in each depth regime and write its tables (skipped when current, unless ``force``)."""
     return run_experiment("pythia_width", TABLES, config, lambda c, out: run_sweeps(c.sweeps(), FAMILY, out),
-                          out_dir=out_dir, force=force)
+                          out_dir=out_dir, force=force, sharded=True)
 
 
 def dry_run(config: Config) -> str:

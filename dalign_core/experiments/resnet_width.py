@@ -243,7 +243,7 @@ def run(config: Config, out_dir: str | Path | None = None, force: bool = False) 
     """Run the ResNet width sweep on each data set and write its tables (skipped when current, unless ``force``)."""
     return run_experiment("resnet_width", TABLES, config,
                           lambda c, out: run_sweeps(c.sweeps(), ResNetFamily(augment=c.augment), out), out_dir=out_dir,
-                          force=force)
+                          force=force, sharded=True)
 
 
 def dry_run(config: Config) -> str:

@@ -1,0 +1,538 @@
+"""Several processes, one experiment: torchrun's ranks share a job grid, train one model together, shard a q pool.
+
+Nothing here is a framework of its own: it is ``torch.distributed`` as ``torchrun``
+starts it (the ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` and
+``GROUP_RANK`` variables), so one node of 8 GPUs and a Slurm cluster (``srun`` starting
+one ``torchrun`` per node) run the same command. A plain ``python -m ...`` is a world of
+one: every function below then does its work in this process and never touches a
+process group.
+
+**Process group.** :func:`init` joins the group torchrun describes (idempotent; NCCL
+when the experiment runs on CUDA, gloo on the CPU) and pins the rank to its local
+device, ``cuda:<LOCAL_RANK>`` (:func:`local_device`). Barriers and small Python objects
+(which jobs are done, each rank's hardware) go through a gloo group even beside NCCL,
+so a rank that waits hours for the others' jobs holds no GPU stream; its timeout is
+``DALIGN_DIST_TIMEOUT_H`` hours (default 72). :func:`shutdown` leaves the group;
+:func:`session` wraps both around a command.
+
+**The job grid.** An experiment is a list of independent :class:`Job` s, each with a
+name, a cost (any unit: only ratios matter) and the number of ranks it needs.
+:func:`run_jobs` lets rank 0 list the jobs already finished in the shared jobs folder
+and tell the others (so every rank agrees), then every rank computes the same
+:func:`plan` — longest job first, each onto the block of consecutive ranks that frees up
+first — and runs its own jobs in that plan's order. The plan is one total order that
+every rank follows, so jobs of several ranks never wait on each other in a cycle.
+Each finished job's result is written by its first rank as ``<folder>/<name>.json``
+(atomically: :mod:`dalign_core.atomic`), and the call ends with a barrier, after which
+any rank can read every result. A rerun lists the folder again and plans only what is
+missing: after a rank or a node dies (torchrun then stops the others), the same command
+finishes the rest, and since every job is computed from its own seeds alone, the
+tables equal those of an uninterrupted run. The folder (and the training checkpoints)
+must be on a filesystem every rank sees; :func:`check_shared` says so at once when it
+is not.
+
+**Job groups.** A job of ``ranks > 1`` gets a process group of its ranks (created once
+per block, collectively, by :func:`job_group`); the sweep hands it to
+:func:`dalign_core.training.train`, which runs DistributedDataParallel over it: each
+rank takes its slice of the same global batch, so the averaged gradient is the
+single-process gradient of that batch (to float rounding). :func:`ranks_per_job` reads
+which widths get how many ranks (``DALIGN_RANKS_PER_JOB``).
+
+**Sharded q pools.** With the rows of a pool spread over the ranks,
+:func:`sharded_geometry` computes each rank's rows of the Gram matrix (every rank's
+block is broadcast in turn, so no rank holds more than its own rows and one other
+block) and gathers only four ``n``-vectors of row statistics: the U-statistics and
+their jackknife need nothing else (:func:`dalign_core.estimators.row_statistics`).
+:func:`sharded_cross_gram` gathers the whole cross-Gram matrix, which the misalignment
+resampler takes (:func:`dalign_core.misalignment.misalignment_probability` with ``C=``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import logging
+import os
+import platform
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+import torch.distributed as dist
+
+from dalign_core._tensor import resolve_device
+from dalign_core.atomic import atomic_write_text
+from dalign_core.estimators import Geometry, as_rows, gram_product, geometry_from_row_statistics
+
+__all__ = ["Context", "context", "init", "shutdown", "session", "local_device", "barrier", "broadcast",
+           "all_gather", "main_first", "hardware", "check_shared", "Job", "Assignment", "plan", "job_group",
+           "ranks_per_job", "run_jobs", "sharded_geometry", "sharded_cross_gram", "RANKS_PER_JOB_VARIABLE"]
+
+log = logging.getLogger(__name__)
+
+RANKS_PER_JOB_VARIABLE = "DALIGN_RANKS_PER_JOB"
+TIMEOUT_VARIABLE = "DALIGN_DIST_TIMEOUT_H"
+
+_state: dict[str, Any] = {"owned": False, "coordination": None, "groups": {}}
+
+
+# ----------------------------------------------------------------------------- where this process stands
+
+
+@dataclass(frozen=True)
+class Context:
+    """This process's place in the world torchrun started (a world of one without torchrun)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    node: int = 0
+    """``GROUP_RANK``: the index of this node's torchrun agent."""
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the rank that merges and writes the tables."""
+        return self.rank == 0
+
+
+def context() -> Context:
+    """Read :class:`Context` from torchrun's environment variables (starts nothing)."""
+    def number(name: str, default: int) -> int:
+        value = os.environ.get(name, "")
+        try:
+            return int(value) if value else default
+        except ValueError:
+            raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
+
+    world = number("WORLD_SIZE", 1)
+    rank = number("RANK", 0)
+    if not 0 <= rank < max(world, 1):
+        raise ValueError(f"RANK={rank} is outside WORLD_SIZE={world}")
+    local_world = number("LOCAL_WORLD_SIZE", 1 if world == 1 else world)
+    return Context(rank=rank, world_size=max(world, 1), local_rank=number("LOCAL_RANK", 0),
+                   local_world_size=local_world, node=number("GROUP_RANK", 0))
+
+
+def local_device(device: str = "auto") -> torch.device:
+    """The device this rank computes on: ``device`` resolved, a bare CUDA device pinned to ``cuda:<LOCAL_RANK>``."""
+    resolved = resolve_device(device)
+    ctx = context()
+    if resolved.type != "cuda" or resolved.index is not None or not ctx.distributed:
+        return resolved
+    count = torch.cuda.device_count()
+    if ctx.local_rank >= count:
+        raise RuntimeError(f"rank {ctx.rank} is local rank {ctx.local_rank} of its node, which shows only {count} "
+                           f"CUDA device(s): start at most {count} processes per node (--nproc_per_node), or make "
+                           "every GPU visible to each of them (CUDA_VISIBLE_DEVICES)")
+    return torch.device("cuda", ctx.local_rank)
+
+
+def _timeout() -> datetime.timedelta:
+    return datetime.timedelta(hours=float(os.environ.get(TIMEOUT_VARIABLE, "72")))
+
+
+def init(device: str = "auto") -> Context:
+    """Join the process group torchrun describes (once per process); a world of one returns at once.
+
+    NCCL when ``device`` resolves to CUDA (after pinning this rank to its local GPU),
+    gloo otherwise; barriers and objects use a gloo group either way.
+    """
+    ctx = context()
+    if not ctx.distributed or dist.is_initialized():
+        return ctx
+    target = local_device(device)
+    if target.type == "cuda":
+        torch.cuda.set_device(target)
+    backend = "nccl" if target.type == "cuda" else "gloo"
+    dist.init_process_group(backend, timeout=_timeout())
+    _state.update(owned=True, groups={},
+                  coordination=dist.new_group(backend="gloo", timeout=_timeout()) if backend != "gloo" else None)
+    log.info("rank %d of %d (node %d, local rank %d) joined the %s group on %s", ctx.rank, ctx.world_size,
+             ctx.node, ctx.local_rank, backend, target)
+    return ctx
+
+
+def shutdown() -> None:
+    """Leave the process group if :func:`init` joined it (a no-op otherwise)."""
+    if _state["owned"] and dist.is_initialized():
+        dist.destroy_process_group()
+    _state.update(owned=False, coordination=None, groups={})
+
+
+@contextlib.contextmanager
+def session(device: str = "auto") -> Iterator[Context]:
+    """:func:`init` for the block, :func:`shutdown` after it (the ``python -m`` entry points use it)."""
+    ctx = init(device)
+    try:
+        yield ctx
+    finally:
+        shutdown()
+
+
+def _active() -> bool:
+    return context().distributed and dist.is_initialized()
+
+
+def _coordination():
+    return _state["coordination"]  # None: the default (gloo) group
+
+
+# ----------------------------------------------------------------------------- collectives on Python objects
+
+
+def barrier() -> None:
+    """Wait for every rank (a no-op in a world of one)."""
+    if _active():
+        dist.barrier(group=_coordination())
+
+
+def broadcast(value: Any) -> Any:
+    """Rank 0's ``value`` on every rank (pickled; for small objects)."""
+    if not _active():
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0, group=_coordination())
+    return box[0]
+
+
+def all_gather(value: Any) -> list[Any]:
+    """Every rank's ``value``, in rank order (pickled; for small objects)."""
+    if not _active():
+        return [value]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value, group=_coordination())
+    return out
+
+
+@contextlib.contextmanager
+def main_first() -> Iterator[None]:
+    """Rank 0 runs the block first (fills caches: a tokenizer, a download), then the others run it."""
+    ctx = context()
+    if ctx.distributed and not ctx.is_main:
+        barrier()
+    yield
+    if ctx.distributed and ctx.is_main:
+        barrier()
+
+
+def hardware() -> list[dict[str, Any]]:
+    """Every rank's host, device and hardware, in rank order (a list of one in a world of one)."""
+    from dalign_core.results import _hardware  # noqa: PLC0415  (results imports nothing of this module)
+
+    ctx = context()
+    device = torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    mine = dict(rank=ctx.rank, local_rank=ctx.local_rank, node=ctx.node, host=socket.gethostname(),
+                device=(torch.cuda.get_device_name(device) if device is not None else platform.processor() or "cpu"),
+                **_hardware())
+    return all_gather(mine)
+
+
+def check_shared(folder: str | os.PathLike) -> None:
+    """Raise on every rank unless every rank sees ``folder`` as the same folder (a filesystem they share)."""
+    if not _active():
+        return
+    folder = Path(folder)
+    marker = folder / f".shared-{os.getpid()}-{socket.gethostname()}"
+    if context().is_main:
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(marker, "rank 0 wrote this\n")
+    name = broadcast(marker.name)
+    barrier()
+    seen = all_gather((folder / name).is_file())
+    barrier()
+    if context().is_main:
+        (folder / name).unlink(missing_ok=True)
+    blind = [rank for rank, ok in enumerate(seen) if not ok]
+    if blind:
+        raise RuntimeError(f"ranks {blind} do not see {folder} as rank 0 does: the jobs folder and the checkpoints "
+                           "must be on a filesystem every node shares (set --out and DALIGN_CHECKPOINTS to one)")
+
+
+# ----------------------------------------------------------------------------- the job grid
+
+
+@dataclass(frozen=True)
+class Job:
+    """One independent piece of an experiment: its result is kept as ``<folder>/<name>.json``."""
+
+    name: str
+    cost: float = 1.0
+    """Relative cost on one rank (only ratios matter: it balances the plan, never changes a result)."""
+    ranks: int = 1
+    """Ranks that compute it together (a job group: data-parallel training)."""
+    payload: Any = None
+    """Whatever the compute function needs to know (the width, the seed)."""
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """A job placed on ranks ``ranks`` over the projected interval ``[start, end)`` (in cost units)."""
+
+    job: Job
+    ranks: tuple[int, ...]
+    start: float
+    end: float
+
+
+def plan(jobs: Sequence[Job], world_size: int, speedup: Callable[[int], float] | None = None) -> list[Assignment]:
+    """Place every job on a block of consecutive ranks: longest first, onto the block that frees up first.
+
+    A job of ``ranks = g`` takes one of the blocks ``[0, g), [g, 2g), ...`` (g divides the
+    world size) and lasts ``cost / speedup(g)`` (default ``speedup(g) = g``). The result is
+    in the order every rank must follow; it depends only on the arguments, so all ranks
+    compute the same plan. ``max(a.end for a in plan)`` is the projected wall time.
+    """
+    speedup = speedup or (lambda g: float(g))
+    free = [0.0] * world_size
+    out = []
+    for job in sorted(jobs, key=lambda j: (-j.cost, j.name)):
+        g = job.ranks
+        if g < 1 or world_size % g:
+            raise ValueError(f"job {job.name} asks for {g} ranks; a job group must divide the world size {world_size}")
+        start = min(range(0, world_size, g), key=lambda s: (max(free[s:s + g]), s))
+        begin = max(free[start:start + g])
+        end = begin + job.cost / speedup(g)
+        free[start:start + g] = [end] * g
+        out.append(Assignment(job, tuple(range(start, start + g)), begin, end))
+    return out
+
+
+def job_group(ranks: tuple[int, ...]):
+    """The process group of the ranks ``ranks`` (None for one rank); every rank must ask for the same blocks in turn.
+
+    ``torch.distributed.new_group`` is collective over the whole world, so the groups of
+    one block size are created together, once, in the same order on every rank.
+    """
+    if len(ranks) == 1:
+        return None
+    size = len(ranks)
+    if size not in {key[1] for key in _state["groups"]}:
+        for start in range(0, dist.get_world_size(), size):
+            _state["groups"][(start, size)] = dist.new_group(list(range(start, start + size)), timeout=_timeout())
+    return _state["groups"][(ranks[0], size)]
+
+
+def ranks_per_job(widths: Sequence[int], world_size: int, spec: str | int | None = None) -> dict[int, int]:
+    """How many ranks train each width together: ``spec`` or ``$DALIGN_RANKS_PER_JOB``.
+
+    ``"2"`` puts two ranks on every width; ``"2560:2,3072:4"`` two on widths from 2560,
+    four from 3072, one below. A group must divide the world size; in a world of one
+    every width gets one rank, whatever the spec.
+    """
+    spec = os.environ.get(RANKS_PER_JOB_VARIABLE, "") if spec is None else spec
+    sizes = {width: 1 for width in widths}
+    if world_size == 1 or spec in ("", None):
+        return sizes
+    text = str(spec).replace(" ", "")
+    try:
+        if ":" not in text:
+            thresholds = [(0, int(text))]
+        else:
+            thresholds = sorted((int(w), int(g)) for w, g in (part.split(":") for part in text.split(",") if part))
+    except ValueError:
+        raise ValueError(f"{RANKS_PER_JOB_VARIABLE}={spec!r}: give a number of ranks ('2') or width:ranks pairs "
+                         "('2560:2,3072:4')") from None
+    for width in widths:
+        for threshold, g in thresholds:
+            if width >= threshold:
+                sizes[width] = g
+    bad = sorted({g for g in sizes.values() if g < 1 or world_size % g})
+    if bad:
+        raise ValueError(f"{RANKS_PER_JOB_VARIABLE}={spec!r}: {bad} rank(s) per job do not divide the world size "
+                         f"{world_size}")
+    return sizes
+
+
+class _Store:
+    """Finished jobs' results: in ``folder`` (one JSON file each) or, without one, in memory."""
+
+    def __init__(self, folder: Path | None):
+        self.folder, self.memory = folder, {}
+
+    def names(self) -> set[str]:
+        if self.folder is None:
+            return set(self.memory)
+        return {p.stem for p in self.folder.glob("*.json")} if self.folder.is_dir() else set()
+
+    def get(self, name: str) -> Any:
+        if self.folder is None:
+            return self.memory.get(name)
+        path = self.folder / f"{name}.json"
+        return json.loads(path.read_text()) if path.is_file() else None
+
+    def put(self, name: str, result: Any) -> Any:
+        if self.folder is None:
+            self.memory[name] = result
+            return result
+        text = json.dumps(result, default=float)
+        atomic_write_text(self.folder / f"{name}.json", text)
+        return json.loads(text)  # what any rank reads back: the same on every rank
+
+
+def run_jobs(folder: str | os.PathLike | None, jobs: Sequence[Job], compute: Callable[[Job, Any], Any], *,
+             collect: str = "all", finished: Callable[[Job, Callable[[str], Any]], None] | None = None,
+             speedup: Callable[[int], float] | None = None) -> dict[str, Any]:
+    """Every job's result (JSON-able), computing only those not already in ``folder``; see the module docstring.
+
+    ``compute(job, group)`` runs on each of the job's ranks with the job's process group
+    (None for a one-rank job); the first rank's return value is kept. ``finished(job,
+    lookup)`` runs on that rank after the result is kept; ``lookup(name)`` reads any kept
+    result (None if not there yet). ``collect="main"`` reads the results on rank 0 only
+    (the others get an empty dict). Without ``folder`` (a world of one only) nothing is
+    kept on disk.
+    """
+    ctx = context()
+    store = _Store(Path(folder) if folder is not None else None)
+    if ctx.distributed and store.folder is None:
+        raise ValueError("ranks share their finished jobs through a folder on a shared filesystem: pass one")
+    if not ctx.distributed:
+        results = {}
+        for job in jobs:
+            done = store.get(job.name)
+            if done is not None:
+                log.info("reusing the finished job %s", job.name)
+            else:
+                done = store.put(job.name, compute(job, None))
+                if finished is not None:
+                    finished(job, store.get)
+            results[job.name] = done
+        return results
+    check_shared(store.folder)
+    done = broadcast(sorted(store.names()) if ctx.is_main else None)
+    todo = [job for job in jobs if job.name not in set(done)]
+    if ctx.is_main and len(todo) < len(jobs):
+        log.info("reusing %d finished job(s) of %d", len(jobs) - len(todo), len(jobs))
+    assignments = plan(todo, ctx.world_size, speedup)
+    for size in sorted({a.job.ranks for a in assignments if a.job.ranks > 1}):
+        job_group(tuple(range(size)))  # every rank creates every block's group, in the same order
+    for assignment in assignments:
+        if ctx.rank not in assignment.ranks:
+            continue
+        job = assignment.job
+        log.info("rank %d: job %s%s", ctx.rank, job.name,
+                 f" with ranks {list(assignment.ranks)}" if len(assignment.ranks) > 1 else "")
+        result = compute(job, job_group(assignment.ranks))
+        if ctx.rank == assignment.ranks[0]:
+            store.put(job.name, result)
+            if finished is not None:
+                finished(job, store.get)
+    barrier()
+    if collect == "main" and not ctx.is_main:
+        return {}
+    results = {job.name: store.get(job.name) for job in jobs}
+    missing = [name for name, result in results.items() if result is None]
+    if missing:
+        raise RuntimeError(f"jobs {missing} left no result in {store.folder}; is it on a filesystem every rank shares?")
+    return results
+
+
+# ----------------------------------------------------------------------------- sharded q pools
+
+
+def _group_shape(group) -> tuple[int, int]:
+    if group is None and not _active():
+        return 0, 1
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def _global(group, rank: int) -> int:
+    return rank if group is None else dist.get_global_rank(group, rank)
+
+
+def _shapes(rows: torch.Tensor, group) -> list[tuple[int, int, str]]:
+    mine = (int(rows.shape[0]), int(rows.shape[1]), str(rows.dtype))
+    if group is None and not _active():
+        return [mine]
+    out: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, mine, group=group)
+    if len({(d, dtype) for _, d, dtype in out}) != 1:
+        raise ValueError(f"every rank must hold rows of one dimension and dtype; got (n, d, dtype) = {out}")
+    return out
+
+
+def _blocks(rows: torch.Tensor, shapes, group) -> Iterator[tuple[int, torch.Tensor]]:
+    """Each rank's rows in turn (``(source rank, block)``), broadcast from their owner: one foreign block at a time."""
+    rank, size = _group_shape(group)
+    for source in range(size):
+        if source == rank:
+            block = rows
+        else:
+            block = torch.empty(shapes[source][0], shapes[source][1], dtype=rows.dtype, device=rows.device)
+        if size > 1:
+            dist.broadcast(block, src=_global(group, source), group=group)
+        yield source, block
+
+
+def _gather_vector(values: torch.Tensor, counts: list[int], group) -> torch.Tensor:
+    """The ranks' 1-D or 2-D tensors of ``counts[r]`` rows, concatenated in rank order on every rank."""
+    if len(counts) == 1:
+        return values
+    widest = max(counts)
+    padded = torch.zeros((widest,) + tuple(values.shape[1:]), dtype=values.dtype, device=values.device)
+    padded[: values.shape[0]] = values
+    parts = [torch.empty_like(padded) for _ in counts]
+    dist.all_gather(parts, padded, group=group)
+    return torch.cat([part[:count] for part, count in zip(parts, counts)])
+
+
+def _local_gram_rows(rows: torch.Tensor, other: torch.Tensor, shapes, group) -> torch.Tensor:
+    """``rows @ other_all^T`` in float64: this rank's rows of the (cross-)Gram matrix, every rank's ``other`` rows."""
+    offsets = [0]
+    for n, _, _ in shapes:
+        offsets.append(offsets[-1] + n)
+    out = torch.zeros(rows.shape[0], offsets[-1], dtype=torch.float64, device=rows.device)
+    for source, block in _blocks(other, shapes, group):
+        out[:, offsets[source]:offsets[source + 1]] = gram_product(rows, block)
+    return out
+
+
+def sharded_geometry(rows, *, confidence: float = 0.95, group=None) -> Geometry:
+    """:func:`~dalign_core.estimators.estimate_geometry` of all ranks' rows stacked in rank order, on every rank.
+
+    ``rows``: this rank's ``(n_r, d)`` q rows (any ``n_r``, one ``d`` and dtype on every
+    rank; on this rank's device: CUDA under NCCL). Each rank forms only its ``n_r x n``
+    rows of the Gram matrix and the ranks exchange four ``n``-vectors of row statistics,
+    so the estimate is that of the whole pool (to float rounding) while the ``O(n^2 d)``
+    Gram work and the ``n x n`` memory are split over the ranks. ``group``: the ranks
+    sharing the pool (default: all of them). In a world of one it is ``estimate_geometry``.
+    """
+    Q = as_rows(rows, "rows")
+    shapes = _shapes(Q, group)
+    rank, _ = _group_shape(group)
+    counts = [n for n, _, _ in shapes]
+    G = _local_gram_rows(Q, Q, shapes, group)  # (n_r, n)
+    start = sum(counts[:rank])
+    diag = G[torch.arange(Q.shape[0], device=G.device), start + torch.arange(Q.shape[0], device=G.device)]
+    row = _gather_vector(G.sum(dim=1) - diag, counts, group)
+    row_sq = (G * G).sum(dim=1) - diag * diag
+    gram_row = G @ row
+    local = torch.stack([diag, row_sq, gram_row], dim=1)
+    gathered = _gather_vector(local, counts, group)
+    stats = {"diag": gathered[:, 0], "row": row, "row_sq": gathered[:, 1], "gram_row": gathered[:, 2]}
+    return geometry_from_row_statistics({k: v.cpu() for k, v in stats.items()}, shapes[0][1], confidence=confidence)
+
+
+def sharded_cross_gram(train_rows, test_rows=None, *, group=None) -> torch.Tensor:
+    """The whole cross-Gram matrix ``C = Q_train Q_test^T`` (float64, on every rank) from each rank's rows of both pools.
+
+    Rows are stacked in rank order (rank 0's first). ``test_rows=None`` gives the Gram
+    matrix of the train pool with itself. Each rank computes its rows of C and the
+    ranks all-gather them; the misalignment resampler then runs on C
+    (:func:`dalign_core.misalignment.misalignment_probability` with ``C=``), the same on
+    every rank for the same seed.
+    """
+    A = as_rows(train_rows, "train_rows")
+    B = A if test_rows is None else as_rows(test_rows, "test_rows")
+    shapes_a, shapes_b = _shapes(A, group), _shapes(B, group)
+    if shapes_a[0][1] != shapes_b[0][1]:
+        raise ValueError(f"train rows have d={shapes_a[0][1]} but test rows have d={shapes_b[0][1]}")
+    mine = _local_gram_rows(A, B, shapes_b, group)
+    return _gather_vector(mine, [n for n, _, _ in shapes_a], group)
