@@ -24,6 +24,12 @@ features as well as on q. The step ``W₂ = −η G_M`` (G: mean gradients) pred
 ``ΔL_K ≈ −η ⟨G_M, G_K⟩``; how much of it the shared-bias statistic explains is the
 question the chapter asks.
 
+**Step sizes.** :func:`train_decrease_steps` sizes each step by the first-order decrease
+δ it brings to the M training examples' own loss, ``η = δ / ‖G_M‖²``; the held-out
+prediction is then ``−δ ⟨G_M, G_K⟩ / ‖G_M‖²``, and one grid of δ (nats) serves models
+whose gradients differ by orders of magnitude. It takes both insertions from one
+backward pass per example set.
+
 Nothing of the model changes: the insertions are forward hooks that add to the output,
 the model's mode, parameters, buffers and ``.grad`` are untouched, and every hook is
 removed when the function returns or raises. The refusals are those of capture
@@ -45,7 +51,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from dalign_core.hooks import _call, _primary, _split_batch, _to, check_capturable, per_example_loss, resolve_layers
 
-__all__ = ["Intervention", "shared_bias_step", "residual_block_step", "KINDS"]
+__all__ = ["Intervention", "shared_bias_step", "residual_block_step", "train_decrease_steps", "KINDS"]
 
 KINDS = ("bias", "block")
 
@@ -65,6 +71,8 @@ class Intervention:
     """``½ η² uᵀ H_K u``: the curvature term along the step direction ``u``."""
     alignment: float
     """``⟨train mean, held-out mean⟩`` (for the bias: ``μ_Mᵀ g_K``)."""
+    train_decrease: float = math.nan
+    """``η ‖train mean‖²``: the first-order decrease of the M training examples' own loss (nats)."""
 
     @property
     def retention(self) -> float:
@@ -136,15 +144,6 @@ def _insertion_width(model, module, batch, device) -> int:
     return widths[0]
 
 
-def _bias_gradient(model, module, batches, device, width: int) -> torch.Tensor:
-    """Gradient ``(N,)`` of the mean loss of ``batches`` with respect to a zero bias shared over positions."""
-    dtype = next(model.parameters()).dtype  # the gradient in the model's own precision
-    bias = torch.zeros(width, device=device, dtype=dtype, requires_grad=True)
-    with torch.enable_grad(), _added(module, lambda z: _along_features(z, bias)):
-        (grad,) = torch.autograd.grad(_mean_loss(model, batches, device), bias)
-    return grad.detach().double()
-
-
 def _curvature(model, module, batches, device, step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> float:
     """``d²L/dt²`` at 0 of the held-out loss along ``z ← z + step(z, t)`` in the scalar t (exact, by autograd)."""
     t = torch.zeros((), device=device, dtype=torch.float64, requires_grad=True)
@@ -168,34 +167,6 @@ def _no_change(z: torch.Tensor) -> torch.Tensor:
     return torch.zeros((), dtype=z.dtype, device=z.device)
 
 
-def shared_bias_step(model: nn.Module, layer: str, train_batches: list, heldout_batches: list,
-                     etas: Iterable[float]) -> list[Intervention]:
-    """A shared bias at ``layer`` stepped to ``−η μ_M`` for each η; see the module docstring.
-
-    Args:
-        model: a trained model in a capturable state (``model.eval()`` for BatchNorm or dropout).
-        layer: the insertion point (a dotted module name).
-        train_batches: the M training examples, as batches :func:`dalign_core.hooks.accumulate_geometry` takes.
-        heldout_batches: the K held-out examples, likewise.
-        etas: step sizes (units: the bias moves by ``η ‖μ_M‖``).
-
-    Returns:
-        One :class:`Intervention` per η (``kind="bias"``), in the order given.
-    """
-    module, device = _setup(model, layer)
-    width = _insertion_width(model, module, heldout_batches[0], device)
-    mu_train = _bias_gradient(model, module, train_batches, device, width)
-    g_heldout = _bias_gradient(model, module, heldout_batches, device, width)
-    alignment = float(mu_train @ g_heldout)
-    direction = -mu_train.to(device)
-    base = _loss_with(model, module, heldout_batches, device, _no_change)
-    curvature = _curvature(model, module, heldout_batches, device, lambda z, t: _along_features(z, t * direction))
-    return [Intervention("bias", float(eta), -float(eta) * alignment,
-                         _loss_with(model, module, heldout_batches, device,
-                                    lambda z, eta=eta: _along_features(z, eta * direction)) - base,
-                         0.5 * float(eta) ** 2 * curvature, alignment) for eta in etas]
-
-
 class _ZeroBlock(nn.Module):
     """``W₂ σ(W₁ z)`` on the feature axis, ``W₂ = 0``, ``W₁`` as ``nn.Linear`` initializes it (no biases)."""
 
@@ -212,6 +183,83 @@ class _ZeroBlock(nn.Module):
         return torch.movedim(self.features(z) @ w2.to(z).T, -1, _feature_dim(z))
 
 
+class _Insertions:
+    """The two zero-initialized insertions at one module: a shared bias and a zero-output block (both exact no-ops)."""
+
+    def __init__(self, model: nn.Module, layer: str, probe_batch, hidden: int | None, seed: int):
+        self.model = model
+        self.module, self.device = _setup(model, layer)
+        self.dtype = next(model.parameters()).dtype  # gradients in the model's own precision
+        width = _insertion_width(model, self.module, probe_batch, self.device)
+        self.block = _ZeroBlock(width, hidden or width, torch.Generator().manual_seed(seed))
+
+    def add(self, kind: str, parameter: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        """What the insertion ``kind`` adds to the output z, at parameter value ``parameter`` (bias or W₂)."""
+        if kind == "bias":
+            return lambda z: _along_features(z, parameter)
+        return lambda z: self.block.output(z, parameter)
+
+    def gradients(self, batches, kinds: tuple[str, ...]) -> dict[str, torch.Tensor]:
+        """Mean-loss gradients (float64) w.r.t. each insertion's zero parameter, from one backward pass."""
+        zeros = {"bias": torch.zeros(self.block.w2.shape[0]), "block": self.block.w2}
+        params = {kind: zeros[kind].to(device=self.device, dtype=self.dtype).requires_grad_(True) for kind in kinds}
+        adds = [self.add(kind, p) for kind, p in params.items()]
+        with torch.enable_grad(), _added(self.module, lambda z: sum(add(z) for add in adds)):
+            grads = torch.autograd.grad(_mean_loss(self.model, batches, self.device), list(params.values()))
+        return {kind: g.detach().double() for kind, g in zip(params, grads)}
+
+    def loss(self, batches, kind: str | None = None, parameter: torch.Tensor | None = None) -> float:
+        """The mean loss of ``batches`` with the insertion at ``parameter`` (none: the same hook adding zero)."""
+        add = _no_change if kind is None else self.add(kind, parameter.to(self.device))
+        return _loss_with(self.model, self.module, batches, self.device, add)
+
+    def curvature(self, batches, kind: str, direction: torch.Tensor) -> float:
+        """``uᵀ H u``: the second derivative of the mean loss along the parameter direction ``u``."""
+        direction = direction.to(self.device)
+        add = (lambda z, t: _along_features(z, t * direction)) if kind == "bias" else (
+            lambda z, t: self.block.output(z, t * direction))
+        return _curvature(self.model, self.module, batches, self.device, add)
+
+
+def _steps(insertions: _Insertions, train_batches, heldout_batches, kinds, etas_of, curvature: bool = True,
+           heldout_base: float | None = None) -> list[Intervention]:
+    """Each kind's steps ``−η G_M``, (η, δ) from ``etas_of(‖G_M‖²)``: predicted, observed, curvature."""
+    train = insertions.gradients(train_batches, kinds)
+    heldout = insertions.gradients(heldout_batches, kinds)
+    base = insertions.loss(heldout_batches) if heldout_base is None else heldout_base
+    out = []
+    for kind in kinds:
+        alignment = float((train[kind] * heldout[kind]).sum())
+        norm_sq = float((train[kind] ** 2).sum())
+        direction = -train[kind]
+        curve = insertions.curvature(heldout_batches, kind, direction) if curvature else math.nan
+        for eta, decrease in etas_of(norm_sq):
+            observed = insertions.loss(heldout_batches, kind, eta * direction) - base
+            out.append(Intervention(kind, float(eta), -float(eta) * alignment, observed,
+                                    0.5 * float(eta) ** 2 * curve, alignment, float(decrease)))
+    return out
+
+
+def shared_bias_step(model: nn.Module, layer: str, train_batches: list, heldout_batches: list,
+                     etas: Iterable[float]) -> list[Intervention]:
+    """A shared bias at ``layer`` stepped to ``−η μ_M`` for each η; see the module docstring.
+
+    Args:
+        model: a trained model in a capturable state (``model.eval()`` for BatchNorm or dropout).
+        layer: the insertion point (a dotted module name).
+        train_batches: the M training examples, as batches :func:`dalign_core.hooks.accumulate_geometry` takes.
+        heldout_batches: the K held-out examples, likewise.
+        etas: step sizes (units: the bias moves by ``η ‖μ_M‖``).
+
+    Returns:
+        One :class:`Intervention` per η (``kind="bias"``), in the order given.
+    """
+    etas = list(etas)
+    insertions = _Insertions(model, layer, heldout_batches[0], None, 0)
+    return _steps(insertions, train_batches, heldout_batches, ("bias",),
+                  lambda norm_sq: [(eta, eta * norm_sq) for eta in etas])
+
+
 def residual_block_step(model: nn.Module, layer: str, train_batches: list, heldout_batches: list,
                         etas: Iterable[float], hidden: int | None = None, seed: int = 0) -> list[Intervention]:
     """A zero-output residual block at ``layer`` whose ``W₂`` is stepped to ``−η G_M``; see the module docstring.
@@ -219,22 +267,34 @@ def residual_block_step(model: nn.Module, layer: str, train_batches: list, heldo
     ``hidden`` is the block's width (default: the insertion point's width N); ``seed``
     draws ``W₁``. Arguments and return as in :func:`shared_bias_step` (``kind="block"``).
     """
-    module, device = _setup(model, layer)
-    width = _insertion_width(model, module, heldout_batches[0], device)
-    block = _ZeroBlock(width, hidden or width, torch.Generator().manual_seed(seed))
+    etas = list(etas)
+    insertions = _Insertions(model, layer, heldout_batches[0], hidden, seed)
+    return _steps(insertions, train_batches, heldout_batches, ("block",),
+                  lambda norm_sq: [(eta, eta * norm_sq) for eta in etas])
 
-    def w2_gradient(batches) -> torch.Tensor:
-        w2 = block.w2.to(device=device, dtype=next(model.parameters()).dtype).requires_grad_(True)
-        with torch.enable_grad(), _added(module, lambda z: block.output(z, w2)):
-            (grad,) = torch.autograd.grad(_mean_loss(model, batches, device), w2)
-        return grad.detach().double()
 
-    g_train, g_heldout = w2_gradient(train_batches), w2_gradient(heldout_batches)
-    alignment = float((g_train * g_heldout).sum())
-    direction = -g_train.to(device)
-    base = _loss_with(model, module, heldout_batches, device, _no_change)
-    curvature = _curvature(model, module, heldout_batches, device, lambda z, t: block.output(z, t * direction))
-    return [Intervention("block", float(eta), -float(eta) * alignment,
-                         _loss_with(model, module, heldout_batches, device,
-                                    lambda z, eta=eta: block.output(z, eta * direction)) - base,
-                         0.5 * float(eta) ** 2 * curvature, alignment) for eta in etas]
+def train_decrease_steps(model: nn.Module, layer: str, train_batches: list, heldout_batches: list,
+                         decreases: Iterable[float], kinds: Iterable[str] = KINDS, hidden: int | None = None,
+                         seed: int = 0, curvature: bool = True) -> list[Intervention]:
+    """Both insertions on the same examples, each step sized by the train loss it removes at first order.
+
+    For each kind and each δ in ``decreases`` (nats), ``η = δ / ‖G_M‖²``, so the step
+    ``−η G_M`` lowers the M training examples' loss by δ to first order whatever the
+    gradient's scale: one grid of δ serves every family, width and insertion point.
+    The held-out prediction is then ``−δ ⟨G_M, G_K⟩ / ‖G_M‖²``. One backward pass per
+    example set gives both kinds' gradients. ``curvature=False`` skips the
+    second-order term (NaN), the costly part, when only signs are wanted.
+
+    Returns:
+        One :class:`Intervention` per (kind, δ), kinds in the order given.
+    """
+    kinds = tuple(kinds)
+    unknown = sorted(set(kinds) - set(KINDS))
+    if unknown or not kinds:
+        raise ValueError(f"kinds {kinds} must be a non-empty selection of {KINDS}")
+    decreases = [float(d) for d in decreases]
+    if not decreases or min(decreases) <= 0:
+        raise ValueError(f"decreases {decreases} must be positive losses in nats")
+    insertions = _Insertions(model, layer, heldout_batches[0], hidden, seed)
+    return _steps(insertions, train_batches, heldout_batches, kinds,
+                  lambda norm_sq: [(d / norm_sq if norm_sq > 0 else 0.0, d) for d in decreases], curvature=curvature)

@@ -1,0 +1,240 @@
+"""Residual interventions on the width sweeps' trained models: does μ_Mᵀg_K predict the held-out change?
+
+For each family (LLaMA, Pythia, ResNet-20) this takes the models its width sweep
+trained (the first ``runs_per_width`` trained seeds of every width, loaded from the
+sweep's checkpoints) and inserts, at an insertion point, the two zero-initialized
+residual parameters of :mod:`dalign_core.intervention`: a bias shared over positions
+and a zero-output block. Each step is sized by the first-order decrease δ of the M
+training examples' own loss (``η = δ / ‖G_M‖²``), so one grid of δ serves every
+family, width and layer. Two studies, one table (``interventions``):
+
+* **retention** (``study = "retention"``): one draw of ``retention_budget`` examples at
+  the primary insertion point, δ over the log grid ``retention_steps``; the model in
+  float64, so that the smallest steps are not lost in roundoff. ``second_order`` is the
+  exact curvature term ``½ η² uᵀH_K u`` along the step.
+* **sign** (``study = "sign"``): ``resamples`` draws of (M, K) examples per budget, at
+  the primary and the last insertion point, one step of ``sign_step`` each. In the
+  ``train/heldout`` setting the M examples come from the sweep's train pool (the
+  question a growth method faces); in ``heldout/heldout`` both come from the held-out
+  pool, disjoint (one law: the setting the certificates cover). Draws are seeded by
+  (setting, budget, resample) alone, so every width and layer sees the same
+  examples: a paired comparison. ``bias_alignment`` is the shared-bias statistic of
+  the same draw, beside the block's own.
+
+Run without Jupyter: ``python -m dalign_core.experiments.interventions --profile cpu``.
+A family whose sweep has not run at the profile is run first (that is the long part:
+see its chapter); its checkpoints are reused when present, else its runs are trained
+again, deterministically.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+import torch
+
+from dalign_core._tensor import derived_seed, resolve_device
+from dalign_core.config import ExperimentConfig, default_results_dir
+from dalign_core.experiments import llama_width, pythia_width, resnet_width
+from dalign_core.experiments._runner import main, run_experiment
+from dalign_core.family import Family, SweepConfig, take
+from dalign_core.intervention import train_decrease_steps
+from dalign_core.sweep import prepare, trained_model
+
+__all__ = ["Config", "Source", "SOURCES", "TABLES", "run", "SETTINGS"]
+
+log = logging.getLogger("dalign")
+
+TABLES = ("interventions",)
+SETTINGS = ("train/heldout", "heldout/heldout")
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a family's trained models come from: its width-sweep experiment."""
+
+    config: Callable[[str], Any]
+    """profile → the sweep experiment's config."""
+    run: Callable[..., Path]
+    """``run(config, out_dir=...)``: writes (or finds current) the sweep's tables."""
+    family: Callable[[SweepConfig], Family]
+    """A sweep config → the family that trained its models."""
+    sweeps: Callable[[Any], list[SweepConfig]] = lambda config: [config]
+    """The sibling sweeps of one experiment config (depth regimes, data sets)."""
+
+
+SOURCES: dict[str, Source] = {
+    "llama": Source(llama_width.Config.for_profile, llama_width.run, lambda c: llama_width.FAMILY),
+    "pythia": Source(pythia_width.Config.for_profile, pythia_width.run, lambda c: pythia_width.FAMILY,
+                     lambda c: c.sweeps()),
+    "resnet": Source(resnet_width.Config.for_profile, resnet_width.run,
+                     lambda c: resnet_width.ResNetFamily(augment=c.augment), lambda c: c.sweeps()),
+}
+
+
+@dataclass(frozen=True)
+class Config(ExperimentConfig):
+    """The intervention study (defaults: the ``cpu`` profile, about 15 minutes on 2 cores)."""
+
+    profile: str = "cpu"
+    seed: int = 0
+    families: tuple[str, ...] = ("llama", "pythia", "resnet")
+    runs_per_width: int = 1
+    """Trained seeds per width that are intervened on (the first ones)."""
+    retention_budget: tuple[int, int] = (32, 32)
+    """(M, K) of the retention study's single draw."""
+    retention_steps: tuple[float, ...] = (1e-6, 3e-6, 1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1)
+    """First-order train-loss decreases δ (nats) of the retention grid."""
+    small_step: float = 1e-5
+    """The δ at which retention is set beside the paper's 96-99 % ("small steps")."""
+    budgets: tuple[tuple[int, int], ...] = ((16, 16),)
+    """(M, K) of the sign study; M + K stays small against the pools (512 to 1024 examples)."""
+    resamples: int = 30
+    """Draws per (model, layer, setting, budget) in the sign study."""
+    sign_step: float = 1e-4
+    """δ of the sign study's step: first order holds to a few per cent there, and the change stays far above the
+    float32 roundoff of the loss (about 1e-7 nats)."""
+    hidden: int | None = None
+    """Width of the zero-output block (None: the insertion point's width)."""
+    confidence: float = 0.95
+    device: str = "auto"
+
+    PROFILES = {
+        "smoke": dict(retention_budget=(8, 8), retention_steps=(1e-5, 1e-3, 0.1), budgets=((4, 4),), resamples=4),
+        "cpu": {},
+        "gpu": dict(runs_per_width=3, retention_budget=(64, 64), budgets=((16, 16), (64, 64)), resamples=200),
+        "paper": dict(runs_per_width=3, retention_budget=(128, 128), budgets=((16, 16), (64, 64), (128, 128)),
+                      resamples=1000),
+    }
+
+    def __post_init__(self):
+        unknown = sorted(set(self.families) - set(SOURCES))
+        if unknown or not self.families:
+            raise ValueError(f"families {self.families} must be a non-empty selection of {sorted(SOURCES)}")
+        if self.runs_per_width < 1 or self.resamples < 1:
+            raise ValueError("runs_per_width and resamples must be at least 1")
+        if self.small_step not in self.retention_steps:
+            raise ValueError(f"small_step {self.small_step} must be one of retention_steps {self.retention_steps}")
+
+
+def _float64(batches: list) -> list:
+    """``batches`` with floating tensors (images) in float64, for a float64 model; token ids are left as they are."""
+    def cast(value):
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            return value.double()
+        if isinstance(value, (tuple, list)):
+            return type(value)(cast(v) for v in value)
+        if isinstance(value, dict):
+            return {k: cast(v) for k, v in value.items()}
+        return value
+    return [cast(batch) for batch in batches]
+
+
+def _draw(setting: str, n_train: int, n_heldout: int, M: int, K: int, key) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """Indices of M examples (into the train or held-out pool) and K held-out ones, disjoint in one pool."""
+    g = torch.Generator().manual_seed(derived_seed("interventions", *key))
+    heldout = torch.randperm(n_heldout, generator=g)
+    if setting == "heldout/heldout":
+        return heldout[K:K + M], heldout[:K], "heldout"
+    return torch.randperm(n_train, generator=g)[:M], heldout[:K], "train"
+
+
+def _rows(steps, base: dict, **extra) -> list[dict]:
+    bias_alignment = next((s.alignment for s in steps if s.kind == "bias"), float("nan"))
+    return [{**base, **extra, "kind": s.kind, "train_decrease": s.train_decrease, "eta": s.eta,
+             "predicted": s.predicted, "observed": s.observed, "retention": s.retention,
+             "second_order": s.second_order, "alignment": s.alignment, "bias_alignment": bias_alignment}
+            for s in steps]
+
+
+def model_rows(config: Config, sweep_config: SweepConfig, family: Family, model, pools: dict, base: dict
+               ) -> list[dict]:
+    """Both studies on one trained model; ``pools`` holds its sweep's ``train`` and ``heldout`` examples."""
+    points = family.insertion_points(sweep_config, model)
+    primary = family.primary_layer(sweep_config)
+    layers = [primary] + [points[-1]] * (points[-1] != primary)
+    batches = lambda examples: family.batches(examples, sweep_config.capture_batch)  # noqa: E731
+    n_train, n_heldout = (len(p[1]) if isinstance(p, tuple) else len(p) for p in (pools["train"], pools["heldout"]))
+    block_seed = derived_seed("interventions-block", config.seed)
+    rows = []
+    M, K = config.retention_budget
+    train_idx, heldout_idx, source = _draw("train/heldout", n_train, n_heldout, M, K, (config.seed, "retention"))
+    wide = copy.deepcopy(model).double()
+    steps = train_decrease_steps(wide, primary, _float64(batches(take(pools[source], train_idx))),
+                                 _float64(batches(take(pools["heldout"], heldout_idx))), config.retention_steps,
+                                 hidden=config.hidden, seed=block_seed)
+    rows += _rows(steps, base, study="retention", setting="train/heldout", layer=primary, M=M, K=K, resample=0)
+    del wide
+    for layer in layers:
+        for setting in SETTINGS:
+            for M, K in config.budgets:
+                for r in range(config.resamples):
+                    train_idx, heldout_idx, source = _draw(setting, n_train, n_heldout, M, K,
+                                                           (config.seed, setting, M, K, r))
+                    steps = train_decrease_steps(model, layer, batches(take(pools[source], train_idx)),
+                                                 batches(take(pools["heldout"], heldout_idx)), [config.sign_step],
+                                                 hidden=config.hidden, seed=block_seed, curvature=False)
+                    rows += _rows(steps, base, study="sign", setting=setting, layer=layer, M=M, K=K, resample=r)
+    return rows
+
+
+def _family_rows(config: Config, name: str, out_dir: Path, device: torch.device) -> tuple[list[dict], dict]:
+    """Every intervention row of one family, and what the provenance records of it."""
+    source = SOURCES[name]
+    experiment_config = source.config(config.profile)
+    source.run(experiment_config, out_dir=out_dir)  # skipped when its tables are current
+    runs = pd.read_csv(out_dir / f"{name}_runs.csv")
+    rows, used = [], []
+    for sweep_config in source.sweeps(experiment_config):
+        family = source.family(sweep_config)
+        columns = family.columns(sweep_config)
+        mine = runs
+        for column, value in columns.items():
+            mine = mine[mine[column] == value]
+        chosen = mine[mine.trained_ok.astype(bool)].sort_values(["width", "seed"]).groupby("width").head(
+            config.runs_per_width)
+        splits, _, pools = prepare(sweep_config, family)
+        examples = {"train": take(splits.train, pools.train), "heldout": take(splits.test, pools.heldout)}
+        for run in chosen.itertuples():
+            started = time.perf_counter()
+            model = trained_model(sweep_config, family, splits, int(run.width), int(run.seed), float(run.lr), device)
+            base = dict(family=name, **columns, model=run.model, width=int(run.width), seed=int(run.seed),
+                        lr=float(run.lr), heldout_loss=float(run.heldout_loss))
+            rows += model_rows(config, sweep_config, family, model, examples, base)
+            used.append({**base, "seconds": round(time.perf_counter() - started, 1)})
+            log.info("interventions: %s N=%d seed=%d done in %.0f s", name, run.width, run.seed,
+                     used[-1]["seconds"])
+        # A failed run is left out where it would have been used: below the last seed its width took.
+        last = chosen.groupby("width").seed.max()
+        failed = mine[~mine.trained_ok.astype(bool)]
+        left_out = failed[failed.seed < failed.width.map(last).fillna(float("inf"))]
+        used += [dict(family=name, **columns, model=r.model, width=int(r.width), seed=int(r.seed),
+                      left_out=f"failed run: {r.failure}") for r in left_out.itertuples()]
+    return rows, {"sweep_config_hash": experiment_config.config_hash(), "models": used}
+
+
+def compute(config: Config, out_dir: Path) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    device = resolve_device(config.device)
+    rows, provenance = [], {}
+    for name in config.families:
+        family_rows, facts = _family_rows(config, name, Path(out_dir), device)
+        rows += family_rows
+        provenance[name] = facts
+    return {"interventions": pd.DataFrame(rows)}, {"families": provenance, "device": str(device)}
+
+
+def run(config: Config, out_dir: str | Path | None = None, force: bool = False) -> Path:
+    """Run both studies on every family's trained models (skipped when current, unless ``force``)."""
+    out_dir = Path(out_dir) if out_dir is not None else default_results_dir(config.profile)
+    return run_experiment("interventions", TABLES, config, compute, out_dir=out_dir, force=force)
+
+
+if __name__ == "__main__":
+    main(Config, run, description=__doc__.splitlines()[0])
