@@ -2,6 +2,7 @@
 #
 #   make book                 set up .venv, execute the notebooks (PROFILE=cpu), build the HTML book
 #   make test                 set up .venv, run the library tests and every notebook at PROFILE=smoke
+#   make serve                preview the built book at http://localhost:8000/ (PORT=...)
 #   make help                 list the targets
 #
 # Everything runs through .venv/bin/python, so no shell needs to be activated.
@@ -35,13 +36,16 @@ FORCE ?=
 PYTEST_ARGS ?=
 BENCH_OUT ?= results/bench
 DATA_DIR ?=
+# make serve: the port of the local preview (http://localhost:$(PORT)/).
+PORT ?= 8000
+BOOK_HTML := book/_build/html
 
 # Headless plotting for scripts, tests and benchmarks (notebook kernels get the inline backend
 # from scripts/execute_notebooks.py, so figures land in the executed notebooks).
 export MPLBACKEND := Agg
 # Tests never reach a model hub: tests/conftest.py sets the offline variables for them.
 
-.PHONY: help setup data book notebooks test bench clean distclean
+.PHONY: help setup data book notebooks serve test bench clean distclean
 
 help: ## list the targets
 	@echo "dalign make targets (PROFILE=$(PROFILE); choose one of: $(PROFILES))"
@@ -50,7 +54,7 @@ help: ## list the targets
 		awk -F'\t' '{ printf "  make %-10s %s\n", $$1, $$2 }'
 	@echo
 	@echo "Variables: PROFILE=$(subst $(space),|,$(PROFILES)) (default cpu)  ONLY=<notebook stem>  FORCE=1"
-	@echo "           PYTEST_ARGS='...'  BENCH_OUT=results/bench  PYTHON_BOOT=python3.11"
+	@echo "           PYTEST_ARGS='...'  BENCH_OUT=results/bench  PYTHON_BOOT=python3.11  PORT=8000 (make serve)"
 	@echo "           DATA_DIR=<folder with CIFAR archives or Fashion-MNIST files you already have> (make data)"
 
 setup: $(STAMP) ## create .venv and install requirements.txt plus dalign_core (reruns only when those files change)
@@ -75,6 +79,12 @@ book: $(STAMP) notebooks ## execute the notebooks, then build the HTML book with
 	$(JB) build book -W -n --keep-going
 	@echo
 	@echo "The book is at: $(abspath book/_build/html/index.html)"
+
+serve: ## preview the built book at http://localhost:PORT/ (PORT=8000; build it first with make book)
+	@if [ ! -f $(BOOK_HTML)/index.html ]; then \
+		echo "error: no built book in $(BOOK_HTML); run make book (or make book PROFILE=smoke) first" >&2; exit 1; fi
+	@echo "Serving $(abspath $(BOOK_HTML)) at http://localhost:$(PORT)/ (Ctrl-C stops it)"
+	$(if $(wildcard $(PY)),$(PY),$(PYTHON_BOOT)) -m http.server $(PORT) --bind 127.0.0.1 --directory $(BOOK_HTML)
 
 test: $(STAMP) ## run the library tests and every notebook at PROFILE=smoke
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -20,6 +20,21 @@ for _name in OFFLINE_VARIABLES:
     os.environ.setdefault(_name, "1")
 
 
+def pytest_collection_modifyitems(config, items):
+    """Run tests/test_browser.py last, so it can build the book from the notebooks test_notebooks.py executed."""
+    items.sort(key=lambda item: item.path.name == "test_browser.py")  # stable: the rest keep their order
+
+
+@pytest.fixture(scope="session")
+def smoke_chapters(tmp_path_factory) -> Path:
+    """A folder of notebooks executed at the smoke profile, shared by the session.
+
+    tests/test_notebooks.py puts each notebook here once it ran cleanly; tests/test_browser.py
+    builds the book from them (and executes whatever is missing itself).
+    """
+    return tmp_path_factory.mktemp("smoke_chapters")
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     """The repository root."""

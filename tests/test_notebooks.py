@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import shutil
 from pathlib import Path
 
 import nbformat
@@ -123,7 +124,7 @@ def test_force_reaches_the_notebook_and_the_book_shows_one_parameters_cell(tmp_p
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
-def test_notebook_runs_at_smoke_profile(path, tmp_path, results_root, monkeypatch, kernel):
+def test_notebook_runs_at_smoke_profile(path, tmp_path, results_root, monkeypatch, kernel, smoke_chapters):
     from papermill.exceptions import PapermillExecutionError
 
     # As in `make notebooks`: the inline backend, so plotting cells run exactly as they do for the book.
@@ -151,3 +152,5 @@ def test_notebook_runs_at_smoke_profile(path, tmp_path, results_root, monkeypatc
     assert not failed, f"{path.name}: cells {failed} raised"
     # Smoke results went to the temporary DALIGN_RESULTS folder, not into the repository.
     assert _files_under(repo_smoke) == before, f"{path.name} wrote into {repo_smoke}; it should honour DALIGN_RESULTS"
+    # tests/test_browser.py builds the book from these instead of executing every notebook again.
+    shutil.copy2(out, smoke_chapters / out.name)
