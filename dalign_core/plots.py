@@ -1,49 +1,110 @@
-"""Figures of a width sweep, shared by every family's chapter.
+"""Figures of the book, shared by every chapter.
 
-Each function takes the tidy tables :mod:`dalign_core.sweep` writes and returns a
-matplotlib Figure sized for a ~700-pixel book column (7 inches at 100 dpi), with
-math labels. Runs that failed to train are drawn in grey and labelled, never as data
-points of a trend, so every figure also renders at the ``smoke`` profile, where the
-tiny models fail by design.
+Each function takes the tidy tables :mod:`dalign_core.sweep` (or
+:mod:`dalign_core.experiments.theory`) writes and returns a matplotlib Figure drawn
+for the book's ~690-pixel column: :data:`COLUMN_WIDTH` inches wide at 100 dpi,
+fonts of 10 pt and more (:func:`style` sets them; call it once per notebook),
+math labels, and tick labels written as plain numbers (``0.01``, ``200``) or powers
+of ten (``10^{-5}``), never as ``4.0776×10⁻²``. Each figure carries one idea;
+where a chapter compares several quantities it draws several figures.
+
+Runs that failed to train are drawn in grey and labelled, never as data points of a
+trend, so every figure also renders at the ``smoke`` profile, where the tiny models
+fail by design.
 """
 
 from __future__ import annotations
+
+import math
+import re
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import seaborn as sns
-from matplotlib.ticker import FixedLocator, LogLocator, NullFormatter, NullLocator
+from matplotlib.ticker import (FixedLocator, FuncFormatter, LogLocator, MaxNLocator, NullFormatter,
+                               NullLocator, ScalarFormatter)
 
-__all__ = ["style", "LABELS", "learning_rates", "heldout_loss", "trajectory", "trend_along_training",
-           "matched_loss", "final_geometry", "layers_heatmap", "misalignment_by_width", "misalignment_by_budget",
-           "sample_unit"]
+__all__ = ["style", "LABELS", "COLUMN_WIDTH", "RC", "tick_label", "log_ticks", "value_axis",
+           "learning_rates", "heldout_loss", "trajectory", "trend_along_training", "matched_loss",
+           "final_geometry", "layers_heatmap", "misalignment_by_width", "misalignment_by_budget",
+           "sample_unit", "sample_unit_context", "sample_unit_choice", "theory_moment_errors",
+           "theory_certificates", "theory_estimator_bias", "theory_sketch", "certificate_by_budget"]
 
 LABELS = {
     "d_align": r"$d_{\mathrm{align}}$", "d_par": r"$d_{\parallel}$", "d_2": r"$d_2$", "mean_sq": r"$\|\mu\|^2$",
+    "mean_sq_sq": r"$\|\mu\|^4$", "directional": r"$\mu^\top\Sigma\mu$", "cov_energy": r"$\mathrm{tr}\,\Sigma^2$",
     "p_misalign": r"$\Pr(\mu_M^\top g_K \leq 0)$", "b_exact": r"$B_{\mathrm{exact}}$",
     "b_align": r"$B_{\mathrm{align}}$", "rho": r"Spearman $\rho$ (width, $d_{\mathrm{align}}$)",
 }
+NOISE_NAMES = {"gaussian": "Gaussian", "student_t": "Student-$t$, 5 d.o.f.", "rademacher": "Rademacher"}
 FAILED = dict(color="0.6", lw=1, ls=":", alpha=0.8)
-COLUMN_WIDTH = 7.0  # inches at 100 dpi: a ~700-px book column
+COLUMN_WIDTH = 6.7  # inches at 100 dpi: the ~690-px column of the book at a 1280-px window, with a margin
+RC = {
+    "figure.dpi": 100, "savefig.dpi": 100, "figure.figsize": (COLUMN_WIDTH, 3.4),
+    "figure.constrained_layout.use": True,
+    "font.size": 11, "axes.titlesize": 11.5, "axes.labelsize": 11, "figure.titlesize": 12,
+    "xtick.labelsize": 10.5, "ytick.labelsize": 10.5, "legend.fontsize": 10, "legend.title_fontsize": 10,
+    "axes.formatter.use_mathtext": True, "lines.markersize": 5,
+}
+"""The matplotlib settings of the book: column-wide figures, no font under 10 pt."""
 
 
 def style() -> None:
-    """Readable fonts at the column width (ticks about 13 px tall) and inline figures at 100 dpi."""
-    sns.set_theme(context="notebook", style="whitegrid", font_scale=1.05)
-    plt.rcParams.update({"figure.dpi": 100, "savefig.dpi": 100, "figure.constrained_layout.use": True,
-                         "legend.fontsize": 9.5, "axes.titlesize": 11.5})
+    """Apply the book's figure style: seaborn's white grid, :data:`RC` (column width, 100 dpi, fonts >= 10 pt)."""
+    sns.set_theme(context="notebook", style="whitegrid")
+    plt.rcParams.update(RC)
 
 
-def _palette(widths) -> dict:
-    widths = sorted(set(widths))
-    return dict(zip(widths, sns.color_palette("viridis", len(widths))))
+# ---------------------------------------------------------------------------
+# Axes and ticks
+
+
+def tick_label(value: float, _position=None) -> str:
+    """A tick label: ``0``, a plain number between 0.001 and 100,000 (``0.02``, ``500``), else ``2×10^{-5}``."""
+    if value == 0 or not np.isfinite(value):
+        return "0" if value == 0 else ""
+    size = abs(value)
+    if 1e-3 <= size < 1e5:
+        return f"{value:.3g}" if size < 1000 else f"{value:,.0f}"
+    exponent = math.floor(math.log10(size) + 1e-9)
+    mantissa = value / 10**exponent
+    if abs(mantissa - round(mantissa)) < 1e-6 and round(abs(mantissa)) == 1:
+        return f"${'-' if mantissa < 0 else ''}10^{{{exponent}}}$"
+    return rf"${mantissa:.2g}\times10^{{{exponent}}}$"
+
+
+def log_ticks(axis, values=None) -> None:
+    """Major ticks of a log axis at decades (1, 2, 5 × 10^k over a short range), labelled by :func:`tick_label`."""
+    values = np.asarray(values if values is not None else [], dtype=float)
+    values = values[np.isfinite(values) & (values > 0)]
+    span = values.max() / values.min() if len(values) else 1e3
+    subs = (1.0,) if span >= 30 else (1.0, 2.0, 5.0) if span >= 4 else tuple(float(s) for s in range(1, 10))
+    axis.set_major_locator(LogLocator(base=10, subs=subs, numticks=8))
+    axis.set_major_formatter(FuncFormatter(tick_label))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def value_axis(ax, values, axis: str = "y") -> None:
+    """A log axis when every value is positive, else a linear one whose common power of ten sits at its end."""
+    values = np.asarray(values, dtype=float)
+    values = values[np.isfinite(values)]
+    target = ax.yaxis if axis == "y" else ax.xaxis
+    if len(values) and (values > 0).all():
+        (ax.set_yscale if axis == "y" else ax.set_xscale)("log")
+        log_ticks(target, values)
+    else:
+        (ax.set_yscale if axis == "y" else ax.set_xscale)("linear")
+        target.set_major_locator(MaxNLocator(5))
+        formatter = ScalarFormatter(useMathText=True)
+        formatter.set_powerlimits((-2, 3))
+        target.set_major_formatter(formatter)
 
 
 def _ticks_at(axis, values) -> None:
     """Ticks labelled at exactly ``values`` (widths, contexts) on a log axis, no minor ticks."""
     axis.set_major_locator(FixedLocator(sorted(set(values))))
-    axis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_major_formatter(FuncFormatter(tick_label))
     axis.set_minor_locator(NullLocator())
 
 
@@ -53,14 +114,30 @@ def _width_axis(ax, widths) -> None:
     ax.set_xlabel("width $N$")
 
 
+def _palette(widths) -> dict:
+    widths = sorted(set(widths))
+    return dict(zip(widths, sns.color_palette("viridis", len(widths))))
+
+
 def _ok(table: pd.DataFrame) -> pd.Series:
     return table.trained_ok.astype(bool) if "trained_ok" in table else pd.Series(True, index=table.index)
 
 
-def _legend(ax, **kwargs) -> None:
-    """A legend only where something is labelled (a smoke run may have nothing trained to show)."""
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(**kwargs)
+def _legend(ax, ncols: int = 2, **kwargs) -> None:
+    """The legend of a one-panel figure, below the axes so that it never hides data; none if nothing is labelled."""
+    _legend_below(ax.figure, ax, ncols=ncols, **kwargs)
+
+
+def _legend_below(fig, axes, ncols: int = 3, **kwargs) -> None:
+    """One legend for the whole figure, below the axes: one entry per label across panels."""
+    labelled: dict = {}
+    for ax in np.atleast_1d(axes).flat:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            if not label.startswith("_"):
+                labelled.setdefault(label, handle)
+    if labelled:
+        fig.legend(labelled.values(), labelled.keys(), loc="outside lower center",
+                   ncols=min(ncols, len(labelled)), **kwargs)
 
 
 def _failed_note(ax, count: int) -> None:
@@ -68,9 +145,22 @@ def _failed_note(ax, count: int) -> None:
         ax.plot([], [], **FAILED, label=f"failed run ({count})")
 
 
+def _natural(name: str):
+    """Sort key that puts ``layers.2`` before ``layers.10``."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(name))]
+
+
+def _empty(ax, text: str = "no trained run") -> None:
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", color="0.5")
+
+
+# ---------------------------------------------------------------------------
+# A width sweep
+
+
 def learning_rates(lr: pd.DataFrame) -> plt.Figure:
     """Validation loss against the peak learning rate, one line per width; the kept rate circled."""
-    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH * 0.7, 3.4))
+    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH * 0.75, 3.4))
     colours = _palette(lr.width)
     for width, part in lr.groupby("width"):
         part = part.sort_values("lr")
@@ -79,9 +169,10 @@ def learning_rates(lr: pd.DataFrame) -> plt.Figure:
         chosen = part[part.chosen.astype(bool)]
         ax.plot(chosen.lr, chosen.validation_loss, "o", ms=12, mfc="none", mec=colours[width], mew=1.5)
         for row in part[~np.isfinite(part.validation_loss)].itertuples():
-            ax.annotate("diverged", (row.lr, finite.validation_loss.max()), fontsize=8, color="0.4")
+            ax.annotate("diverged", (row.lr, finite.validation_loss.max()), fontsize=10, color="0.4")
     ax.set(xscale="log", xlabel="peak learning rate", ylabel="validation loss (nats)")
-    _legend(ax, title="kept: circled", ncols=2)
+    log_ticks(ax.xaxis, lr.lr)
+    _legend(ax, title="the rate kept for each width is circled", ncols=4)
     return fig
 
 
@@ -92,17 +183,18 @@ def heldout_loss(runs: pd.DataFrame, value: str = "heldout_loss", bar: float | N
     ``bar`` defaults to the run's ``baseline_loss``; pass ``value="test_accuracy"`` with
     ``bar=<floor>`` for a classifier's accuracy.
     """
-    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH * 0.7, 3.2))
+    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH * 0.75, 3.3))
     ok = _ok(runs)
     ax.plot(runs.width[ok], runs[value][ok], "o", color="C0", alpha=0.7, label="run")
     means = runs[ok].groupby("width")[value].mean()
     ax.plot(means.index, means.values, "-", color="C0", label="mean over seeds")
-    ax.plot(runs.width[~ok], runs[value][~ok], "x", color="0.5", label=f"failed run ({(~ok).sum()})")
+    if (~ok).any():
+        ax.plot(runs.width[~ok], runs[value][~ok], "x", color="0.5", label=f"failed run ({(~ok).sum()})")
     if bar is None and "baseline_loss" in runs and len(runs):
         bar = runs.baseline_loss.iloc[0]
     if bar is not None:
         ax.axhline(bar, color="C3", ls="--", lw=1, label=bar_label)
-    _width_axis(ax, runs.width)
+    _width_axis(ax, runs.width if len(runs) else [1])
     ax.set_ylabel({"heldout_loss": "held-out loss (nats)", "test_accuracy": "test accuracy"}.get(value, value))
     _legend(ax)
     return fig
@@ -110,8 +202,8 @@ def heldout_loss(runs: pd.DataFrame, value: str = "heldout_loss", bar: float | N
 
 def trajectory(geometry: pd.DataFrame, layer: str, value: str = "d_align") -> plt.Figure:
     """``value`` along training at ``layer``, one line per width (seed mean, band: seed range); pools side by side."""
-    pools = [p for p in ("heldout", "train") if p in set(geometry.pool)]
-    fig, axes = plt.subplots(1, len(pools), figsize=(COLUMN_WIDTH, 3.4), sharey=True, squeeze=False)
+    pools = [p for p in ("heldout", "train") if p in set(geometry.pool)] or ["heldout"]
+    fig, axes = plt.subplots(1, len(pools), figsize=(COLUMN_WIDTH, 3.5), sharey=True, squeeze=False)
     at_layer = geometry[geometry.layer == layer].assign(x=lambda t: t.step.clip(lower=1))
     colours = _palette(geometry.width)
     for ax, pool in zip(axes[0], pools):
@@ -124,51 +216,66 @@ def trajectory(geometry: pd.DataFrame, layer: str, value: str = "d_align") -> pl
             ax.plot(stats.index, stats["mean"], "o-", ms=3, color=colours[width], label=f"$N = {width}$")
             ax.fill_between(stats.index, stats["min"], stats["max"], color=colours[width], alpha=0.18, lw=0)
         _failed_note(ax, part[~ok].groupby(["width", "seed"]).ngroups)
-        ax.set(xscale="log", yscale="log", title=f"{pool} pool", xlabel="training step (step 0 drawn at 1)")
+        ax.set(xscale="log", yscale="log", title=f"{'held-out' if pool == 'heldout' else pool} pool",
+               xlabel="training step (0 drawn at 1)")
+        log_ticks(ax.xaxis, at_layer.x)
+        log_ticks(ax.yaxis, at_layer[value])
     axes[0, 0].set_ylabel(f"{LABELS.get(value, value)} at {layer}")
-    _legend(axes[0, -1], fontsize=8.5)
+    _legend_below(fig, axes, ncols=5)
     return fig
 
 
 def trend_along_training(trend: pd.DataFrame, layer: str, steps: int) -> plt.Figure:
     """Spearman ρ of width against d_align at each checkpoint, with its interval over seeds; last third shaded."""
-    rows = trend[(trend.quantity == "d_align") & (trend.view == "matched_step") & (trend.layer == layer)]
-    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH * 0.75, 3.2))
+    rows = trend[(trend.quantity == "d_align") & (trend.view == "matched_step") & (trend.layer == layer)] \
+        if len(trend) else trend
+    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH * 0.8, 3.4))
     ax.axvspan(2 * steps / 3, steps * 1.04, color="0.92", zorder=0, label="last third")
-    for nudge, (pool, part) in zip((-0.008, 0.008), rows.groupby("pool")):  # linear steps: the last third stays legible
-        ax.errorbar(part.step + nudge * steps, part.rho, yerr=[part.rho - part.rho_lo, part.rho_hi - part.rho],
-                    fmt="o", capsize=3, label=f"{pool} pool")
+    if len(rows):
+        for nudge, (pool, part) in zip((-0.008, 0.008), rows.groupby("pool")):  # keep the last third legible
+            ax.errorbar(part.step + nudge * steps, part.rho, yerr=[part.rho - part.rho_lo, part.rho_hi - part.rho],
+                        fmt="o", capsize=3, label=f"{'held-out' if pool == 'heldout' else pool} pool")
     ax.axhline(0, color="0.3", lw=0.8)
     ax.set(xlim=(-0.03 * steps, steps * 1.04), ylim=(-1.08, 1.08), xlabel="training step", ylabel=LABELS["rho"])
-    _legend(ax, fontsize=8.5, loc="lower left")
+    _legend(ax)
     return fig
 
 
 def matched_loss(trend: pd.DataFrame, geometry_at_levels: pd.DataFrame, layer: str) -> plt.Figure:
     """d_align against width with every run read where it first reaches each common held-out loss."""
-    part = geometry_at_levels[(geometry_at_levels.layer == layer) & (geometry_at_levels.pool == "heldout")]
-    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH * 0.75, 3.4))
-    levels = sorted(part.loss_level.unique())
+    part = geometry_at_levels[(geometry_at_levels.layer == layer) & (geometry_at_levels.pool == "heldout")] \
+        if len(geometry_at_levels) else geometry_at_levels
+    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH * 0.8, 3.4))
+    levels = sorted(part.loss_level.unique()) if len(part) else []
     colours = dict(zip(levels, sns.color_palette("rocket", len(levels) + 1)))
     for level in levels:
         runs = part[part.loss_level == level]
         ax.plot(runs.width, runs.d_align, "o", color=colours[level], alpha=0.45, ms=4)
         means = runs.groupby("width").d_align.mean()
-        ax.plot(means.index, means.values, "-", color=colours[level], label=f"held-out loss ≤ {level:.2f}")
+        ax.plot(means.index, means.values, "-", color=colours[level], label=f"loss ≤ {level:.2f}")
     _width_axis(ax, part.width if len(part) else [1])
-    ax.set(yscale="log", ylabel=f"{LABELS['d_align']} at {layer}")
-    _legend(ax, fontsize=8.5)
+    if len(part):
+        value_axis(ax, part.d_align)
+    else:
+        _empty(ax)
+    ax.set_ylabel(f"{LABELS['d_align']} at {layer}")
+    _legend(ax, ncols=3, title="each run read where its held-out loss first reaches")
     return fig
 
 
-def final_geometry(geometry: pd.DataFrame, layer: str, step: int) -> plt.Figure:
-    """‖μ‖², d_∥, d_2 and d_align against width at one checkpoint, both pools, seed points with jackknife bars."""
+def final_geometry(geometry: pd.DataFrame, layer: str, step: int,
+                   quantities: tuple[str, ...] = ("mean_sq", "d_align")) -> plt.Figure:
+    """``quantities`` against width at one checkpoint, both pools: seed points with jackknife bars, seed-mean lines.
+
+    The default draws the paper's two claims, ‖μ‖² and d_align; pass ``("d_par", "d_2")``
+    for the two dimensions whose minimum d_align is.
+    """
     at_step = geometry[(geometry.step == step) & (geometry.layer == layer)]
     final, failed = at_step[_ok(at_step)], at_step[~_ok(at_step)]
-    fig, axes = plt.subplots(2, 2, figsize=(COLUMN_WIDTH, 5.2), sharex=True)
-    for ax, name in zip(axes.flat, ["mean_sq", "d_par", "d_2", "d_align"]):
-        ax.plot(failed.width, failed[name], "x", color="0.6", label=f"failed run ({len(failed)} rows)" if len(
-            failed) else None)
+    fig, axes = plt.subplots(1, len(quantities), figsize=(COLUMN_WIDTH, 3.5), squeeze=False)
+    for ax, name in zip(axes[0], quantities):
+        if len(failed):
+            ax.plot(failed.width, failed[name], "x", color="0.6", label="failed run")
         for pool, colour, nudge in (("heldout", "C0", 0.96), ("train", "C1", 1.04)):
             part = final[final.pool == pool]
             lo = (part[name] - part[f"{name}_lo"]).clip(lower=0)
@@ -176,55 +283,62 @@ def final_geometry(geometry: pd.DataFrame, layer: str, step: int) -> plt.Figure:
             ax.errorbar(part.width * nudge, part[name], yerr=[lo, hi], fmt="o", ms=3.5, color=colour, alpha=0.5,
                         lw=1)
             means = part.groupby("width")[name].mean()
-            ax.plot(means.index, means.values, "-", color=colour, label=f"{pool} pool")
-        positive = (at_step[name] > 0).all() and len(at_step)
-        ax.set(yscale="log" if positive else "symlog", title=LABELS[name])
-        if positive:  # labels at 1, 2, 5 x 10^k within a short range, decades otherwise; never minor labels
-            span = at_step[name].max() / at_step[name].min()
-            ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if span < 30 else (1.0,)))
-            ax.yaxis.set_minor_formatter(NullFormatter())
-        _width_axis(ax, geometry.width)
-    for ax in axes[0]:
-        ax.set_xlabel("")
-    _legend(axes[0, 0], fontsize=8.5)
+            ax.plot(means.index, means.values, "-", color=colour,
+                    label=f"{'held-out' if pool == 'heldout' else pool} pool (seed mean)")
+        value_axis(ax, at_step[name])
+        ax.set_title(LABELS[name])
+        infinite = int(np.isinf(pd.to_numeric(at_step[name], errors="coerce").astype(float)).sum())
+        if infinite:  # a moment estimate <= 0 makes a dimension infinite: say so, do not drop it silently
+            ax.text(0.02, 0.97, f"{infinite} estimate{'s' if infinite > 1 else ''} = ∞, not drawn",
+                    transform=ax.transAxes, ha="left", va="top", fontsize=10, color="0.35")
+        _width_axis(ax, geometry.width if len(geometry) else [1])
+        if at_step.empty:
+            _empty(ax)
+    _legend_below(fig, axes)
     return fig
 
 
 def layers_heatmap(geometry: pd.DataFrame, step: int) -> plt.Figure:
-    """Seed-mean d_align by insertion point and width (held-out pool) at one checkpoint."""
+    """Seed-mean d_align by insertion point (in depth order) and width (held-out pool) at one checkpoint."""
     part = geometry[(geometry.step == step) & (geometry.pool == "heldout") & _ok(geometry)]
     heat = part.groupby(["layer", "width"]).d_align.mean().unstack("width")
-    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH * 0.8, 0.55 * max(len(heat), 1) + 1.6))
+    heat = heat.loc[sorted(heat.index, key=_natural)]
+    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH * 0.8, 0.36 * max(len(heat), 1) + 1.4))
     if heat.empty:
-        ax.text(0.5, 0.5, "no trained run", ha="center", va="center", color="0.5")
+        _empty(ax)
         ax.set_axis_off()
         return fig
-    sns.heatmap(np.log10(heat.clip(lower=1e-12)), annot=heat.map(lambda v: f"{v:.2g}"), fmt="", cmap="mako",
-                ax=ax, cbar_kws={"label": r"$\log_{10} d_{\mathrm{align}}$"})
+    # An estimate of 0 (the unbiased ||mu||^4 not positive) has no logarithm: a blank cell marked "0".
+    sns.heatmap(np.log10(heat.where(heat > 0)), annot=heat.map(tick_label), fmt="", cmap="mako",
+                ax=ax, annot_kws={"fontsize": 10}, cbar_kws={"label": r"$\log_{10} d_{\mathrm{align}}$"})
+    for row, col in zip(*np.nonzero((heat <= 0).to_numpy())):
+        ax.text(col + 0.5, row + 0.5, "0", ha="center", va="center", fontsize=10, color="0.3")
     ax.set(xlabel="width $N$", ylabel="")
+    ax.grid(False)
+    ax.tick_params(axis="y", rotation=0)
     return fig
 
 
 def misalignment_by_width(misalignment: pd.DataFrame, M: int, K: int) -> plt.Figure:
     """Empirical misalignment (Wilson intervals) against width at one budget; B_exact, B_align where they apply."""
     fixed = misalignment[(misalignment.M == M) & (misalignment.K == K)]
-    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH * 0.8, 3.6))
+    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH * 0.85, 3.9))
     ok = _ok(fixed)
     for setting, marker in (("heldout/heldout", "o"), ("train/heldout", "s")):
         part = fixed[ok & (fixed.setting == setting)]
         stats = part.groupby("width")[["p_misalign", "p_misalign_lo", "p_misalign_hi"]].mean()
         ax.errorbar(stats.index, stats.p_misalign, fmt=f"{marker}-", capsize=3,
                     yerr=[stats.p_misalign - stats.p_misalign_lo, stats.p_misalign_hi - stats.p_misalign],
-                    label=f"empirical, {setting}")
+                    label=f"empirical, {setting.replace('heldout', 'held-out')}")
     bounds = fixed[ok & fixed.b_exact.notna()].groupby("width")[["b_exact", "b_align"]].mean()
     ax.plot(bounds.index, bounds.b_exact, "^--", color="C2", label=LABELS["b_exact"])
     ax.plot(bounds.index, bounds.b_align, "v--", color="C3", label=LABELS["b_align"])
     failed = fixed[~ok]
-    ax.plot(failed.width, failed.p_misalign, "x", color="0.5", label=f"failed run ({failed.seed.nunique()} seeds)"
-            if len(failed) else None)
-    _width_axis(ax, misalignment.width)
+    if len(failed):
+        ax.plot(failed.width, failed.p_misalign, "x", color="0.5", label=f"failed run ({failed.seed.nunique()} seeds)")
+    _width_axis(ax, misalignment.width if len(misalignment) else [1])
     ax.set(ylim=(-0.02, 1.02), ylabel=LABELS["p_misalign"], title=f"$M = {M}$, $K = {K}$")
-    _legend(ax, fontsize=8.5)
+    _legend_below(fig, ax, ncols=2)
     return fig
 
 
@@ -232,41 +346,175 @@ def misalignment_by_budget(misalignment: pd.DataFrame) -> plt.Figure:
     """Empirical misalignment (held-out/held-out) against the budget M = K, one line per width."""
     part = misalignment[(misalignment.setting == "heldout/heldout") & (misalignment.M == misalignment.K)
                         & _ok(misalignment)]
-    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH * 0.75, 3.4))
+    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH * 0.8, 3.4))
     colours = _palette(misalignment.width)
     for width, runs in part.groupby("width"):
         stats = runs.groupby("M").p_misalign.agg(["mean", "min", "max"])
         ax.plot(stats.index, stats["mean"], "o-", color=colours[width], label=f"$N = {width}$")
         ax.fill_between(stats.index, stats["min"], stats["max"], color=colours[width], alpha=0.15, lw=0)
     ax.set(xscale="log", xlabel="budget $M = K$", ylabel=LABELS["p_misalign"])
-    _legend(ax, fontsize=8.5)
+    if len(part):
+        _ticks_at(ax.xaxis, part.M)
+    else:
+        _empty(ax)
+    _legend(ax, ncols=4)
+    return fig
+
+
+def sample_unit_context(units: pd.DataFrame, unit: str = "sequence", reduction: str = "shared") -> plt.Figure:
+    """d_align of one sample choice (default: whole sequences, shared reduction) against context, one line per width."""
+    ok = units[_ok(units)] if len(units) else units
+    part = ok[(ok.unit == unit) & (ok.reduction == reduction)] if len(ok) else ok
+    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH * 0.8, 3.4))
+    colours = _palette(units.width)
+    for width, runs in part.groupby("width"):
+        stats = runs.groupby("context").d_align.mean()
+        ax.plot(stats.index, stats.values, "o-", color=colours[width], label=f"$N = {width}$")
+    ax.set(xscale="log", xlabel="context $T$ (tokens per sequence)",
+           ylabel=f"{LABELS['d_align']} ({unit}, {reduction})")
+    _ticks_at(ax.xaxis, units.context if len(units) else [1])
+    if len(part):
+        value_axis(ax, part.d_align)
+    else:
+        _empty(ax)
+    _legend(ax, ncols=4)
+    return fig
+
+
+def sample_unit_choice(units: pd.DataFrame, context: int | None = None) -> plt.Figure:
+    """d_align of each sample choice (unit / reduction) against width at one context (default: the longest).
+
+    A choice whose unbiased ‖μ‖⁴ estimate is not positive (the mean is lost in noise)
+    reads d_align = 0 and is drawn as an open triangle at the bottom of the axis.
+    """
+    ok = units[_ok(units)].assign(choice=lambda t: t.unit + " / " + t.reduction) if len(units) else units
+    context = context if context is not None else (int(units.context.max()) if len(units) else 0)
+    part = ok[ok.context == context] if len(ok) else ok
+    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH * 0.85, 3.7))
+    positive = part.d_align[part.d_align > 0] if len(part) else pd.Series(dtype=float)
+    floor = positive.min() / 4 if len(positive) else 1e-6
+    for index, (choice, runs) in enumerate(part.groupby("choice") if len(part) else []):
+        means = runs.groupby("width").d_align.mean()
+        above = means[means > 0]
+        ax.plot(above.index, above.values, "o-", color=f"C{index}", label=choice)
+        zero = means[means <= 0]
+        if len(zero):
+            ax.plot(zero.index, [floor] * len(zero), "v", color=f"C{index}", mfc="none", ms=9,
+                    label=f"{choice}: ≤ 0")
+    _width_axis(ax, units.width if len(units) else [1])
+    ax.set(yscale="log", ylabel=LABELS["d_align"], title=f"context $T = {context}$")
+    if len(positive):
+        log_ticks(ax.yaxis, np.append(positive.values, floor))
+    else:
+        _empty(ax)
+    _legend_below(fig, ax, ncols=2)
     return fig
 
 
 def sample_unit(units: pd.DataFrame) -> plt.Figure:
-    """d_align by sample unit and reduction against context length, one panel per width."""
-    ok = units[_ok(units)].assign(choice=lambda t: t.unit + " / " + t.reduction)
-    widths = sorted(units.width.unique())
-    fig, axes = plt.subplots(1, max(len(widths), 1), figsize=(COLUMN_WIDTH, 3.0), sharey=True, squeeze=False)
-    positive = ok.d_align[ok.d_align > 0]
-    floor = positive.min() / 4 if len(positive) else 1e-6
-    for ax, width in zip(axes[0], widths):
-        for index, (choice, part) in enumerate(ok[ok.width == width].groupby("choice")):
-            colour = f"C{index}"
-            above = part[part.d_align > 0]
-            ax.plot(above.context, above.d_align, "o-", color=colour, label=choice)
-            zero = part[part.d_align <= 0]  # the unbiased ||mu||^4 estimate is not positive: the mean is lost in noise
-            ax.plot(zero.context, [floor] * len(zero), "v", color=colour, mfc="none", ms=8,
-                    label=r"$\leq 0$ (drawn at the floor)" if len(zero) else None)
-        ax.set(xscale="log", yscale="log", title=f"$N = {width}$", xlabel="context $T$")
-        _ticks_at(ax.xaxis, units.context)
-        if ok[ok.width == width].empty:
-            ax.text(0.5, 0.5, "failed run", transform=ax.transAxes, ha="center", color="0.5")
-    axes[0, 0].set_ylabel(LABELS["d_align"])
-    labelled = {}
-    for ax in axes[0]:  # one legend entry per label across panels
-        for handle, label in zip(*ax.get_legend_handles_labels()):
-            labelled.setdefault(label, handle)
-    if labelled:
-        fig.legend(labelled.values(), labelled.keys(), loc="outside lower center", ncols=4, fontsize=8.5)
+    """The sample-unit study's context figure (:func:`sample_unit_context`); see also :func:`sample_unit_choice`."""
+    return sample_unit_context(units)
+
+
+# ---------------------------------------------------------------------------
+# The theory chapter
+
+
+def theory_moment_errors(alignment: pd.DataFrame) -> plt.Figure:
+    """Monte Carlo minus exact mean and variance of the alignment, in Monte Carlo standard errors, by noise law."""
+    fig, axes = plt.subplots(1, 2, figsize=(COLUMN_WIDTH, 3.0), sharey=True)
+    laws = [law for law in NOISE_NAMES if law in set(alignment.noise)]
+    rng = np.random.default_rng(0)
+    for ax, moment, title in zip(axes, ("mean", "var"), (r"mean $\mathbb{E}[\mu_M^\top g_K]$",
+                                                         r"variance $\mathrm{Var}(\mu_M^\top g_K)$")):
+        ax.axvspan(-2, 2, color="0.93", zorder=0)
+        for row, law in enumerate(laws):
+            part = alignment[alignment.noise == law]
+            z = part[f"{moment}_rel_err"] / part[f"{moment}_rel_se"]
+            ax.plot(z, row + rng.uniform(-0.18, 0.18, len(z)), "o", ms=4, alpha=0.6, color=f"C{row}")
+        ax.axvline(0, color="0.3", lw=0.8)
+        ax.set(title=title, xlabel="(simulated − exact) / s.e.")
+    axes[0].set_yticks(range(len(laws)), [NOISE_NAMES[law] for law in laws])
+    axes[0].set_ylim(len(laws) - 0.5, -0.5)
+    return fig
+
+
+def theory_certificates(alignment: pd.DataFrame) -> plt.Figure:
+    """Empirical misalignment, B_exact and B_align against the snr: median over cells, bar = range over cells."""
+    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH * 0.85, 3.6))
+    snrs = sorted(alignment.snr.unique())
+    floor = 1 / alignment.trials.max() if len(alignment) else 1e-6
+    quantities = (("p_misalign", "empirical " + LABELS["p_misalign"], "o"), ("b_exact", LABELS["b_exact"], "^"),
+                  ("b_align", LABELS["b_align"], "v"))
+    for index, (name, label, marker) in enumerate(quantities):
+        stats = alignment.groupby("snr")[name].agg(["median", "min", "max"]).clip(lower=floor)
+        x = np.arange(len(snrs)) + (index - 1) * 0.17
+        ax.errorbar(x, stats["median"], yerr=[stats["median"] - stats["min"], stats["max"] - stats["median"]],
+                    fmt=marker, ms=7, capsize=4, color=f"C{index}", label=label)
+    ax.set_xticks(range(len(snrs)), [f"{s:g}" for s in snrs])
+    ax.set(yscale="log", xlabel=r"snr $= \mathbb{E}\,/\,\mathrm{sd}$ of $\mu_M^\top g_K$", ylabel="probability")
+    log_ticks(ax.yaxis, alignment[["p_misalign", "b_exact", "b_align"]].clip(lower=floor).values.ravel())
+    _legend_below(fig, ax)
+    return fig
+
+
+def theory_estimator_bias(estimators: pd.DataFrame, quantities: tuple[str, ...] = ("cov_energy", "d_align")
+                          ) -> plt.Figure:
+    """Relative error of the plug-in and U-statistic estimates against d/n: mean over replicates, band ±1 sd."""
+    fig, axes = plt.subplots(1, len(quantities), figsize=(COLUMN_WIDTH, 3.4), squeeze=False)
+    ratio = estimators.d / estimators.n
+    for ax, name in zip(axes[0], quantities):
+        error = (estimators[name] / estimators[f"{name}_true"] - 1.0).rename("error")
+        for colour, method in (("C3", "plug-in"), ("C0", "u-statistic")):
+            part = pd.DataFrame({"x": ratio, "error": error})[estimators.method == method]
+            stats = part.groupby("x").error.agg(["mean", "std"])
+            ax.plot(stats.index, stats["mean"], "o-", color=colour,
+                    label={"u-statistic": "U-statistic"}.get(method, method))
+            ax.fill_between(stats.index, stats["mean"] - stats["std"], stats["mean"] + stats["std"], color=colour,
+                            alpha=0.18, lw=0)
+        ax.axhline(0, color="0.3", lw=0.8)
+        ax.set(xscale="log", title=LABELS[name], xlabel="$d / n$")
+        _ticks_at(ax.xaxis, ratio)
+    axes[0, 0].set_ylabel("estimate / truth − 1")
+    _legend_below(fig, axes)
+    return fig
+
+
+def theory_sketch(sketch: pd.DataFrame) -> plt.Figure:
+    """Relative error of the CountSketch estimates against the sketch size k (mean, band ±1 sd), beside r / k."""
+    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH * 0.85, 3.6))
+    for index, name in enumerate(("mean_sq", "cov_energy", "d_align")):
+        stats = sketch.groupby("k")[f"{name}_rel_err"].agg(["mean", "std"])
+        ax.plot(stats.index, stats["mean"], "o-", color=f"C{index}", label=LABELS[name])
+        ax.fill_between(stats.index, stats["mean"] - stats["std"], stats["mean"] + stats["std"],
+                        color=f"C{index}", alpha=0.15, lw=0)
+    ks = np.array(sorted(sketch.k.unique()), dtype=float)
+    if len(ks):
+        ax.plot(ks, sketch.effective_rank.iloc[0] / ks, "k--", lw=1, label="$r / k$")
+    ax.axhline(0, color="0.3", lw=0.8)
+    ax.set(xscale="log", xlabel="sketch size $k$", ylabel="sketched / exact − 1")
+    _ticks_at(ax.xaxis, ks if len(ks) else [1])
+    _legend(ax)
+    return fig
+
+
+# ---------------------------------------------------------------------------
+# Using dalign on a model
+
+
+def certificate_by_budget(d_align: float, d_align_lo: float | None = None, budgets=None) -> plt.Figure:
+    """B_align = 1 / (1 + n_eff d_align) against the budget M = K, at an estimate and at its interval's lower end."""
+    from dalign_core.bounds import b_align
+
+    budgets = np.unique(np.round(np.geomspace(1, 1e4, 60))) if budgets is None else np.asarray(budgets, dtype=float)
+    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH * 0.85, 3.5))
+    ax.plot(budgets, b_align(max(d_align, 0.0), budgets, budgets), "-", color="C0",
+            label=f"at the estimate, {LABELS['d_align']} = {tick_label(d_align)}")
+    if d_align_lo is not None:
+        ax.plot(budgets, b_align(max(d_align_lo, 0.0), budgets, budgets), "--", color="C3",
+                label=f"at the interval's lower end, {tick_label(max(d_align_lo, 0.0))} (the certificate)")
+    ax.set(xscale="log", ylim=(0, 1.02), xlabel="budget $M = K$ (examples on each side)",
+           ylabel=r"$B_{\mathrm{align}}$, bound on $\Pr(\mu_M^\top g_K \leq 0)$")
+    log_ticks(ax.xaxis, budgets)
+    _legend(ax, ncols=1)
     return fig

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -18,7 +19,40 @@ from dalign_core.results import read_table
 from dalign_core.trend import Verdict, verdict
 
 __all__ = ["by_regime", "describe_accuracy", "describe_runs", "describe_learning_rates", "describe_final_geometry",
-           "describe_rate_resolution", "width_verdicts", "describe_bounds", "summarize"]
+           "describe_rate_resolution", "width_verdicts", "describe_bounds", "summarize", "styled", "runs_summary",
+           "describe_trajectory", "describe_limiting_dimension", "describe_layers", "describe_budget",
+           "describe_context", "describe_sample_choice", "paper_comparison", "verdict_table", "number"]
+
+DASH = "—"
+"""What a table shows where there is no value (never ``NaN``)."""
+D_ALIGN_HTML = "d<sub>align</sub>"
+"""d_align in a table header or cell (HTML; tables are not typeset as math)."""
+
+
+def number(value: float, html: bool = False) -> str:
+    """A number for a sentence: 3 significant digits, written as a power of ten outside 0.001 to 10,000.
+
+    The power of ten is math (``$1.2 \\times 10^{-5}$``) for Markdown, or with ``html=True``
+    HTML (``1.2×10<sup>−5</sup>``) for a table cell, which is not typeset.
+    """
+    value = float(value)
+    if value == 0 or not math.isfinite(value):
+        return "0" if value == 0 else str(value)
+    size = abs(value)
+    if 1e-3 <= size < 1e3:
+        return f"{value:.3g}"
+    if 1e3 <= size < 1e4:
+        return f"{value:,.0f}"
+    exponent = math.floor(math.log10(size))
+    mantissa = value / 10**exponent
+    if round(mantissa, 2) in (10.0, -10.0):
+        mantissa, exponent = mantissa / 10, exponent + 1
+    if html:
+        return f"{mantissa:.3g}×10<sup>{str(exponent).replace('-', '−')}</sup>"
+    return f"${mantissa:.3g} \\times 10^{{{exponent}}}$"
+
+
+_num = number
 
 
 def _widths(frame: pd.DataFrame) -> str:
@@ -59,6 +93,10 @@ def describe_runs(runs: pd.DataFrame) -> str:
                 + ".")
     else:
         text = f"All {len(runs)} runs beat the baseline on held-out data."
+    if "baseline_loss" in runs and runs.baseline_loss.notna().any():
+        baselines = runs.baseline_loss.dropna().unique()
+        text += (f" The baseline's held-out loss is {baselines[0]:.3f} nats." if len(baselines) == 1 else
+                 f" The baseline's held-out loss is {baselines.min():.3f} to {baselines.max():.3f} nats.")
     loss = runs[runs.trained_ok.astype(bool)].groupby("width").heldout_loss.mean()
     if len(loss) > 1:
         text += " Mean held-out loss by width: " + ", ".join(f"N={w}: {v:.3f}" for w, v in loss.items()) + " nats; "
@@ -155,8 +193,8 @@ def describe_final_geometry(geometry: pd.DataFrame, layer: str, step: int, pool:
         shape = ("rises with every increase of width" if values.is_monotonic_increasing else
                  "falls with every increase of width" if values.is_monotonic_decreasing else
                  f"is highest at N={values.idxmax()}, not monotone in width")
-        sentences.append(f"{name} (seed mean, {pool} pool, step {step}) reads " + ", ".join(
-            f"{v:.3g} at N={w}" for w, v in values.items()) + f": it {shape}.")
+        sentences.append(f"{name} (seed mean, {'held-out' if pool == 'heldout' else pool} pool, step {step}) reads "
+                         + ", ".join(f"{_num(v)} at N={w}" for w, v in values.items()) + f": it {shape}.")
     return " ".join(sentences)
 
 
@@ -171,9 +209,234 @@ def describe_bounds(misalignment: pd.DataFrame) -> str:
     under_align = (covered.p_misalign_lo <= covered.b_align).mean()
     slack = (covered.b_align / covered.p_misalign.clip(lower=1 / covered.trials)).median()
     return (f"Where the theorem applies (train and test means from one pool, {len(covered)} estimates), the "
-            f"Wilson interval of the empirical probability reaches below B_exact in {under_exact:.0%} and below "
-            f"B_align in {under_align:.0%} of them; the median B_align is {slack:.2g} times the empirical "
-            "probability, the price of a one-number certificate.")
+            f"Wilson interval of the empirical probability reaches below $B_{{\\mathrm{{exact}}}}$ in "
+            f"{under_exact:.0%} and below $B_{{\\mathrm{{align}}}}$ in {under_align:.0%} of them; the median "
+            f"$B_{{\\mathrm{{align}}}}$ is {slack:.2g} times the empirical probability, the price of a one-number "
+            "certificate.")
+
+
+def styled(frame: pd.DataFrame, formats: dict | None = None, precision: int = 3):
+    """``frame`` as a book table: no index, ``precision`` decimals, thousands separators, a dash for a missing value.
+
+    ``formats`` maps a column to a format string or function (``{"lr": "{:g}"}``).
+    """
+    style = frame.style.hide(axis="index").format(precision=precision, thousands=",", na_rep=DASH)
+    style = style.set_table_styles([{"selector": "th, td", "props": [("padding", "0.3em 0.75em")]}])
+    for column, spec in (formats or {}).items():
+        if column in frame:
+            style = style.format(spec, subset=[column], na_rep=DASH)
+    return style
+
+
+def _spread(values: pd.Series, digits: int = 3) -> str:
+    """``mean (min–max)`` of ``values``, or the one value; a dash for none."""
+    values = values.dropna()
+    if values.empty:
+        return DASH
+    if len(values) == 1 or values.min() == values.max():
+        return f"{values.mean():.{digits}f}"
+    return f"{values.mean():.{digits}f} ({values.min():.{digits}f}–{values.max():.{digits}f})"
+
+
+def runs_summary(runs: pd.DataFrame, by: tuple[str, ...] = ("width",),
+                 scores: tuple[tuple[str, str], ...] = (("heldout_loss", "held-out loss"),)) -> pd.DataFrame:
+    """One row per width (and per ``by`` column) of the ``<family>_runs`` table, narrow enough for the column.
+
+    Columns: the ``by`` values, the parameter count, the learning rate(s) the seeds
+    used, each score as ``mean (min–max)`` over seeds (say so above the table), and how
+    many seeds trained.
+    """
+    names = {"width": "width N", "depth": "layers", "dataset": "data"}
+    rows = []
+    if runs.empty:
+        return pd.DataFrame(columns=[names.get(b, b) for b in by] + ["parameters", "learning rate"]
+                            + [label for _, label in scores] + ["trained"])
+    for key, part in runs.groupby(list(by), sort=True):
+        key = key if isinstance(key, tuple) else (key,)
+        row = {names.get(b, b): value for b, value in zip(by, key)}
+        row["parameters"] = f"{int(part.parameters.iloc[0]):,}" if "parameters" in part else DASH
+        row["learning rate"] = ", ".join(f"{r:g}" for r in sorted(part.lr.unique())) if "lr" in part else DASH
+        for column, label in scores:
+            row[label] = _spread(part[column]) if column in part else DASH
+        trained = int(part.trained_ok.astype(bool).sum()) if "trained_ok" in part else len(part)
+        row["trained"] = f"{trained} of {len(part)}"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _trained(table: pd.DataFrame) -> pd.DataFrame:
+    return table[table.trained_ok.astype(bool)] if "trained_ok" in table and len(table) else table
+
+
+def _factor(value: float) -> str:
+    return _num(value) if value >= 1e4 else f"{value:,.0f}" if value >= 100 else f"{value:.2g}"
+
+
+def describe_trajectory(geometry: pd.DataFrame, layer: str, steps: int, pool: str = "heldout") -> str:
+    """How far d_align moves from initialization to the last checkpoint (seed means of trained runs)."""
+    part = _trained(geometry)
+    part = part[(part.layer == layer) & (part.pool == pool)] if len(part) else part
+    held = part.groupby(["width", "step"]).d_align.mean().unstack() if len(part) else pd.DataFrame()
+    if held.empty or 0 not in held or steps not in held:
+        return "No run trained at this profile, so the trajectories above show failed runs only."
+    start, end = held[0], held[steps]
+    ratio = (start / end.where(end > 0)).dropna()
+    if ratio.empty:
+        change = "reaches 0"
+    elif (ratio > 1).all():
+        change = f"falls by a factor of {_factor(ratio.min())} to {_factor(ratio.max())}"
+    elif (ratio < 1).all():
+        change = f"rises by a factor of {_factor(1 / ratio.max())} to {_factor(1 / ratio.min())}"
+    else:
+        change = f"changes by a factor of {_factor(ratio.min())} to {_factor(ratio.max())} (start / end)"
+    return (f"From initialization to step {steps} the {'held-out' if pool == 'heldout' else pool} "
+            f"$d_{{\\mathrm{{align}}}}$ {change} across widths (seed means: " + ", ".join(
+                f"{_num(a)} → {_num(b)} at $N = {w}$" for w, a, b in zip(held.index, start, end))
+            + "). A width comparison is therefore only meaningful at a matched, stated stage of training.")
+
+
+def describe_limiting_dimension(geometry: pd.DataFrame, layer: str, step: int, pool: str = "heldout") -> str:
+    """Which of d_∥ and d_2 sets d_align = min(d_∥, d_2) at one checkpoint, and by how much.
+
+    Runs whose unbiased ‖μ‖⁴ estimate is not positive (every dimension reads 0) and
+    runs whose μᵀΣμ estimate is not positive (d_∥ infinite) are counted apart.
+    """
+    part = _trained(geometry)
+    part = part[(part.layer == layer) & (part.pool == pool) & (part.step == step)] if len(part) else part
+    part = part.dropna(subset=["d_par", "d_2"]) if len(part) else part
+    if part.empty:
+        return "No run trained at this profile."
+    lost = (part.mean_sq_sq <= 0) if "mean_sq_sq" in part else (part.d_align <= 0)
+    rest = part[~lost]
+    infinite = int((rest.d_par == float("inf")).sum())
+    by_d2 = int((rest.d_2 <= rest.d_par).sum())
+    text = f"Of the {len(part)} trained runs at step {step}, "
+    if lost.any():
+        text += (f"{int(lost.sum())} have an unbiased $\\|\\mu\\|^4$ estimate that is not positive, so every "
+                 "dimension reads 0 there: the mean is lost in the noise. ")
+        text += f"Of the other {len(rest)}, " if len(rest) else ""
+    if rest.empty:
+        return text.rstrip() if lost.any() else text + "none has a positive estimate."
+    text += f"$d_2 \\le d_\\parallel$ in {by_d2}"
+    if infinite:
+        text += (f" ({infinite} with a $\\mu^\\top\\Sigma\\mu$ estimate that is not positive, so $d_\\parallel$ "
+                 "is infinite and not drawn)")
+    text += (": the covariance energy $\\mathrm{tr}\\,\\Sigma^2$, not the spread along $\\mu$, sets "
+             "$d_{\\mathrm{align}}$." if by_d2 * 2 > len(rest) else
+             ": the spread along $\\mu$ ($\\mu^\\top\\Sigma\\mu$) mostly sets $d_{\\mathrm{align}}$.")
+    finite = rest[(rest.d_2 > 0) & (rest.d_par < float("inf"))]
+    ratio = finite.d_par / finite.d_2
+    if len(ratio):
+        text += f" Where both are finite and positive, $d_\\parallel / d_2$ ranges from {_factor(ratio.min())} to " \
+                f"{_factor(ratio.max())}."
+    return text
+
+
+def describe_layers(geometry: pd.DataFrame, step: int, pool: str = "heldout") -> str:
+    """The insertion point with the highest seed-mean d_align at each width, at one checkpoint."""
+    part = _trained(geometry)
+    part = part[(part.step == step) & (part.pool == pool)] if len(part) else part
+    if part.empty:
+        return "No run trained at this profile."
+    means = part.groupby(["width", "layer"]).d_align.mean()
+    best = means.groupby(level="width").idxmax().map(lambda key: key[1])
+    text = "The highest $d_{\\mathrm{align}}$ sits at " + ", ".join(
+        f"`{layer}` for $N = {w}$ ({_num(means[(w, layer)])})" for w, layer in best.items()) + "."
+    if best.nunique() == 1 and len(best) > 1:
+        text += " The best insertion point is the same at every width."
+    elif len(best) > 1:
+        text += f" The best insertion point changes with width ({best.nunique()} different layers)."
+    return text
+
+
+def describe_budget(misalignment: pd.DataFrame) -> str:
+    """How the held-out/held-out misalignment probability moves with the budget M = K, per width."""
+    part = _trained(misalignment)
+    part = part[(part.setting == "heldout/heldout") & (part.M == part.K)] if len(part) else part
+    curves = part.groupby(["width", "M"]).p_misalign.mean().unstack() if len(part) else pd.DataFrame()
+    if curves.empty:
+        return "No run trained at this profile."
+    falling = [w for w, row in curves.iterrows() if row.is_monotonic_decreasing and row.iloc[-1] < row.iloc[0]]
+    return (f"The misalignment probability falls with every increase of the budget at {len(falling)} of "
+            f"{len(curves)} widths (from {curves.iloc[:, 0].mean():.2f} at $M = K = {curves.columns[0]}$ to "
+            f"{curves.iloc[:, -1].mean():.2f} at $M = K = {curves.columns[-1]}$, averaged over widths): sample size "
+            "lowers misalignment whatever the geometry.")
+
+
+def describe_context(units: pd.DataFrame) -> str:
+    """How the sequence-unit, shared-reduction d_align moves from the shortest to the longest context."""
+    part = _trained(units)
+    part = part[(part.unit == "sequence") & (part.reduction == "shared")] if len(part) else part
+    table = part.pivot_table(index="width", columns="context", values="d_align") if len(part) else pd.DataFrame()
+    if table.empty or table.shape[1] < 2:
+        return "No run trained at this profile." if table.empty else "Only one context was measured."
+    first, last = table.iloc[:, 0], table.iloc[:, -1]
+    rise = (last / first.where(first > 0)).dropna()
+    if rise.empty:
+        return "The shortest context's $d_{\\mathrm{align}}$ is 0 at every width, so no ratio is given."
+    direction = "rises" if (rise > 1).all() else "falls" if (rise < 1).all() else "changes"
+    return (f"From context {table.columns[0]} to {table.columns[-1]}, the sequence-unit "
+            f"$d_{{\\mathrm{{align}}}}$ {direction} by a factor of {_factor(rise.min())} to {_factor(rise.max())} "
+            "across widths. A sequence sums its tokens' gradients, so per-token noise averages down as the context "
+            "grows while the common part adds up: the unit of a sample is part of what $d_{\\mathrm{align}}$ "
+            "measures, and numbers are comparable only at the same unit and context.")
+
+
+def describe_sample_choice(units: pd.DataFrame, context: int | None = None) -> str:
+    """The three sample choices at one context (default the longest): their d_align, and where it reads 0."""
+    part = _trained(units)
+    if part.empty:
+        return "No run trained at this profile."
+    context = context if context is not None else int(units.context.max())
+    part = part[part.context == context]
+    means = part.groupby(["unit", "reduction"]).d_align.median()
+    text = (f"At context {context}, the median over widths of $d_{{\\mathrm{{align}}}}$ is " + ", ".join(
+        f"{_num(value)} for {unit} / {reduction}" for (unit, reduction), value in means.items()) + ".")
+    token = part[part.unit == "token"]
+    if len(token):
+        zero = int((token.d_align <= 0).sum())
+        text += (f" With one token's own loss as the sample, the unbiased estimate of $\\|\\mu\\|^4$ is not "
+                 f"positive in {zero} of {len(token)} cases ({int(token.n.iloc[0])} tokens each): a single "
+                 "token's gradient is so noisy that its mean is lost, and $d_{\\mathrm{align}}$ reads 0."
+                 if zero else " Every token-unit estimate is positive.")
+    return text
+
+
+def paper_comparison(ours: pd.DataFrame, paper: dict) -> pd.DataFrame:
+    """Our seed-mean d_align at our narrowest and widest width beside the paper's two numbers.
+
+    ``ours``: rows of trained runs with ``width`` and ``d_align`` (one checkpoint, one
+    pool); ``paper``: ``{width: d_align}``. One row per quantity (the two widths,
+    d_align at each, the two ratios) and one column each for the paper and for us
+    (seed mean, with the range over seeds): three columns, no empty cell.
+    """
+    rows = ["narrowest width N", f"{D_ALIGN_HTML} there", "widest width N", f"{D_ALIGN_HTML} there",
+            "widest / narrowest width", f"widest / narrowest {D_ALIGN_HTML}"]
+    table = pd.DataFrame({"": rows})
+    if len(paper) >= 2:
+        (w0, v0), (w1, v1) = sorted(paper.items())[0], sorted(paper.items())[-1]
+        table["paper"] = [f"{w0:,}", f"{v0:.2g}", f"{w1:,}", f"{v1:.2g}", f"{w1 / w0:.3g}", f"{v1 / v0:.2g}"]
+    stats = ours.groupby("width").d_align.agg(["mean", "min", "max"]) if len(ours) else pd.DataFrame()
+    if len(stats) >= 2:
+        first, last = stats.iloc[0], stats.iloc[-1]
+
+        def spread(row) -> str:
+            return f"{number(row['mean'], True)} ({number(row['min'], True)} to {number(row['max'], True)})"
+
+        table["ours: seed mean (range)"] = [
+            f"{stats.index[0]:,}", spread(first), f"{stats.index[-1]:,}", spread(last),
+            f"{stats.index[-1] / stats.index[0]:.3g}",
+            f"{last['mean'] / first['mean']:.2g}" if first["mean"] > 0 else DASH]
+    return table
+
+
+def verdict_table(verdicts: dict, label: str) -> pd.DataFrame:
+    """One row per claim and regime: ``{regime: [Verdict, ...]}`` → regime, claim, verdict, holds at."""
+    rows = [{label: regime, "claim": v.claim.replace("heldout", "held-out").replace("d_align", D_ALIGN_HTML),
+             "verdict": v.label,
+             "holds at": f"{v.holds} of {v.total}" if v.total else DASH}
+            for regime, found in verdicts.items() for v in found]
+    return pd.DataFrame(rows, columns=[label, "claim", "verdict", "holds at"])
 
 
 def summarize(results_dir: str | Path) -> str:

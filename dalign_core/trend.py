@@ -24,6 +24,8 @@ comparison with the paper by hand.
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -133,8 +135,13 @@ class Verdict:
     total: int
 
     def markdown(self) -> str:
-        """The sentence with the label in bold, for a chapter."""
-        return self.sentence.replace(self.label, f"**{self.label}**", 1)
+        """The sentence for a chapter: the label in bold, math for d_align and (M, K), module names as code."""
+        text = self.sentence.replace(self.label, f"**{self.label}**", 1)
+        text = re.sub(r"\bat ([A-Za-z_]\w*(?:\.\w+)+) \(", r"at `\1` (", text)
+        for plain, typeset in (("d_align", r"$d_{\mathrm{align}}$"), ("(M, K)", "$(M, K)$"),
+                               ("heldout pool", "held-out pool")):
+            text = text.replace(plain, typeset)
+        return text
 
 
 def verdict(trend: pd.DataFrame, claim: str, *, direction: str = "rises", where: str = "") -> Verdict:

@@ -47,7 +47,8 @@ def test_describe_bounds_counts_only_trained_runs_in_the_theorems_setting():
         b_exact=[0.2, 0.25, float("nan"), 0.1], b_align=[0.3, 0.35, float("nan"), 0.1],
         trained_ok=[True, True, True, False]))
     text = report.describe_bounds(table)
-    assert "2 estimates" in text and "below B_exact in 50%" in text and "below B_align in 100%" in text
+    assert "2 estimates" in text and r"below $B_{\mathrm{exact}}$ in 50%" in text
+    assert r"below $B_{\mathrm{align}}$ in 100%" in text
     assert "No trained run" in report.describe_bounds(table.assign(trained_ok=False))
 
 
@@ -64,3 +65,47 @@ def test_describe_rate_resolution_flags_widths_where_seeds_differ_as_much_as_rat
     text = report.describe_rate_resolution(lr, runs)
     assert "0.200, 0.010 nats of validation loss at N = 32, 256" in text and "0.020, 0.050 nats" in text
     assert "At N=256 the seeds differ more than the two best rates do" in text and "N=32 the" not in text
+
+
+def test_runs_summary_has_one_narrow_row_per_width_and_no_missing_value():
+    runs = pd.DataFrame(dict(width=[32, 32, 64], seed=[0, 1, 0], lr=[0.01, 0.01, 0.005], parameters=[1000, 1000, 4000],
+                             heldout_loss=[4.2, 4.3, 4.1], trained_ok=[True, False, True]))
+    table = report.runs_summary(runs)
+    assert list(table.columns) == ["width N", "parameters", "learning rate", "held-out loss", "trained"]
+    assert table.iloc[0].tolist() == [32, "1,000", "0.01", "4.250 (4.200–4.300)", "1 of 2"]
+    assert table.iloc[1]["held-out loss"] == "4.100" and not table.isna().any().any()
+    html = report.styled(pd.DataFrame({"a": [1.23456, float("nan")]})).to_html()
+    assert "1.235" in html and "nan" not in html.lower() and report.DASH in html
+
+
+def test_paper_comparison_is_three_full_columns():
+    ours = pd.DataFrame(dict(width=[32, 32, 256, 256], d_align=[0.02, 0.04, 0.01, 0.01]))
+    table = report.paper_comparison(ours, {512: 3.9, 3072: 9.5})
+    assert list(table.columns) == ["", "paper", "ours: seed mean (range)"] and not table.isna().any().any()
+    assert table["paper"].tolist()[-2:] == ["6", "2.4"] and table.iloc[-1, 2] == "0.33"
+    nothing = report.paper_comparison(ours.iloc[:0], {512: 3.9, 3072: 9.5})
+    assert nothing.shape[1] == 2  # nothing of ours: no column of empty cells
+
+
+def test_describe_limiting_dimension_counts_lost_means_and_infinite_d_par_apart():
+    geometry = pd.DataFrame(dict(layer="L", pool="heldout", step=10, trained_ok=True,
+                                 mean_sq_sq=[1.0, 1.0, -1.0], d_par=[5.0, float("inf"), 0.0], d_2=[1.0, 2.0, 0.0],
+                                 d_align=[1.0, 2.0, 0.0]))
+    text = report.describe_limiting_dimension(geometry, "L", 10)
+    assert "1 have an unbiased" in text and "Of the other 2, $d_2 \\le d_\\parallel$ in 2" in text
+    assert "1 with a" in text and "ranges from 5 to 5" in text
+
+
+def test_sentence_numbers_are_plain_or_powers_of_ten():
+    assert report.number(0.0206) == "0.0206" and report.number(1234.5) == "1,234"
+    assert report.number(5.86e-7) == "$5.86 \\times 10^{-7}$" and report.number(0) == "0"
+
+
+def test_verdict_markdown_uses_math_and_code():
+    from dalign_core.trend import Verdict
+
+    v = Verdict("d_align rises with width at model.layers.0 (heldout pool, matched steps)", "partly",
+                "d_align rises with width at model.layers.0 (heldout pool, matched steps): partly. At (M, K).", 1, 0, 2)
+    text = v.markdown()
+    assert text.startswith("$d_{\\mathrm{align}}$ rises with width at `model.layers.0` (held-out pool")
+    assert "**partly**" in text and "$(M, K)$" in text
