@@ -72,6 +72,16 @@ def test_the_study_is_deterministic_and_skipped_when_current(toy_source):
     pd.testing.assert_frame_equal(first, again)
 
 
+def test_a_changed_sweep_makes_the_table_stale(toy_source, monkeypatch):
+    config = _config()
+    interventions.run(config, out_dir=toy_source)
+    assert not interventions._sweeps_changed(config, toy_source)
+    changed = interventions.Source(lambda profile: ToyConfig(steps=40, checkpoint_steps=(0, 20, 40)), _run_toy_sweep,
+                                   lambda c: FAMILY)
+    monkeypatch.setitem(interventions.SOURCES, "toy", changed)
+    assert interventions._sweeps_changed(config, toy_source)
+
+
 def test_failed_runs_are_left_out_and_recorded(tmp_path, monkeypatch):
     monkeypatch.setenv("DALIGN_CHECKPOINTS", str(tmp_path / "checkpoints"))
     source = interventions.Source(lambda profile: replace(ToyConfig(), beatable=False, widths=(8,), seeds=1),

@@ -30,6 +30,7 @@ again, deterministically.
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -233,7 +234,22 @@ def compute(config: Config, out_dir: Path) -> tuple[dict[str, pd.DataFrame], dic
 def run(config: Config, out_dir: str | Path | None = None, force: bool = False) -> Path:
     """Run both studies on every family's trained models (skipped when current, unless ``force``)."""
     out_dir = Path(out_dir) if out_dir is not None else default_results_dir(config.profile)
-    return run_experiment("interventions", TABLES, config, compute, out_dir=out_dir, force=force)
+    return run_experiment("interventions", TABLES, config, compute, out_dir=out_dir,
+                          force=force or _sweeps_changed(config, out_dir))
+
+
+def _sweeps_changed(config: Config, out_dir: Path) -> bool:
+    """Whether a family's sweep config differs from the one the existing table was computed on (then: recompute)."""
+    path = out_dir / "interventions.json"
+    if not path.is_file():
+        return False
+    families = json.loads(path.read_text()).get("families", {})
+    for name in config.families:
+        used = families.get(name, {}).get("sweep_config_hash")
+        if used != SOURCES[name].config(config.profile).config_hash():
+            log.info("interventions: the %s sweep changed since the table was computed; recomputing", name)
+            return True
+    return False
 
 
 if __name__ == "__main__":
