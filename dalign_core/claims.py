@@ -25,7 +25,7 @@ from dalign_core import intervention_report
 from dalign_core.report import width_verdicts
 from dalign_core.results import read_table
 
-__all__ = ["NOT_RUN", "RULES", "Row", "claims_table", "LLAMA_PAPER_D_ALIGN"]
+__all__ = ["NOT_RUN", "RULES", "Row", "claims_table", "by_profile", "LLAMA_PAPER_D_ALIGN"]
 
 NOT_RUN = "not run at this profile"
 LLAMA_PAPER_D_ALIGN = {512: 3.9, 3072: 9.5}
@@ -189,9 +189,10 @@ def _certificate_rows(results: Path) -> list[Row]:
 def _intervention_rows(results: Path) -> list[Row]:
     table, chapter = _read(results, "interventions"), "05_interventions"
     if table is None or table.empty:
-        return [Row("positive alignment predicts a decrease", "all families", "consistently (§3)", "—", NOT_RUN,
-                    chapter),
-                Row("retention at small steps", "all families", "96–99% (§3)", "—", NOT_RUN, chapter)]
+        return [Row(claim, name, paper, "—", NOT_RUN, chapter)
+                for claim, paper in (("positive alignment predicts a decrease", "consistently (§3)"),
+                                     ("retention at small steps", "96–99% (§3)"))
+                for name in FAMILY_NAMES.values()]
     _, provenance = read_table(results, "interventions")
     step = provenance["config"]["small_step"]
     rows = []
@@ -216,3 +217,23 @@ def claims_table(results: str | Path) -> pd.DataFrame:
     rows = [row for section in SECTIONS for row in section(Path(results))]
     table = pd.DataFrame([row.__dict__ for row in rows])
     return table.assign(rule=table.claim.map(RULES))
+
+
+def by_profile(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """One row per (claim, scope), one verdict column per profile (``profile → claims table``).
+
+    Rows keep the paper's order. A family that has not run at a profile has a single
+    row without its regime ("Pythia"); where another profile names the regimes
+    ("Pythia, 6 layers"), those rows stand for it and read "not run at this profile".
+    """
+    keys: list[tuple[str, str]] = []
+    for table in tables.values():
+        keys += [key for key in zip(table.claim, table.scope) if key not in keys]
+    specific = {(claim, scope.split(",")[0]) for claim, scope in keys if "," in scope}
+    keys = [key for key in keys if key not in specific]
+    order = {claim: i for i, claim in enumerate(RULES)}
+    keys.sort(key=lambda key: order.get(key[0], len(order)))  # stable: scopes keep their order within a claim
+    columns = {name: table.set_index(["claim", "scope"]).verdict.to_dict() for name, table in tables.items()}
+    return pd.DataFrame([{"claim": claim, "scope": scope,
+                          **{name: verdicts.get((claim, scope), NOT_RUN) for name, verdicts in columns.items()}}
+                         for claim, scope in keys])

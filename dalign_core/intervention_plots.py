@@ -47,7 +47,7 @@ def retention_curves(table: pd.DataFrame, low: float = -0.5) -> plt.Figure:
                     color=colors[family], alpha=0.8, label=FAMILY_NAMES.get(family, family))
         ax.set_xscale("log")
         log_ticks(ax.xaxis, study.train_decrease)
-        ax.set_ylim(low, 1.15)
+        ax.set_ylim(low, 1.5)
         ax.set_title(KIND_NAMES[kind])
         ax.set_xlabel(r"step $\delta$ (train-loss decrease, nats)")
     axes[0].set_ylabel(r"retention $\Delta L_K / (-\eta\,\langle G_M, G_K\rangle)$")

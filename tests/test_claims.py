@@ -88,4 +88,24 @@ def test_the_experiment_writes_the_table_and_the_tables_it_read(tmp_path):
     written = pd.read_csv(out / "claims.csv")
     assert len(written) == len(claims.claims_table(tmp_path))
     provenance = json.loads((out / "claims.json").read_text())
-    assert set(provenance["inputs"]) == {"llama_misalignment"}
+    assert set(provenance["inputs"]) == {"code", "llama_misalignment"}
+    # reused while nothing changed; recomputed once an input table is rewritten
+    config = claims_experiment.Config.for_profile("smoke")
+    claims_experiment.run(config, out_dir=tmp_path)
+    assert json.loads((out / "claims.json").read_text())["written_utc"] == provenance["written_utc"]
+    _write(tmp_path, "llama_misalignment", _misalignment([0.5, 0.1, 0.4]))
+    claims_experiment.run(config, out_dir=tmp_path)
+    again = pd.read_csv(out / "claims.csv").set_index(["claim", "scope"]).verdict
+    assert again[("empirical ≤ B_exact ≤ B_align", "LLaMA")] == "partly"
+
+
+def test_every_profile_lines_up_regimes_and_marks_what_did_not_run(tmp_path):
+    _write(tmp_path, "llama_misalignment", _misalignment([0.5, 0.45, 0.4]))
+    cpu = claims.claims_table(tmp_path)
+    cpu.loc[cpu.scope == "Pythia", "scope"] = "Pythia, 6 layers"  # as if Pythia had run at cpu
+    empty = claims.claims_table(tmp_path / "nothing")
+    table = claims.by_profile({"cpu": cpu, "gpu": empty})
+    assert not ((table.scope == "Pythia") & table.claim.isin(cpu.claim)).any()  # the regime row stands for it
+    row = table[(table.claim == "empirical ≤ B_exact ≤ B_align") & (table.scope == "LLaMA")].iloc[0]
+    assert (row.cpu, row.gpu) == ("reproduced", claims.NOT_RUN)
+    assert list(dict.fromkeys(table.claim)) == [c for c in claims.RULES if c in set(table.claim)]  # the paper's order

@@ -1,23 +1,25 @@
 """The claims table: every claim of the paper with our computed verdict, from one profile's results files.
 
 It trains nothing: it reads the tables the other experiments wrote into the same
-folder (:func:`dalign_core.claims.claims_table`) and is recomputed on every run, so it
-can never lag behind them. The provenance records which input tables it read, each
-with its config hash and commit.
+folder (:func:`dalign_core.claims.claims_table`). The provenance records which input
+tables it read (config hash, digest of the CSV) and a digest of the code that judges; the
+table is recomputed whenever any of them changed, so it never lags behind them.
 
 Run without Jupyter: ``python -m dalign_core.experiments.claims --profile cpu``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
+import dalign_core
 from dalign_core.claims import claims_table
-from dalign_core.config import PROFILES, ExperimentConfig
+from dalign_core.config import PROFILES, ExperimentConfig, default_results_dir
 from dalign_core.experiments._runner import main, run_experiment
 
 __all__ = ["Config", "TABLES", "run"]
@@ -35,15 +37,21 @@ class Config(ExperimentConfig):
     PROFILES = {profile: {} for profile in PROFILES}
 
 
+JUDGES = ("claims.py", "intervention_report.py", "report.py", "trend.py")
+"""The modules whose code decides a verdict: a change to them makes the table stale too."""
+
+
 def _inputs(out_dir: Path) -> dict[str, dict]:
-    """The provenance of every table the claims read: its config hash and commit."""
-    inputs = {}
+    """The provenance of every table the claims read (config hash and commit), and the judging code's digest."""
+    code = hashlib.sha256(b"".join((Path(dalign_core.__file__).parent / name).read_bytes() for name in JUDGES))
+    inputs = {"code": {"sha256": code.hexdigest()[:16]}}
     for path in sorted(out_dir.glob("*.json")):
         if path.stem == "claims":
             continue
         record = json.loads(path.read_text())
+        table = path.with_suffix(".csv")
         inputs[path.stem] = {"config_hash": record.get("config_hash"),
-                             "commit": (record.get("git") or {}).get("commit")}
+                             "sha256": hashlib.sha256(table.read_bytes()).hexdigest()[:16] if table.is_file() else None}
     return inputs
 
 
@@ -51,9 +59,16 @@ def compute(config: Config, out_dir: Path) -> tuple[dict[str, pd.DataFrame], dic
     return {"claims": claims_table(out_dir)}, {"inputs": _inputs(Path(out_dir))}
 
 
-def run(config: Config, out_dir: str | Path | None = None, force: bool = True) -> Path:
-    """Judge every claim from the tables in ``out_dir`` (default ``results/<profile>``); always recomputed."""
-    return run_experiment("claims", TABLES, config, compute, out_dir=out_dir, force=True)
+def run(config: Config, out_dir: str | Path | None = None, force: bool = False) -> Path:
+    """Judge every claim from the tables in ``out_dir`` (default ``results/<profile>``).
+
+    The table is rewritten whenever an input table or the judging code changed since it
+    was written (so it never lags behind them), else reused as it is.
+    """
+    out_dir = Path(out_dir) if out_dir is not None else default_results_dir(config.profile)
+    record = out_dir / "claims.json"
+    stale = not record.is_file() or json.loads(record.read_text()).get("inputs") != _inputs(out_dir)
+    return run_experiment("claims", TABLES, config, compute, out_dir=out_dir, force=force or stale)
 
 
 if __name__ == "__main__":
