@@ -52,6 +52,7 @@ import pytest
 import yaml
 
 from dalign_core.config import REPO_ROOT
+from tests.test_notebooks import _toc_files
 
 BOOK = REPO_ROOT / "book"
 SCREENSHOTS = BOOK / "_build" / "screenshots"
@@ -95,21 +96,6 @@ from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 # ---------------------------------------------------------------------------
 # The book under test
-
-
-def _toc_files(node) -> list[str]:
-    """Every ``root``/``file`` entry of a jupyter-book _toc.yml, at any depth."""
-    found: list[str] = []
-    if isinstance(node, dict):
-        for key, value in node.items():
-            if key in ("file", "root") and isinstance(value, str):
-                found.append(value)
-            else:
-                found += _toc_files(value)
-    elif isinstance(node, list):
-        for item in node:
-            found += _toc_files(item)
-    return found
 
 
 def _execute_chapters(chapters: Path, reuse: Path, results: Path) -> tuple[int, int]:
