@@ -116,11 +116,13 @@ def _width_rows(results: Path) -> list[Row]:
             trend_part, mis_part = _part(trend, column, value), _part(misalignment, column, value)
             layer = _primary_layer(mis_part)
             step, loss, budget = width_verdicts(trend_part, layer)
-            for name, judged, paper in (("d_align rises with width (matched steps)", step, "rises (§1)"),
-                                        ("d_align rises with width (matched loss)", loss, "rises (§1)"),
-                                        ("misalignment falls with width at fixed (M, K)", budget, "falls (§2)")):
+            for name, judged, paper, where in (
+                    ("d_align rises with width (matched steps)", step, "rises (§1)", "late checkpoints"),
+                    ("d_align rises with width (matched loss)", loss, "rises (§1)", "loss levels"),
+                    ("misalignment falls with width at fixed (M, K)", budget, "falls (§2)", "budgets")):
                 label = NOT_RUN if judged.label == "not run" else judged.label
-                ours = (f"ρ interval on the right side at {judged.holds} of {judged.total}"
+                ours = (f"ρ's interval on the claimed side at {judged.holds} of {judged.total} {where}"
+                        f"{f', opposite at {judged.reversed}' if judged.reversed else ''}"
                         if judged.total else "—")
                 rows.append(Row(name, scope_of(value), paper, ours, label, chapter))
     return rows
