@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from dalign_core import intervention_report
+from dalign_core.intervention_report import FAMILY_NAMES
 from dalign_core.report import width_verdicts
 from dalign_core.results import read_table
 
@@ -30,7 +31,6 @@ __all__ = ["NOT_RUN", "RULES", "Row", "claims_table", "by_profile", "LLAMA_PAPER
 NOT_RUN = "not run at this profile"
 LLAMA_PAPER_D_ALIGN = {512: 3.9, 3072: 9.5}
 """The paper's d_align of its narrowest and widest LLaMA-style models."""
-FAMILY_NAMES = {"llama": "LLaMA", "pythia": "Pythia", "resnet": "ResNet-20"}
 NUMBER_TOLERANCE = 0.25
 """A headline number is reproduced when ours lies within 25% of the paper's."""
 TRACKING = {"reproduced": 0.7, "partly": 0.3}

@@ -11,13 +11,12 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from dalign_core.intervention_report import PAPER_RETENTION, Z_BINS
+from dalign_core.intervention_report import FAMILY_NAMES, PAPER_RETENTION, Z_BINS
 from dalign_core.plots import COLUMN_WIDTH, _empty, _legend_below, log_ticks
 
 __all__ = ["retention_curves", "curvature_check", "sign_by_size", "rates_beside_certificates"]
 
 KIND_NAMES = {"bias": "shared bias", "block": "zero-output block"}
-FAMILY_NAMES = {"llama": "LLaMA", "pythia": "Pythia", "resnet": "ResNet-20"}
 
 
 def _family_colors(families) -> dict:

@@ -30,7 +30,7 @@ from dalign_core.report import _num
 
 __all__ = ["PAPER_RETENTION", "Z_BINS", "agreement", "sign_agreement", "retention_at", "first_order_range",
            "block_explained", "theory_vs_observation", "retention_verdict", "sign_verdict", "describe_retention",
-           "describe_sign"]
+           "describe_sign", "describe_lowest_bin", "FAMILY_NAMES"]
 
 PAPER_RETENTION = (0.96, 0.99)
 RETENTION_BANDS = {"reproduced": (0.96, 1.04), "partly": (0.90, 1.10)}
@@ -39,6 +39,9 @@ SIGN_BANDS = {"reproduced": 0.95, "partly": 0.80}
 FIRST_ORDER_TOLERANCE = 0.10
 Z_BINS = (0.0, 0.25, 0.5, 1.0, 2.0, math.inf)
 """Edges of |μ_Mᵀg_K| / sd, the statistic's size against its spread over draws."""
+
+FAMILY_NAMES = {"llama": "LLaMA", "pythia": "Pythia", "resnet": "ResNet-20"}
+"""How a family is named in a sentence."""
 
 _DRAW = ["family", "model", "width", "seed", "layer", "setting", "kind", "M", "K"]
 
@@ -167,7 +170,7 @@ def describe_retention(table: pd.DataFrame, step: float) -> str:
         larger = float(larger[larger.kind == "bias"].retention.median()) if len(larger) else median
         side = ("less than predicted: the curvature along the step is positive" if larger < 1 else
                 "more than predicted: the curvature along the step is negative")
-        lines.append(f"- **{family}**: at δ = {_num(step)} nats the held-out change kept a median "
+        lines.append(f"- **{FAMILY_NAMES.get(family, family)}**: at δ = {_num(step)} nats the held-out change kept a median "
                      f"{_percent(median)} of the predicted one (paper: {PAPER_RETENTION[0]:.0%}–"
                      f"{PAPER_RETENTION[1]:.0%}): **{label}**; {reach}; at 100 times the step the loss changes {side}.")
     return "\n".join(lines) if lines else "No trained model was intervened on at this profile."
@@ -177,7 +180,23 @@ def describe_sign(table: pd.DataFrame) -> str:
     """A sentence per family: how often positive alignment came with a decrease of the held-out loss."""
     lines = []
     for family, (label, share) in sign_verdict(table).items():
-        lines.append(f"- **{family}**: of {share['draws']} draws with $\\mu_M^\\top g_K > 0$, "
+        lines.append(f"- **{FAMILY_NAMES.get(family, family)}**: of {share['draws']} draws with $\\mu_M^\\top g_K > 0$, "
                      f"{_percent(share['agree'])} [{_percent(share['agree_lo'])}, {_percent(share['agree_hi'])}] "
                      f"lowered the held-out loss: **{label}**.")
     return "\n".join(lines) if lines else "No draw with positive alignment at this profile."
+
+
+def describe_lowest_bin(agreement: pd.DataFrame) -> str:
+    """Sign agreement where the statistic is smallest against its spread, beside the agreement over all draws."""
+    first = str(pd.Interval(Z_BINS[0], Z_BINS[1], closed="left"))
+    parts = []
+    for family, group in agreement.groupby("family"):
+        low, overall = group[group.z_bin == first], group[group.z_bin == "all"]
+        if len(low) and len(overall):
+            low, overall = low.iloc[0], overall.iloc[0]
+            parts.append(f"{FAMILY_NAMES.get(family, family)} {_percent(low.agree)} [{_percent(low.agree_lo)}, "
+                         f"{_percent(low.agree_hi)}] of {low.draws} draws (all draws: {_percent(overall.agree)})")
+    if not parts:
+        return ""
+    return (f"Where $|\\mu_M^\\top g_K|$ is below {Z_BINS[1]:g} of its standard deviation, the signs agree in "
+            + "; ".join(parts) + ".")

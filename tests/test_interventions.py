@@ -118,6 +118,9 @@ def test_sign_verdicts_and_intervals_stay_honest_at_the_edges():
     overall = bins[bins.z_bin == "all"].iloc[0]
     assert overall.agree == 1.0 and overall.draws == 4
     assert "lowered the held-out loss: **reproduced**" in report.describe_sign(perfect)
+    near_zero = _sign_rows([0.01, 2.0, 3.0, -2.0], [1e-6, -2e-4, -3e-4, 2e-4])  # curvature beats a tiny prediction
+    lowest = report.describe_lowest_bin(report.sign_agreement(near_zero))
+    assert "0.0% [0.0%, 79.3%] of 1 draws (all draws: 75.0%)" in lowest
 
 
 def test_retention_verdict_bands():
