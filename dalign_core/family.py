@@ -17,6 +17,7 @@ on random pools. Only a few answers differ per family, and they live in a
 ``baseline``        the held-out loss a trained model must beat (else: a failed run)
 ``train_settings``  optional optimizer and schedule (default AdamW with cosine decay)
 ``quality``         optional held-out metrics beside the loss (a classifier's accuracy)
+``evaluate``        optional: the loss and those metrics from one pass (default: one call of each)
 ``failure``         optional rule for a failed run (default: the loss does not beat the baseline)
 ``columns``         optional columns every row carries (the depth regime, the data set)
 ``extra_rows``      optional family-only measurements at the final checkpoint
@@ -206,6 +207,11 @@ class Family(abc.ABC):
     def quality(self, model: nn.Module, examples: Any, config: SweepConfig) -> dict[str, float]:
         """Held-out metrics besides the loss, recorded at every checkpoint (e.g. ``{"test_accuracy": 0.91}``)."""
         return {}
+
+    def evaluate(self, model: nn.Module, examples: Any, config: SweepConfig) -> tuple[float, dict[str, float]]:
+        """``(heldout_metric, quality)`` at a checkpoint; a family whose metrics share a forward pass overrides it
+        to run the examples through the model once."""
+        return self.heldout_metric(model, examples, config), self.quality(model, examples, config)
 
     def failure(self, config: SweepConfig, heldout_loss: float, baseline: float, quality: dict[str, float]) -> str:
         """Why a trained run counts as failed, or ``""``: by default, its held-out loss does not beat the baseline."""

@@ -247,8 +247,7 @@ def _measure(config, family, model, result, splits, pools, base, device):
     for step in sorted(result.checkpoints):
         load_weights(model, result.checkpoints[step])
         model.eval()
-        heldout_loss = family.heldout_metric(model, evaluation, config)
-        quality = family.quality(model, evaluation, config)
+        heldout_loss, quality = family.evaluate(model, evaluation, config)
         for pool in ("heldout", "train"):
             if pool == "train" and step not in config.train_pool_checkpoints:
                 continue

@@ -109,6 +109,19 @@ def test_accuracy_floor_and_baseline():
     assert family.baseline(splits, (None, torch.tensor([0, 1])), config) == pytest.approx(expected)
 
 
+def test_one_pass_evaluation_equals_the_loss_and_the_accuracy(monkeypatch):
+    family, config = resnet_width.FAMILY, resnet_width.Config.for_profile("smoke")
+    model = resnet20(0.25, num_classes=3).eval()
+    g = torch.Generator().manual_seed(0)
+    examples = (torch.randint(0, 256, (10, 3, 32, 32), generator=g, dtype=torch.uint8), torch.arange(10) % 3)
+    passes = []
+    monkeypatch.setattr(model, "forward", lambda x, _f=model.forward: passes.append(len(x)) or _f(x))
+    loss, quality = family.evaluate(model, examples, config)
+    assert sum(passes) == 10  # every image once
+    assert loss == family.heldout_metric(model, examples, config)
+    assert quality == family.quality(model, examples, config)
+
+
 def test_smoke_sweep_on_synthetic_images(tmp_path, monkeypatch):
     monkeypatch.setenv("DALIGN_CHECKPOINTS", str(tmp_path / "checkpoints"))
     monkeypatch.setenv("DALIGN_CACHE", str(tmp_path / "cache"))
