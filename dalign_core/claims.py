@@ -88,11 +88,23 @@ def _part(table: pd.DataFrame, column: str | None, value) -> pd.DataFrame:
     return table if column is None or column not in table else table[table[column] == value]
 
 
-_FAMILIES = (  # family, regime column, chapter, scope label
-    ("llama", None, "02_llama_width", lambda v: "LLaMA"),
-    ("pythia", "depth", "03_pythia_width", lambda v: f"Pythia, {v} layers"),
-    ("resnet", "dataset", "04_resnet_width", lambda v: f"ResNet-20, {v}"),
+_FAMILIES = (  # family, the column that tells its regimes apart, chapter
+    ("llama", None, "02_llama_width"),
+    ("pythia", "depth", "03_pythia_width"),
+    ("resnet", "dataset", "04_resnet_width"),
 )
+_REGIME_NAMES = {"depth": "{} layers", "dataset": "{}"}
+_WIDTH_CLAIMS = (  # claim, the paper's, what a trend row is
+    ("d_align rises with width (matched steps)", "rises (§1)", "late checkpoints"),
+    ("d_align rises with width (matched loss)", "rises (§1)", "loss levels"),
+    ("misalignment falls with width at fixed (M, K)", "falls (§2)", "budgets"),
+)
+
+
+def _scope(family: str, column: str | None, value) -> str:
+    """"Pythia, 6 layers" for a regime; the family's name alone where it has one regime or has not run."""
+    name = FAMILY_NAMES[family]
+    return name if column is None or value is None else f"{name}, {_REGIME_NAMES[column].format(value)}"
 
 
 def _primary_layer(misalignment: pd.DataFrame) -> str | None:
@@ -103,28 +115,22 @@ def _primary_layer(misalignment: pd.DataFrame) -> str | None:
 
 def _width_rows(results: Path) -> list[Row]:
     rows = []
-    for family, column, chapter, scope_of in _FAMILIES:
+    for family, column, chapter in _FAMILIES:
         trend, misalignment = _read(results, f"{family}_trend"), _read(results, f"{family}_misalignment")
         regimes = _regimes(trend, column) if misalignment is not None else []
         if not regimes:
-            for claim in ("d_align rises with width (matched steps)", "d_align rises with width (matched loss)",
-                          "misalignment falls with width at fixed (M, K)"):
-                rows.append(Row(claim, scope_of("…").split(",")[0], "rises (§1)" if "d_align" in claim else
-                                "falls (§2)", "—", NOT_RUN, chapter))
+            rows += [Row(claim, _scope(family, column, None), paper, "—", NOT_RUN, chapter)
+                     for claim, paper, _ in _WIDTH_CLAIMS]
             continue
         for value in regimes:
             trend_part, mis_part = _part(trend, column, value), _part(misalignment, column, value)
-            layer = _primary_layer(mis_part)
-            step, loss, budget = width_verdicts(trend_part, layer)
-            for name, judged, paper, where in (
-                    ("d_align rises with width (matched steps)", step, "rises (§1)", "late checkpoints"),
-                    ("d_align rises with width (matched loss)", loss, "rises (§1)", "loss levels"),
-                    ("misalignment falls with width at fixed (M, K)", budget, "falls (§2)", "budgets")):
+            judged_rows = width_verdicts(trend_part, _primary_layer(mis_part))  # matched steps, loss, budgets
+            for (claim, paper, where), judged in zip(_WIDTH_CLAIMS, judged_rows):
                 label = NOT_RUN if judged.label == "not run" else judged.label
                 ours = (f"ρ's interval on the claimed side at {judged.holds} of {judged.total} {where}"
                         f"{f', opposite at {judged.reversed}' if judged.reversed else ''}"
                         if judged.total else "—")
-                rows.append(Row(name, scope_of(value), paper, ours, label, chapter))
+                rows.append(Row(claim, _scope(family, column, value), paper, ours, label, chapter))
     return rows
 
 
@@ -149,11 +155,11 @@ def _label(holds: int, total: int) -> str:
 
 def _certificate_rows(results: Path) -> list[Row]:
     rows = []
-    for family, column, chapter, scope_of in _FAMILIES:
+    for family, column, chapter in _FAMILIES:
         table = _read(results, f"{family}_misalignment")
         same = None if table is None else table[(table.setting == "heldout/heldout") & table.trained_ok.astype(bool)]
         for value in _regimes(same, column) or [None]:
-            scope = scope_of(value) if value is not None else scope_of("…").split(",")[0]
+            scope = _scope(family, column, value)
             part = _part(same, column, value) if same is not None else None
             if part is None or part.empty:
                 for claim, paper in (("empirical ≤ B_exact ≤ B_align", "ordered (§2)"),

@@ -367,13 +367,17 @@ def _device_of(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def _to(value: Any, device: torch.device) -> Any:
+def _to(value: Any, device: torch.device, float_dtype: torch.dtype | None = None) -> Any:
+    """``value`` (a tensor, or tensors nested in mappings and sequences) on ``device``; with ``float_dtype``,
+    floating tensors also take that dtype (token ids and labels keep theirs)."""
     if isinstance(value, torch.Tensor):
+        if float_dtype is not None and value.is_floating_point():
+            return value.to(device, float_dtype)
         return value.to(device)
     if isinstance(value, Mapping):
-        return {k: _to(v, device) for k, v in value.items()}
+        return {k: _to(v, device, float_dtype) for k, v in value.items()}
     if isinstance(value, (tuple, list)):
-        return type(value)(_to(v, device) for v in value)
+        return type(value)(_to(v, device, float_dtype) for v in value)
     return value
 
 

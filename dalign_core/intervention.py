@@ -51,7 +51,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from dalign_core.hooks import _call, _primary, _split_batch, _to, check_capturable, per_example_loss, resolve_layers
 
-__all__ = ["Intervention", "shared_bias_step", "residual_block_step", "train_decrease_steps", "KINDS"]
+__all__ = ["Intervention", "shared_bias_step", "residual_block_step", "train_decrease_steps",
+           "train_decrease_draws", "KINDS"]
 
 KINDS = ("bias", "block")
 
@@ -111,11 +112,14 @@ def _added(module: nn.Module, add: Callable[[torch.Tensor], torch.Tensor]) -> It
 
 
 def _mean_loss(model: nn.Module, batches: Iterable[Any], device: torch.device) -> torch.Tensor:
-    """Mean per-example loss over every example of ``batches`` (a differentiable scalar)."""
+    """Mean per-example loss over every example of ``batches`` (a differentiable scalar).
+
+    Floating inputs (images) take the model's dtype, so a float64 copy of a model takes the same batches."""
+    dtype = next(model.parameters()).dtype
     total, count = 0.0, 0
     for batch in batches:
         inputs, targets = _split_batch(batch)
-        inputs, targets = _to(inputs, device), _to(targets, device)
+        inputs, targets = _to(inputs, device, dtype), _to(targets, device)
         losses = per_example_loss(_call(model, inputs), inputs, targets)
         total = total + losses.sum()
         count += losses.numel()
@@ -216,17 +220,16 @@ class _Insertions:
     def curvature(self, batches, kind: str, direction: torch.Tensor) -> float:
         """``uᵀ H u``: the second derivative of the mean loss along the parameter direction ``u``."""
         direction = direction.to(self.device)
-        add = (lambda z, t: _along_features(z, t * direction)) if kind == "bias" else (
-            lambda z, t: self.block.output(z, t * direction))
-        return _curvature(self.model, self.module, batches, self.device, add)
+        return _curvature(self.model, self.module, batches, self.device,
+                          lambda z, t: self.add(kind, t * direction)(z))
 
 
-def _steps(insertions: _Insertions, train_batches, heldout_batches, kinds, etas_of, curvature: bool = True,
-           heldout_base: float | None = None) -> list[Intervention]:
+def _steps(insertions: _Insertions, train_batches, heldout_batches, kinds, etas_of, curvature: bool = True
+           ) -> list[Intervention]:
     """Each kind's steps ``−η G_M``, (η, δ) from ``etas_of(‖G_M‖²)``: predicted, observed, curvature."""
     train = insertions.gradients(train_batches, kinds)
     heldout = insertions.gradients(heldout_batches, kinds)
-    base = insertions.loss(heldout_batches) if heldout_base is None else heldout_base
+    base = insertions.loss(heldout_batches)
     out = []
     for kind in kinds:
         alignment = float((train[kind] * heldout[kind]).sum())
@@ -288,6 +291,19 @@ def train_decrease_steps(model: nn.Module, layer: str, train_batches: list, held
     Returns:
         One :class:`Intervention` per (kind, δ), kinds in the order given.
     """
+    return next(train_decrease_draws(model, layer, [(train_batches, heldout_batches)], decreases, kinds=kinds,
+                                     hidden=hidden, seed=seed, curvature=curvature))
+
+
+def train_decrease_draws(model: nn.Module, layer: str, draws: Iterable[tuple[list, list]],
+                         decreases: Iterable[float], kinds: Iterable[str] = KINDS, hidden: int | None = None,
+                         seed: int = 0, curvature: bool = True) -> Iterator[list[Intervention]]:
+    """:func:`train_decrease_steps` for each ``(train_batches, heldout_batches)`` of ``draws``, in order.
+
+    The insertion point is resolved, the model checked and the block's ``W₁`` drawn once
+    for all draws (the same block in every draw), so many resamples of (M, K) cost only
+    their own passes. Yields one list of :class:`Intervention` per draw.
+    """
     kinds = tuple(kinds)
     unknown = sorted(set(kinds) - set(KINDS))
     if unknown or not kinds:
@@ -295,6 +311,13 @@ def train_decrease_steps(model: nn.Module, layer: str, train_batches: list, held
     decreases = [float(d) for d in decreases]
     if not decreases or min(decreases) <= 0:
         raise ValueError(f"decreases {decreases} must be positive losses in nats")
-    insertions = _Insertions(model, layer, heldout_batches[0], hidden, seed)
-    return _steps(insertions, train_batches, heldout_batches, kinds,
-                  lambda norm_sq: [(d / norm_sq if norm_sq > 0 else 0.0, d) for d in decreases], curvature=curvature)
+    return _each_draw(model, layer, draws, kinds, hidden, seed, curvature,
+                      lambda norm_sq: [(d / norm_sq if norm_sq > 0 else 0.0, d) for d in decreases])
+
+
+def _each_draw(model, layer, draws, kinds, hidden, seed, curvature, etas_of) -> Iterator[list[Intervention]]:
+    insertions = None
+    for train_batches, heldout_batches in draws:
+        if insertions is None:  # the block's width is the insertion point's, known from the first forward pass
+            insertions = _Insertions(model, layer, heldout_batches[0], hidden, seed)
+        yield _steps(insertions, train_batches, heldout_batches, kinds, etas_of, curvature=curvature)

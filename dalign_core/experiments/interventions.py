@@ -44,8 +44,8 @@ from dalign_core._tensor import derived_seed, resolve_device
 from dalign_core.config import ExperimentConfig, default_results_dir
 from dalign_core.experiments import llama_width, pythia_width, resnet_width
 from dalign_core.experiments._runner import main, run_experiment
-from dalign_core.family import Family, SweepConfig, take
-from dalign_core.intervention import train_decrease_steps
+from dalign_core.family import Family, SweepConfig, count, take
+from dalign_core.intervention import train_decrease_draws, train_decrease_steps
 from dalign_core.sweep import prepare, trained_model
 
 __all__ = ["Config", "Source", "SOURCES", "TABLES", "run", "SETTINGS"]
@@ -124,19 +124,6 @@ class Config(ExperimentConfig):
             raise ValueError(f"small_step {self.small_step} must be one of retention_steps {self.retention_steps}")
 
 
-def _float64(batches: list) -> list:
-    """``batches`` with floating tensors (images) in float64, for a float64 model; token ids are left as they are."""
-    def cast(value):
-        if isinstance(value, torch.Tensor) and value.is_floating_point():
-            return value.double()
-        if isinstance(value, (tuple, list)):
-            return type(value)(cast(v) for v in value)
-        if isinstance(value, dict):
-            return {k: cast(v) for k, v in value.items()}
-        return value
-    return [cast(batch) for batch in batches]
-
-
 def _draw(setting: str, n_train: int, n_heldout: int, M: int, K: int, key) -> tuple[torch.Tensor, torch.Tensor, str]:
     """Indices of M examples (into the train or held-out pool) and K held-out ones, disjoint in one pool."""
     g = torch.Generator().manual_seed(derived_seed("interventions", *key))
@@ -161,26 +148,27 @@ def model_rows(config: Config, sweep_config: SweepConfig, family: Family, model,
     primary = family.primary_layer(sweep_config)
     layers = [primary] + [points[-1]] * (points[-1] != primary)
     batches = lambda examples: family.batches(examples, sweep_config.capture_batch)  # noqa: E731
-    n_train, n_heldout = (len(p[1]) if isinstance(p, tuple) else len(p) for p in (pools["train"], pools["heldout"]))
+    n_train, n_heldout = count(pools["train"]), count(pools["heldout"])
     block_seed = derived_seed("interventions-block", config.seed)
     rows = []
     M, K = config.retention_budget
     train_idx, heldout_idx, source = _draw("train/heldout", n_train, n_heldout, M, K, (config.seed, "retention"))
-    wide = copy.deepcopy(model).double()
-    steps = train_decrease_steps(wide, primary, _float64(batches(take(pools[source], train_idx))),
-                                 _float64(batches(take(pools["heldout"], heldout_idx))), config.retention_steps,
+    steps = train_decrease_steps(copy.deepcopy(model).double(), primary, batches(take(pools[source], train_idx)),
+                                 batches(take(pools["heldout"], heldout_idx)), config.retention_steps,
                                  hidden=config.hidden, seed=block_seed)
     rows += _rows(steps, base, study="retention", setting="train/heldout", layer=primary, M=M, K=K, resample=0)
-    del wide
+
+    def draws(setting, M, K):
+        for r in range(config.resamples):
+            train_idx, heldout_idx, source = _draw(setting, n_train, n_heldout, M, K, (config.seed, setting, M, K, r))
+            yield batches(take(pools[source], train_idx)), batches(take(pools["heldout"], heldout_idx))
+
     for layer in layers:
         for setting in SETTINGS:
             for M, K in config.budgets:
-                for r in range(config.resamples):
-                    train_idx, heldout_idx, source = _draw(setting, n_train, n_heldout, M, K,
-                                                           (config.seed, setting, M, K, r))
-                    steps = train_decrease_steps(model, layer, batches(take(pools[source], train_idx)),
-                                                 batches(take(pools["heldout"], heldout_idx)), [config.sign_step],
+                resampled = train_decrease_draws(model, layer, draws(setting, M, K), [config.sign_step],
                                                  hidden=config.hidden, seed=block_seed, curvature=False)
+                for r, steps in enumerate(resampled):
                     rows += _rows(steps, base, study="sign", setting=setting, layer=layer, M=M, K=K, resample=r)
     return rows
 
