@@ -18,7 +18,13 @@ data best.
 (``--model EleutherAI/pythia-70m --revision step1000``), or for a local folder its
 subfolder ``<folder>/<revision>/`` (``--model ./pythia-70m --revision step1000``).
 
-``dalign layers --model MODEL`` lists the insertion points.
+``dalign layers --model MODEL`` lists the insertion points; with ``--data`` it adds each
+one's redundancy fraction (:mod:`dalign_core.redundancy`) of the shared and the full q on
+``--redundancy-examples`` examples: the share of q that trained parameters' gradients
+already own (above 0.9, training drives ‖μ‖² to zero at any width and d_align there
+says little about width). ``dalign estimate`` checks the q it measured the same way,
+on up to ``--redundancy-examples`` of its examples, warns above 0.9 and writes the
+fraction to the CSV (``redundancy``, ``redundant_with``).
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ import torch
 
 from dalign_core._tensor import resolve_device
 
-__all__ = ["main", "build_parser", "estimate", "format_table"]
+__all__ = ["main", "build_parser", "estimate", "format_table", "format_redundancy"]
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
@@ -64,25 +70,19 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--layer", required=True,
                      help="module path as in model.named_modules() (e.g. model.layers.1), several separated by commas, "
                           "or 'all' for every residual block")
-    est.add_argument("--data", required=True, help="local UTF-8 text file, or a Hugging Face dataset name (network)")
+    _add_data_options(est, required=True)
     est.add_argument("--examples", "-n", type=int, required=True, help="number of examples (sequences), at least 5")
     est.add_argument("--m", type=float, default=None, help="train budget M for the certificates (default: N)")
     est.add_argument("--k", type=float, default=None, help="test budget K for the certificates (default: N)")
-    est.add_argument("--seq-len", type=int, default=128, help="tokens per example (default: 128)")
-    est.add_argument("--batch-size", type=int, default=16, help="examples per forward/backward pass (default: 16)")
-    est.add_argument("--split-mode", choices=("chunks", "lines"), default="chunks",
-                     help="chunks: consecutive windows of --seq-len tokens (default); lines: one example per line")
     est.add_argument("--reduction", choices=("shared", "full"), default="shared",
                      help="shared: sum q over positions (dimension N, default); full: keep positions (T·N)")
     est.add_argument("--confidence", type=float, default=0.95, help="confidence level of the intervals (default: 0.95)")
     est.add_argument("--sketch-dim", type=int, default=None, help="keep k-dim CountSketches of q instead of q")
-    est.add_argument("--tokenizer", default=None, help="tokenizer folder or id (default: the model's)")
-    est.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, … (default: cuda if available)")
+    est.add_argument("--redundancy-examples", type=int, default=256,
+                     help="check on up to this many of the examples whether q is already a trained parameter's "
+                          "gradient (warns above a fraction of 0.9; 0: skip; default: 256)")
     est.add_argument("--dtype", choices=("float32", "bfloat16", "float16", "float64"), default="float32",
                      help="model dtype (default: float32)")
-    est.add_argument("--dataset-config", default=None, help="Hugging Face dataset config name")
-    est.add_argument("--dataset-split", default="validation", help="Hugging Face dataset split (default: validation)")
-    est.add_argument("--text-field", default="text", help="Hugging Face dataset text column (default: text)")
     est.add_argument("--out", type=Path, default=None, help="write the results as CSV (atomically)")
     est.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
 
@@ -90,7 +90,27 @@ def build_parser() -> argparse.ArgumentParser:
     lay.add_argument("--model", required=True, help="local checkpoint folder or Hugging Face id")
     lay.add_argument("--revision", default=None, help="checkpoint revision (Hub branch or local subfolder)")
     lay.add_argument("--all-modules", action="store_true", help="list every named module, not only residual blocks")
+    _add_data_options(lay, required=False)
+    lay.add_argument("--redundancy-examples", type=int, default=64,
+                     help="with --data: examples for each block's redundancy fraction (default: 64)")
     return parser
+
+
+def _add_data_options(parser: argparse.ArgumentParser, required: bool) -> None:
+    """The options that say which examples to read (``--data``) and how to run the model on them."""
+    parser.add_argument("--data", required=required, default=None,
+                        help="local UTF-8 text file, or a Hugging Face dataset name (network)"
+                             + ("" if required else "; with it, each block's redundancy fraction is shown"))
+    parser.add_argument("--seq-len", type=int, default=128, help="tokens per example (default: 128)")
+    parser.add_argument("--batch-size", type=int, default=16, help="examples per forward/backward pass (default: 16)")
+    parser.add_argument("--split-mode", choices=("chunks", "lines"), default="chunks",
+                        help="chunks: consecutive windows of --seq-len tokens (default); lines: one example per line")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer folder or id (default: the model's)")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, … (default: cuda if available)")
+    parser.add_argument("--dataset-config", default=None, help="Hugging Face dataset config name")
+    parser.add_argument("--dataset-split", default="validation",
+                        help="Hugging Face dataset split (default: validation)")
+    parser.add_argument("--text-field", default="text", help="Hugging Face dataset text column (default: text)")
 
 
 # ---------------------------------------------------------------------------
@@ -204,6 +224,7 @@ CSV_COLUMNS = [
     "d_align", "d_align_lo", "d_align_hi", "d_align_se",
     "b_exact", "b_align", "b_align_lo", "b_align_hi", "b_align_at_lo",
     "mean_sq_sq", "directional", "cov_energy", "method", "sketch_dim", "wall_time_s",
+    "redundancy", "redundant_with",
 ]
 
 
@@ -246,6 +267,9 @@ def _check_numbers(args: argparse.Namespace) -> None:
         raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
     if args.sketch_dim is not None and args.sketch_dim < 1:
         raise ValueError(f"--sketch-dim must be at least 1, got {args.sketch_dim}")
+    if args.redundancy_examples != 0 and args.redundancy_examples < 4:
+        raise ValueError(f"--redundancy-examples must be 0 (skip the check) or at least 4 (the held-out fit needs "
+                         f"them), got {args.redundancy_examples}")
     if not 0 < args.confidence < 1:
         raise ValueError(f"--confidence must lie strictly between 0 and 1, got {args.confidence}")
     for flag, value in (("--m", args.m), ("--k", args.k)):
@@ -304,11 +328,9 @@ def estimate(args: argparse.Namespace) -> list[dict]:
         check_data_file,
         check_seq_len,
         check_tokenizer_fits,
-        dataset_text_examples,
         load_model,
         load_tokenizer,
         make_batches,
-        read_text_examples,
         resolve_model_source,
     )
 
@@ -330,12 +352,7 @@ def estimate(args: argparse.Namespace) -> list[dict]:
     modules = resolve_layers(model, layer_arg)  # unknown names fail here, before any data is read
     block_index = _block_indices(model)
 
-    if data_path is not None:
-        sequences = read_text_examples(data_path, tokenizer, args.examples, args.seq_len, args.split_mode)
-    else:
-        sequences = dataset_text_examples(args.data, tokenizer, args.examples, args.seq_len,
-                                          config=args.dataset_config, split=args.dataset_split,
-                                          text_field=args.text_field, mode=args.split_mode)
+    sequences = _read_sequences(args, tokenizer, args.examples, data_path)
     if len(sequences) < 5:
         raise ValueError(
             f"{args.data} gives only {len(sequences)} example(s) of up to {args.seq_len} tokens; at least 5 are "
@@ -352,6 +369,10 @@ def estimate(args: argparse.Namespace) -> list[dict]:
     )
     M = args.m if args.m is not None else n
     K = args.k if args.k is not None else n
+    owned = {}
+    if args.redundancy_examples:  # is the q just measured a trained parameter's gradient?
+        owned = _redundancy_by_layer(model, list(modules), sequences[:args.redundancy_examples], args.batch_size,
+                                     (args.reduction,))
     wall = time.perf_counter() - start
     records = []
     for name, accumulator in accumulators.items():
@@ -362,25 +383,125 @@ def estimate(args: argparse.Namespace) -> list[dict]:
             reduction=args.reduction, seq_len=args.seq_len, M=M, K=K, confidence=args.confidence,
             b_exact=geometry.b_exact(M, K), wall_time_s=round(wall, 3), **_b_align_columns(row, M, K),
         )
+        check = owned.get((name, args.reduction))
+        row.update(redundancy=check["fraction"] if check else None,
+                   redundant_with=_owner(check) if check and _is_redundant(check) else None)
         records.append(row)
     ranked = sorted(records, key=lambda r: (-r["d_align"] if not math.isnan(r["d_align"]) else math.inf))
     for rank, row in enumerate(ranked, start=1):
         row["rank"] = rank
     print(format_table(records, args.confidence))
+    for row in records:
+        check = owned.get((row["layer"], args.reduction))
+        if check and _is_redundant(check):
+            print(_redundancy_warning(check), file=sys.stderr)
     if args.out is not None:
         _write_csv(args.out, records)
         print(f"wrote {args.out}")
     return records
 
 
+def _read_sequences(args: argparse.Namespace, tokenizer, count: int, data_path: Path | None) -> list[list[int]]:
+    """Up to ``count`` token sequences from ``--data`` (a local file when ``data_path`` is set, else a dataset)."""
+    from dalign_core.loading import dataset_text_examples, read_text_examples
+
+    if data_path is not None:
+        return read_text_examples(data_path, tokenizer, count, args.seq_len, args.split_mode)
+    return dataset_text_examples(args.data, tokenizer, count, args.seq_len, config=args.dataset_config,
+                                 split=args.dataset_split, text_field=args.text_field, mode=args.split_mode)
+
+
+def _redundancy_by_layer(model, layers: list[str], sequences, batch_size: int, reductions) -> dict:
+    """``(layer, reduction) -> row`` of :func:`dalign_core.redundancy.redundancy_rows` on ``sequences``."""
+    from dalign_core.loading import make_batches
+    from dalign_core.redundancy import redundancy_rows
+
+    rows = redundancy_rows(model, layers, make_batches(sequences, batch_size, pad_id=0), reductions=reductions)
+    return {(row["layer"], row["reduction"]): row for row in rows}
+
+
+def _is_redundant(row: dict) -> bool:
+    from dalign_core.redundancy import REDUNDANT
+
+    return row["fraction"] > REDUNDANT
+
+
+def _owner(row: dict) -> str | None:
+    """The trained parameter that owns q: the exact one, else the one explaining most of q on its own."""
+    return row["exact"] or row["owner"]
+
+
+def _redundancy_warning(row: dict) -> str:
+    from dalign_core.redundancy import REDUNDANT
+
+    what = (f"is exactly the per-example gradient of the trained parameter {row['exact']}" if row["exact"] else
+            f"lies {row['variance_explained']:.0%} in the span of trained parameters' gradients (most: {row['owner']})")
+    other = "--reduction full or another layer" if row["reduction"] == "shared" else "another layer"
+    return (f"warning: at {row['layer']} the {row['reduction']} q {what} (redundancy {row['fraction']:.2f} > "
+            f"{REDUNDANT}, n={row['n']}); training drives its mean to zero at any width, so d_align there says "
+            f"little about width: use {other}")
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else "…" + text[-(width - 1):]
+
+
+def format_redundancy(names: list[str], owned: dict, n: int, width: int = 80) -> str:
+    """The ``dalign layers --data`` table: each block's redundancy fraction of the shared and the full q."""
+    from dalign_core.redundancy import REDUNDANT
+
+    header = (f"redundancy of q at each block on n={n} examples: the share already owned by\n"
+              f"trained parameters' gradients (held-out fit; 1 = exactly one's gradient).\n"
+              f"Above {REDUNDANT}, training drives ||mu||^2 to 0 at any width (*).")
+    rows = []
+    for name in names:
+        shared, full = owned[name, "shared"], owned[name, "full"]
+        flag = "*" if _is_redundant(shared) or _is_redundant(full) else ""
+        owner = _owner(shared) if _is_redundant(shared) else _owner(full) if _is_redundant(full) else None
+        rows.append([name, f"{shared['fraction']:.2f}", f"{full['fraction']:.2f}", flag, owner or "-"])
+    used = max(len("layer"), *(len(r[0]) for r in rows)) + 2 + 6 + 2 + 4 + 2 + 1 + 2
+    for row in rows:
+        row[-1] = _clip(row[-1], max(width - used, 8))
+    return header + "\n" + _render(["layer", "shared", "full", "", "owned by"], rows, ["l", "r", "r", "l", "l"])
+
+
 def _layers(args: argparse.Namespace) -> None:
     from dalign_core.hooks import insertion_points
-    from dalign_core.loading import load_model, resolve_model_source
+    from dalign_core.loading import (
+        check_data_file,
+        check_seq_len,
+        check_tokenizer_fits,
+        load_model,
+        load_tokenizer,
+        resolve_model_source,
+    )
 
-    model = load_model(resolve_model_source(args.model, revision=args.revision))
+    if args.data is not None and args.all_modules:
+        raise ValueError("--all-modules lists names only; the redundancy column (--data) is for residual blocks: "
+                         "drop one of them")
+    if args.data is not None and args.redundancy_examples < 4:
+        raise ValueError(f"--redundancy-examples must be at least 4 (the held-out fit needs them), "
+                         f"got {args.redundancy_examples}")
+    source = resolve_model_source(args.model, revision=args.revision)
+    data_path = Path(args.data).expanduser() if args.data is not None and _is_local_data(args.data) else None
+    if data_path is not None:
+        check_data_file(data_path)
+    device = resolve_device(args.device) if args.data is not None else "cpu"
+    model = load_model(source, device=device)
     names = [n for n, _ in model.named_modules() if n] if args.all_modules else insertion_points(model)
-    for name in names:
-        print(name)
+    if args.data is None:
+        for name in names:
+            print(name)
+        return
+    tokenizer = load_tokenizer(args.tokenizer if args.tokenizer else source)
+    check_tokenizer_fits(tokenizer, model)
+    check_seq_len(model, args.seq_len)
+    sequences = _read_sequences(args, tokenizer, args.redundancy_examples, data_path)
+    if len(sequences) < 4:
+        raise ValueError(f"{args.data} gives only {len(sequences)} example(s) of up to {args.seq_len} tokens; the "
+                         "redundancy check needs at least 4: use more text or a smaller --seq-len")
+    owned = _redundancy_by_layer(model, names, sequences, args.batch_size, ("shared", "full"))
+    print(format_redundancy(names, owned, len(sequences)))
 
 
 def main(argv: list[str] | None = None) -> int:

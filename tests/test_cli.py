@@ -57,6 +57,18 @@ def checkpoint(tmp_path_factory):
     return folder, data
 
 
+@pytest.fixture(scope="module")
+def pythia_checkpoint(tmp_path_factory):
+    """A 2-layer, width-32 GPT-NeoX (Pythia architecture) whose block outputs end with a trained bias."""
+    from dalign_core.models.pythia import build_pythia, pythia_width_variant
+
+    folder = tmp_path_factory.mktemp("dalign_cli_pythia") / "tiny-pythia"
+    tokenizer = _train_tokenizer(folder)
+    config = pythia_width_variant("pythia-14m", 32, vocab_size=len(tokenizer), num_layers=2, context=64)
+    build_pythia(config, seed=0).save_pretrained(folder)
+    return folder
+
+
 @pytest.fixture(autouse=True)
 def offline(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -69,7 +81,7 @@ def test_estimate_one_layer_prints_table_and_writes_csv(checkpoint, tmp_path, ca
     rc = main(["estimate", "--model", str(folder), "--layer", "model.layers.1", "--data", str(data),
                "--examples", "12", "--seq-len", "16", "--batch-size", "5", "--m", "100", "--k", "50",
                "--out", str(out), "--quiet"])
-    printed = capsys.readouterr().out
+    printed, err = capsys.readouterr()
     assert rc == 0
     for label in ("layer model.layers.1", "||mu||^2", "d_par", "d_2", "d_align", "95% CI",
                   "B_exact (M=100, K=50)", "B_align (M=100, K=50)"):
@@ -81,6 +93,8 @@ def test_estimate_one_layer_prints_table_and_writes_csv(checkpoint, tmp_path, ca
     assert row["layer"] == "model.layers.1" and row["n"] == 12 and row["d"] == 32
     assert row["M"] == 100 and row["K"] == 50
     assert 0 <= row["b_exact"] <= row["b_align"] + 1e-12 <= 1 + 1e-12
+    assert 0 <= row["redundancy"] <= 1  # LLaMA has no bias that owns q
+    assert "warning:" not in err
     assert not list(out.parent.glob(".*tmp"))  # no temporary file left behind
 
 
@@ -191,3 +205,48 @@ def test_offline_message_names_the_variable_that_is_set(monkeypatch):
     with pytest.raises(LoadError, match="TRANSFORMERS_OFFLINE is set") as info:
         resolve_model_source("no-such-org/no-such-model")
     assert "unset TRANSFORMERS_OFFLINE" in str(info.value) and "HF_HUB_OFFLINE" not in str(info.value)
+
+
+def test_estimate_warns_when_q_is_a_trained_parameters_gradient(pythia_checkpoint, checkpoint, tmp_path, capsys):
+    _, data = checkpoint
+    base = ["estimate", "--model", str(pythia_checkpoint), "--layer", "gpt_neox.layers.0", "--data", str(data),
+            "--examples", "24", "--seq-len", "12", "--batch-size", "8", "--quiet"]
+    out = tmp_path / "shared.csv"
+    assert main(base + ["--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    warning = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert len(warning) == 1, err
+    assert "gpt_neox.layers.0.mlp.dense_4h_to_h.bias" in warning[0] and "--reduction full" in warning[0]
+    row = pd.read_csv(out).iloc[0]
+    assert row["redundancy"] == pytest.approx(1.0)
+    assert row["redundant_with"] == "gpt_neox.layers.0.mlp.dense_4h_to_h.bias"
+    # the full q is not owned by any parameter: no warning, a low fraction
+    out_full = tmp_path / "full.csv"
+    assert main(base + ["--reduction", "full", "--out", str(out_full)]) == 0
+    assert "warning:" not in capsys.readouterr().err
+    row = pd.read_csv(out_full).iloc[0]
+    assert row["redundancy"] < 0.9 and pd.isna(row["redundant_with"])
+    # the check can be skipped, and a too-small sample is refused
+    assert main(base + ["--redundancy-examples", "0", "--out", str(out)]) == 0
+    assert "warning:" not in capsys.readouterr().err and pd.isna(pd.read_csv(out).loc[0, "redundancy"])
+    assert main(base + ["--redundancy-examples", "2"]) == 1
+    assert "--redundancy-examples" in capsys.readouterr().err
+
+
+def test_layers_with_data_shows_each_blocks_redundancy(pythia_checkpoint, checkpoint, capsys):
+    folder, data = checkpoint
+    options = ["--data", str(data), "--seq-len", "12", "--redundancy-examples", "24", "--batch-size", "8"]
+    assert main(["layers", "--model", str(pythia_checkpoint)] + options) == 0
+    printed = capsys.readouterr().out
+    assert all(len(line) <= 80 for line in printed.splitlines()), printed
+    rows = {line.split()[0]: line.split() for line in printed.splitlines() if line.startswith("gpt_neox.layers.")}
+    assert set(rows) == {"gpt_neox.layers.0", "gpt_neox.layers.1"}
+    for name, cells in rows.items():
+        assert float(cells[1]) == pytest.approx(1.0) and float(cells[2]) < 0.9  # shared owned, full not
+        assert cells[3] == "*" and cells[4] == f"{name}.mlp.dense_4h_to_h.bias"
+    # LLaMA has no biases: no block's shared q is owned
+    assert main(["layers", "--model", str(folder)] + options) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("model.layers.")]
+    assert len(rows) == 3 and all(float(r[1]) < 0.9 and r[-1] == "-" for r in rows)
+    assert main(["layers", "--model", str(folder), "--all-modules", "--data", str(data)]) == 1
+    assert "--all-modules" in capsys.readouterr().err

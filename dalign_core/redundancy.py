@@ -1,0 +1,394 @@
+"""Is the activation gradient at an insertion point already a trained parameter's gradient?
+
+q(x) = ∇_z ℓ at the output z of a module (captured as :mod:`dalign_core.hooks` does).
+If a trained parameter θ enters the forward pass as ``z ← z + θ`` at every position,
+then ∇_θ ℓ = Σ_positions ∇_z ℓ: the *shared* q is θ's per-example gradient (Pythia:
+``gpt_neox.layers.l`` ends with ``mlp.dense_4h_to_h.bias``). More generally, if
+q_i = A g_i for the per-example gradients g_i of trained parameters and a fixed map A
+(ResNet: the shared q at a block output is, up to border effects of the padded
+convolutions, a linear map of the next block's BatchNorm-bias gradients), then
+
+    μ_q = E q = A E g = A ∇_θ L,
+
+and training drives ∇_θ L, hence ‖μ_q‖², to zero at any width: d_align at such a
+point measures the optimizer's convergence, not width. This module measures how much
+of q such parameters already own.
+
+Method. For n examples, one forward pass per batch and one backward pass per example
+give q_i (n × d, the requested reduction) and the candidates' gradients g_i (n × P).
+A random ``fit_fraction`` of the examples fits a ridge regression without intercept
+(a *linear* map, so that μ_q = A μ_g carries over), W = argmin ‖Q − G W‖² + λ‖W‖²,
+on columns scaled to unit RMS with λ = ``ridge`` · tr(GᵀG)/P (by default the ridge of
+``RIDGES`` that two-fold cross-validation on the fit examples prefers: small for an
+exact linear relation, larger when few examples would overfit); on the other examples
+
+* ``variance_explained`` = 1 − Σ‖q_i − W g_i‖² / Σ‖q_i − q̄‖² (held-out R², clipped at 0),
+* ``mean_explained`` = 1 − ‖q̄ − mean_i W g_i‖² / ‖q̄‖² (clipped at 0).
+
+``exact`` names a candidate whose gradient equals q for every example to a relative
+Frobenius difference ≤ 1e-5 (a few ulps for half precision). A held-out fit needs
+fewer coordinates than fitting examples: when the candidates have more than
+``n_fit // 2`` coordinates, whole candidates are taken in order of their own held-out
+share (``shares``, each fitted alone on at most that many coordinates) until the
+budget is spent, the last one as a seeded subset of its coordinates. That is a lower
+bound on what all of them explain (up to the mild optimism of ranking the few
+candidates on the evaluation examples), and the result says so in ``note``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from dalign_core.hooks import (
+    REDUCTIONS,
+    CaptureError,
+    LossFn,
+    _call,
+    _check_batch,
+    _check_batches,
+    _check_options,
+    _device_of,
+    _primary,
+    _reduce,
+    _split_batch,
+    _targets_from_labels,
+    _to,
+    check_capturable,
+    insertion_points,
+    per_example_loss,
+    resolve_layers,
+)
+
+__all__ = ["REDUNDANT", "EXACT_RTOL", "RIDGES", "Redundancy", "candidate_parameters", "redundancy", "redundancy_rows"]
+
+REDUNDANT = 0.9
+"""A q with :attr:`Redundancy.fraction` above this is owned by trained parameters: its d_align says little."""
+RIDGES = (1e-6, 1e-4, 1e-2, 1e-1, 1.0)
+"""Relative ridges tried by :func:`redundancy` with ``ridge=None`` (two-fold cross-validation on the fit examples)."""
+EXACT_RTOL = 1e-5
+"""Relative Frobenius difference below which a candidate's gradient *is* q (float32 precision)."""
+
+
+@dataclass(frozen=True)
+class Redundancy:
+    """How much of q at ``layer`` (``reduction``) the candidates' per-example gradients explain.
+
+    ``shares`` maps each candidate to its own held-out R²; ``coordinates`` of the
+    ``candidate_coordinates`` were fitted (fewer when subsampled, see ``note``);
+    ``n`` examples of dimension ``d``, ``n_fit`` of them fitted, the rest evaluated.
+    """
+
+    layer: str
+    reduction: str
+    variance_explained: float
+    mean_explained: float
+    exact: str | None
+    n: int
+    n_fit: int
+    d: int
+    coordinates: int
+    candidate_coordinates: int
+    shares: dict[str, float] = field(default_factory=dict)
+    exact_all: tuple[str, ...] = ()
+    note: str = ""
+
+    @property
+    def fraction(self) -> float:
+        """``max(variance_explained, 1 if exact else 0)``: the share of q already owned by trained parameters."""
+        return max(self.variance_explained, 1.0 if self.exact else 0.0)
+
+    @property
+    def owner(self) -> str | None:
+        """The exact candidate, else the one explaining most of q on its own (None without candidates)."""
+        if self.exact:
+            return self.exact
+        return max(self.shares, key=lambda k: self.shares[k]) if self.shares else None
+
+    @property
+    def redundant(self) -> bool:
+        return self.fraction > REDUNDANT
+
+    def to_row(self) -> dict:
+        row = {k: v for k, v in asdict(self).items() if k not in ("shares", "exact_all")}
+        row.update(fraction=self.fraction, owner=self.owner)
+        return row
+
+
+# ---------------------------------------------------------------------------
+# Candidates
+
+
+def _following(model: nn.Module, layer: str) -> str | None:
+    """The module that follows ``layer``: the next residual block, else the next sibling in its parent, else the
+    first normalization module after it (a final norm such as ``model.norm``)."""
+    try:
+        points = insertion_points(model)
+    except CaptureError:
+        points = []
+    if layer in points[:-1]:
+        return points[points.index(layer) + 1]
+    modules = dict(model.named_modules())
+    parent, _, child = layer.rpartition(".")
+    if layer not in points:
+        siblings = [name for name, _ in modules[parent].named_children()]
+        if child in siblings[:-1]:
+            following = siblings[siblings.index(child) + 1]
+            return f"{parent}.{following}" if parent else following
+    names = list(modules)
+    after = [n for n in names[names.index(layer) + 1:] if not n.startswith(layer + ".")]
+    return next((n for n in after if "Norm" in type(modules[n]).__name__), None)
+
+
+def candidate_parameters(model: nn.Module, layer: str) -> list[str]:
+    """Names of the trained 1-D parameters (biases, norm scales and shifts) of ``layer`` and of the module that
+    follows it (the next residual block; for the last block the final norm, if found), in registration order."""
+    resolve_layers(model, layer)
+    prefixes = [layer] + [p for p in [_following(model, layer)] if p]
+    return [name for name, p in model.named_parameters()
+            if p.ndim == 1 and p.requires_grad and any(name.startswith(pre + ".") for pre in prefixes)]
+
+
+def _check_parameters(model: nn.Module, names: Any) -> list[str]:
+    if isinstance(names, str) or not isinstance(names, Iterable) or not all(isinstance(n, str) for n in names):
+        raise CaptureError(f"parameters must be a list of parameter names, got {type(names).__name__}")
+    names = list(names)
+    named = dict(model.named_parameters())
+    for name in names:
+        if name not in named:
+            near = difflib.get_close_matches(name, list(named), n=5, cutoff=0.3)
+            raise CaptureError(f"{type(model).__name__} has no parameter named {name!r}"
+                               + (f"; nearest names: {', '.join(near)}" if near else "")
+                               + ". Names are as printed by model.named_parameters().")
+        if not named[name].requires_grad:
+            raise CaptureError(f"parameter {name!r} is frozen (requires_grad=False): it is not trained, so it owns "
+                               "no direction of q; leave it out")
+    if not names:
+        raise CaptureError("no candidate parameters: name at least one with parameters=")
+    return names
+
+
+# ---------------------------------------------------------------------------
+# Per-example gradients
+
+
+def _collect(model, layers: list[str], names: list[str], batches, reductions, task, loss_fn, examples):
+    """One forward per batch, one backward per example: q rows per (layer, reduction) and gradient rows per name."""
+    modules = resolve_layers(model, layers)
+    check_capturable(model)
+    named = dict(model.named_parameters())
+    params = [named[n] for n in names]
+    device = _device_of(model)
+    qs = {(l, r): [] for l in modules for r in reductions}
+    gs: dict[str, list[torch.Tensor]] = {n: [] for n in names}
+    seen = 0
+    for batch in batches:
+        if examples is not None and seen >= examples:
+            break
+        inputs, targets = _split_batch(batch)
+        targets = _targets_from_labels(inputs, targets)
+        _check_batch(model, inputs, targets, loss_fn)
+        inputs, targets = _to(inputs, device), _to(targets, device)
+        captured: dict[str, list[torch.Tensor]] = {l: [] for l in modules}
+
+        def make_hook(name):
+            def hook(module, args, output):
+                tensor, rebuild = _primary(output)
+                if not tensor.requires_grad:
+                    tensor = tensor.detach().requires_grad_(True)
+                    captured[name].append(tensor)
+                    return rebuild(tensor)
+                captured[name].append(tensor)
+                return None
+            return hook
+
+        handles = [m.register_forward_hook(make_hook(l)) for l, m in modules.items()]
+        try:
+            with torch.enable_grad():
+                output = _call(model, inputs)
+        finally:
+            for handle in handles:
+                handle.remove()
+        for name, seen_z in captured.items():
+            if len(seen_z) != 1:
+                raise CaptureError(f"layer {name!r} ran {len(seen_z)} times in one forward pass; an insertion point "
+                                   "must run exactly once")
+        with torch.enable_grad():
+            losses = loss_fn(output, targets) if loss_fn is not None else \
+                per_example_loss(output, inputs, targets, task)
+        if losses.ndim != 1 or not torch.isfinite(losses.detach()).all():
+            raise CaptureError(f"per-example losses must be finite and of shape (batch,), got {tuple(losses.shape)}")
+        zs = [captured[l][0] for l in modules]
+        take = losses.shape[0] if examples is None else min(losses.shape[0], examples - seen)
+        for i in range(take):
+            grads = torch.autograd.grad(losses[i], zs + params, retain_graph=i < take - 1, allow_unused=True,
+                                        materialize_grads=True)
+            for layer, grad in zip(modules, grads[:len(zs)]):
+                for r in reductions:
+                    qs[layer, r].append(_reduce(grad[i:i + 1].detach(), r)[0].to("cpu", torch.float64))
+            for name, grad in zip(names, grads[len(zs):]):
+                gs[name].append(grad.detach().reshape(-1).to("cpu", torch.float64))
+        seen += take
+    if seen < 4:
+        raise CaptureError(f"the batches hold {seen} example(s); the held-out fit needs at least 4")
+
+    def stack(rows):  # full q of shorter (padded) batches: zeros at the missing positions, as padding gives
+        width = max(r.numel() for r in rows)
+        return torch.stack([torch.nn.functional.pad(r, (0, width - r.numel())) for r in rows])
+
+    return {k: stack(v) for k, v in qs.items()}, {k: torch.stack(v) for k, v in gs.items()}, \
+        {n: params[i].dtype for i, n in enumerate(names)}
+
+
+# ---------------------------------------------------------------------------
+# Fit
+
+
+def _ridge_map(G: torch.Tensor, Q: torch.Tensor, ridge: float) -> torch.Tensor:
+    """W (P × d) minimizing ‖Q − G W‖² + λ‖W‖², λ = ``ridge`` · tr(GᵀG)/P."""
+    A = G.T @ G
+    lam = ridge * float(torch.trace(A)) / max(A.shape[0], 1) + 1e-300
+    return torch.linalg.solve(A + lam * torch.eye(A.shape[0], dtype=A.dtype, device=A.device), G.T @ Q)
+
+
+def _r2(truth: torch.Tensor, pred: torch.Tensor) -> float:
+    total = float((truth - truth.mean(0)).pow(2).sum())
+    return 1 - float((truth - pred).pow(2).sum()) / total if total > 0 else math.nan
+
+
+def _held_out(Q: torch.Tensor, G: torch.Tensor, fit: torch.Tensor, ev: torch.Tensor, ridge: float | None):
+    """(held-out R², mean explained) of the ridge map fitted on rows ``fit`` of G (n × P) to Q (n × d).
+
+    Columns are scaled to unit RMS on the fit rows; ``ridge=None`` picks λ from :data:`RIDGES` by two-fold
+    cross-validation on the fit rows alone, so the evaluation rows stay unseen.
+    """
+    scale = G[fit].pow(2).mean(0).sqrt()
+    Gs = G / torch.where(scale > 0, scale, torch.ones_like(scale))
+    if ridge is None:
+        half = len(fit) // 2
+        folds = ((fit[:half], fit[half:]), (fit[half:], fit[:half]))
+        ridge = max(RIDGES, key=lambda r: sum(
+            _r2(Q[b], Gs[b] @ _ridge_map(Gs[a], Q[a], r)) for a, b in folds))
+    pred, truth = Gs[ev] @ _ridge_map(Gs[fit], Q[fit], ridge), Q[ev]
+    mu = truth.mean(0)
+    mean_sq = float(mu.pow(2).sum())
+    mean = 1 - float((mu - pred.mean(0)).pow(2).sum()) / mean_sq if mean_sq > 0 else math.nan
+    return max(_r2(truth, pred), 0.0), max(mean, 0.0)
+
+
+def _columns(width: int, limit: int, seed: int) -> torch.Tensor | None:
+    if width <= limit:
+        return None
+    return torch.randperm(width, generator=torch.Generator().manual_seed(seed))[:limit].sort().values
+
+
+def _assess(layer, reduction, Q, gs, dtypes, fit, ev, ridge, seed) -> Redundancy:
+    limit = max(1, len(fit) // 2)
+    names = list(gs)
+    shares = {}
+    for name in names:
+        cols = _columns(gs[name].shape[1], limit, seed)
+        shares[name] = _held_out(Q, gs[name] if cols is None else gs[name][:, cols], fit, ev, ridge)[0]
+    total = sum(gs[n].shape[1] for n in names)
+    blocks, budget = [], limit
+    for name in sorted(names, key=lambda k: -shares[k]):  # whole candidates, best first, while they fit
+        cols = _columns(gs[name].shape[1], budget, seed)
+        blocks.append(gs[name] if cols is None else gs[name][:, cols])
+        budget -= blocks[-1].shape[1]
+        if budget <= 0:
+            break
+    G = torch.cat(blocks, dim=1)
+    note = "" if G.shape[1] == total else (
+        f"fitted {G.shape[1]} of {total} candidate coordinates (whole candidates in order of their own share, "
+        "then a seeded subset; a lower bound): use more examples for all")
+    variance, mean = _held_out(Q, G, fit, ev, ridge)
+    norm = float(Q.norm())
+    exact_all = tuple(
+        n for n in names if gs[n].shape == Q.shape and norm > 0
+        and float((gs[n] - Q).norm()) <= max(EXACT_RTOL, 4 * torch.finfo(dtypes[n]).eps) * norm)
+    return Redundancy(layer=layer, reduction=reduction, variance_explained=variance, mean_explained=mean,
+                      exact=exact_all[-1] if exact_all else None, n=Q.shape[0], n_fit=len(fit), d=Q.shape[1],
+                      coordinates=G.shape[1], candidate_coordinates=total, shares=shares,
+                      exact_all=exact_all, note=note)
+
+
+def _redundancies(model, layers, batches, reductions, parameters, task, loss_fn, fit_fraction, ridge, seed,
+                  examples, device=None) -> list[Redundancy]:
+    _check_batches(batches)
+    layers = list(resolve_layers(model, layers))
+    for r in reductions:
+        _check_options(r, task, loss_fn)
+    if not 0 < fit_fraction < 1:
+        raise CaptureError(f"fit_fraction must lie strictly between 0 and 1, got {fit_fraction}")
+    if ridge is not None and not ridge > 0:
+        raise CaptureError(f"ridge must be positive, got {ridge}")
+    if examples is not None and (not isinstance(examples, int) or examples < 4):
+        raise CaptureError(f"examples must be an int of at least 4 or None, got {examples!r}")
+    own = {l: (_check_parameters(model, parameters) if parameters is not None else candidate_parameters(model, l))
+           for l in layers}
+    for l, names in own.items():
+        if not names:
+            raise CaptureError(f"{l!r} and the module after it have no trained 1-D parameters to test; "
+                               "name candidates with parameters=")
+    names = list(dict.fromkeys(n for l in layers for n in own[l]))
+    qs, gs, dtypes = _collect(model, layers, names, batches, reductions, task, loss_fn, examples)
+    if device is not None:
+        qs = {k: v.to(device) for k, v in qs.items()}
+        gs = {k: v.to(device) for k, v in gs.items()}
+    n = next(iter(gs.values())).shape[0]
+    n_fit = min(max(2, round(fit_fraction * n)), n - 2)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    fit, ev = order[:n_fit].sort().values, order[n_fit:].sort().values
+    return [_assess(l, r, qs[l, r], {k: gs[k] for k in own[l]}, dtypes, fit, ev, ridge, seed)
+            for l in layers for r in reductions]
+
+
+def redundancy(model: nn.Module, layer: str, batches: Iterable[Any], *, reduction: str = "shared",
+               parameters: Sequence[str] | None = None, task: str = "auto", loss_fn: LossFn | None = None,
+               fit_fraction: float = 0.5, ridge: float | None = None, seed: int = 0, device=None,
+               examples: int | None = None) -> Redundancy:
+    """How much of q at ``layer`` the per-example gradients of trained parameters already explain.
+
+    Args:
+        model, layer, batches, task, loss_fn: as for :func:`dalign_core.hooks.iter_activation_gradients`;
+            q_i has shape ``(d,)`` (N or C for ``"shared"``, T·N or C·H·W for ``"full"``).
+        parameters: candidate parameter names (default :func:`candidate_parameters`); each
+            contributes its flattened per-example gradient, P coordinates in all.
+        fit_fraction: share of the n examples (a seeded random subset) that fits the map; the rest evaluate it.
+        ridge: relative ridge λ / (mean eigenvalue of GᵀG) on unit-RMS columns; None (default) picks one of
+            ``RIDGES`` by two-fold cross-validation on the fit examples.
+        device: where the fit runs, in float64 (default: the CPU); the model runs on its own device.
+        examples: use at most this many examples of ``batches``.
+
+    Returns:
+        A :class:`Redundancy`; ``fraction > REDUNDANT`` means q's mean is a trained parameter's gradient mean.
+
+    Raises:
+        CaptureError: unknown layer or parameter, a frozen candidate, fewer than 4 examples, the capture's refusals.
+    """
+    return _redundancies(model, [layer], batches, (reduction,), parameters, task, loss_fn, fit_fraction, ridge, seed,
+                         examples, device)[0]
+
+
+def redundancy_rows(model: nn.Module, layers: str | Sequence[str], batches: Iterable[Any],
+                    reductions: Sequence[str] = ("shared", "full"), **kw) -> list[dict]:
+    """Tidy rows (layer, reduction, variance_explained, mean_explained, exact, fraction, owner, n, d, …) for tables.
+
+    One pass over ``batches`` serves every layer and reduction (``batches`` may be a one-shot iterator);
+    ``layers`` is a name, a list or ``"all"``; ``kw`` as for :func:`redundancy`.
+    """
+    unknown = set(kw) - {"device", "parameters", "task", "loss_fn", "fit_fraction", "ridge", "seed", "examples"}
+    if unknown:
+        raise TypeError(f"unknown option(s) {sorted(unknown)}")
+    if isinstance(reductions, str) or not set(reductions) <= set(REDUCTIONS):
+        raise CaptureError(f"reductions must be a list drawn from {REDUCTIONS}, got {reductions!r}")
+    options = dict(device=None, parameters=None, task="auto", loss_fn=None, fit_fraction=0.5, ridge=None, seed=0,
+                   examples=None)
+    options.update(kw)
+    return [r.to_row() for r in _redundancies(model, layers, batches, tuple(reductions), **options)]
