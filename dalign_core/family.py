@@ -57,13 +57,23 @@ class SweepConfig(ExperimentConfig):
     batch_size: int = 16
     lr_candidates: tuple[float, ...] = (1e-3, 3e-3, 1e-2)
     """Peak learning rates tried at the narrowest width; each width keeps the one with the lowest validation loss."""
+    lr_trial_fraction: float = 1.0
+    """Rate trials train for this fraction of ``steps`` (their own warmup and decay, no analysis checkpoints).
+    Below 1 the chosen rate is checked at the widest width against its runner-up at full length."""
+    lr_extend: int = 2
+    """A width whose best rate is at the edge of its grid tries one more rate past that edge, up to this many
+    times, so the chosen rate ends inside the rates tried."""
     lr_width_exponent: float = 0.0
     """The grid moves with width as ``(widths[0] / N) ** lr_width_exponent``: 1 centres it on the muP rule for
     Adam (the best rate falls as 1/N), so a fixed number of candidates brackets every width's best rate."""
     warmup_steps: int = 60
     weight_decay: float = 0.1
     checkpoint_steps: tuple[int, ...] = (0, 100, 400, 500, 600)
-    """Analysis checkpoints (0 = at initialization); denser in the last third, where trends are judged."""
+    """Analysis checkpoints (0 = at initialization); dense in the last third, where each run's late window is
+    averaged (at least 8 there for a width claim: one checkpoint's d_align scatters by a factor of 3)."""
+    all_layer_steps: tuple[int, ...] | None = None
+    """Checkpoints at which every insertion point is captured; the others capture the primary layer only
+    (None: every checkpoint captures every layer)."""
     resume_points: int = 4
     """Resume points per run (each also saves the optimizer state); fewer saves less time on large models."""
     train_pool_steps: tuple[int, ...] | None = None
@@ -77,10 +87,13 @@ class SweepConfig(ExperimentConfig):
     capture_batch: int = 64
     budgets: tuple[tuple[int, int], ...] = ((4, 4), (16, 16), (32, 32), (64, 64), (128, 128))
     """(M, K) budgets of the misalignment study; M + K <= pool_size / 4 keeps the means nearly independent."""
+    judged_budget: tuple[int, int] | None = None
+    """The (M, K) at which the misalignment width claim is judged (None: the middle budget)."""
+    run_sd: float | None = None
+    """The expected SD of a run's late-window mean of log d_align within a width, measured on earlier runs of
+    this design: the noise behind the power calculation that sets ``seeds`` (:meth:`power_plan`)."""
     resamples: int = 20_000
     confidence: float = 0.95
-    trend_resamples: int = 2000
-    """Seed-bootstrap draws behind each trend's interval."""
     matched_loss_offsets: tuple[float, ...] = (0.0, 0.1, 0.25)
     """Matched-loss levels, in nats above the highest final loss any run reaches."""
     prune_candidates: bool = False
@@ -109,11 +122,48 @@ class SweepConfig(ExperimentConfig):
             raise ValueError(f"checkpoint_steps {outside} are outside [0, steps={self.steps}]")
         if self.train_pool_steps is not None and self.steps not in self.train_pool_steps:
             raise ValueError(f"train_pool_steps {self.train_pool_steps} must include the final step {self.steps}")
+        if self.all_layer_steps is not None and not set(self.all_layer_steps) <= set(self.checkpoint_steps):
+            raise ValueError(f"all_layer_steps {self.all_layer_steps} must be among checkpoint_steps "
+                             f"{self.checkpoint_steps}")
+        if not 0 < self.lr_trial_fraction <= 1:
+            raise ValueError(f"lr_trial_fraction must be in (0, 1], got {self.lr_trial_fraction}")
+        if self.judged_budget is not None and tuple(self.judged_budget) not in {tuple(b) for b in self.budgets}:
+            raise ValueError(f"judged_budget {self.judged_budget} is not one of the budgets {self.budgets}")
 
     def lr_grid(self, width: int) -> tuple[float, ...]:
         """The candidate learning rates at ``width`` (3 significant digits), ascending."""
         scale = (min(self.widths) / width) ** self.lr_width_exponent
         return tuple(sorted(float(f"{lr * scale:.3g}") for lr in self.lr_candidates))
+
+    @property
+    def trial_steps(self) -> int:
+        """Training steps of a rate trial (``lr_trial_fraction`` of ``steps``)."""
+        return max(round(self.steps * self.lr_trial_fraction), 1)
+
+    @property
+    def budget_judged(self) -> tuple[int, int]:
+        """The (M, K) of the misalignment width claim: ``judged_budget``, or the middle budget."""
+        return tuple(self.judged_budget or sorted(self.budgets, key=sum)[len(self.budgets) // 2])
+
+    def layer_steps(self, step: int) -> bool:
+        """Whether every insertion point is captured at checkpoint ``step`` (else the primary layer only)."""
+        return self.all_layer_steps is None or step in self.all_layer_steps
+
+    def power_plan(self) -> dict[str, float]:
+        """The design's power for the paper's slope, from ``run_sd``: seeds, SE, detectable slope, seeds needed.
+
+        Empty where ``run_sd`` is not set. See :mod:`dalign_core.trend`.
+        """
+        from dalign_core import trend
+
+        if self.run_sd is None:
+            return {}
+        se, df = trend.design_se(self.run_sd, self.widths, self.seeds)
+        return dict(run_sd=self.run_sd, seeds=self.seeds, widths=len(self.widths), se=se,
+                    detectable=trend.detectable_slope(se, df, self.confidence),
+                    power=trend.power(trend.PAPER_SLOPE, se, df, self.confidence),
+                    seeds_needed=trend.seeds_for_power(self.run_sd, self.widths, confidence=self.confidence),
+                    late_checkpoints=len(self.last_third))
 
     @property
     def train_pool_checkpoints(self) -> tuple[int, ...]:
@@ -160,6 +210,10 @@ class Family(abc.ABC):
     """The family config's own fields that determine the trained weights (checkpoints are keyed by them)."""
     extra_tables: ClassVar[tuple[str, ...]] = ()
     """Names (without the family prefix) of the tables :meth:`extra_rows` fills."""
+    reductions: ClassVar[tuple[str, ...]] = ("shared",)
+    """The q reductions captured (:mod:`dalign_core.hooks`); the first is the one width claims are judged on.
+    A family whose shared q is a trained bias's gradient (training drives its mean to zero at any width)
+    judges the per-position ``"full"`` q and keeps the literal ``"shared"`` one beside it."""
 
     @abc.abstractmethod
     def load_data(self, config: SweepConfig) -> Splits:

@@ -67,10 +67,10 @@ from dalign_core.hooks import accumulate_geometry
 from dalign_core.misalignment import cross_gram, misalignment_probability
 from dalign_core.bounds import b_align
 from dalign_core.training import TrainConfig, load_weights, train
-from dalign_core.trend import width_trend
+from dalign_core import trend
 
 __all__ = ["Pools", "SWEEP_TABLES", "tables_of", "check_supply", "draw_pools", "checkpoint_root", "jobs_dir", "prepare", "trained_model", "run_sweep",
-           "run_sweeps",
+           "run_sweeps", "lr_check",
            "matched_loss_rows", "trend_table", "trained_only", "dry_run"]
 
 log = logging.getLogger(__name__)
@@ -167,12 +167,22 @@ def checkpoint_root(config: SweepConfig, family: Family) -> Path:
     return root / config.profile / family.name / key
 
 
-def _train_config(config: SweepConfig, family: Family, width: int, seed: int, lr: float) -> TrainConfig:
+def _train_config(config: SweepConfig, family: Family, width: int, seed: int, lr: float,
+                  trial: bool = False) -> TrainConfig:
+    """The training of a measured run, or with ``trial`` (and ``lr_trial_fraction < 1``) of a short rate trial.
+
+    A short trial has its own warmup and decay over ``trial_steps`` and keeps no analysis checkpoints.
+    """
+    short = trial and config.trial_steps < config.steps
+    steps = config.trial_steps if short else config.steps
+    name = f"N{width}_seed{seed}_lr{lr:g}" + (f"_trial{steps}" if short else "")
     return TrainConfig(
-        steps=config.steps, batch_size=config.batch_size, lr=lr, warmup_steps=config.warmup_steps,
+        steps=steps, batch_size=config.batch_size, lr=lr,
+        warmup_steps=max(round(config.warmup_steps * steps / config.steps), 1) if short else config.warmup_steps,
         weight_decay=config.weight_decay, seed=seed, autocast_dtype=config.autocast_dtype,
-        checkpoint_dir=str(checkpoint_root(config, family) / f"N{width}_seed{seed}_lr{lr:g}"),
-        checkpoint_every=max(config.steps // max(config.resume_points, 1), 1), checkpoint_steps=config.checkpoint_steps,
+        checkpoint_dir=str(checkpoint_root(config, family) / name),
+        checkpoint_every=max(steps // max(config.resume_points, 1), 1),
+        checkpoint_steps=(steps,) if short else config.checkpoint_steps,
         progress=sys.stderr.isatty(), **family.train_settings(config),
     )
 
@@ -192,14 +202,15 @@ def trained_model(config: SweepConfig, family: Family, splits: Splits, width: in
     return model.eval()
 
 
-def _train(config, family, splits, width, seed, lr, device, group=None):
+def _train(config, family, splits, width, seed, lr, device, group=None, trial=False):
     """Train (or resume, or load a finished run); returns (model, TrainResult or None, failure message).
 
     ``group``: the process group of a job that several ranks train together (data parallel).
+    ``trial``: a rate trial (:func:`_train_config`).
     """
     model = family.build(config, width, seed, splits).to(device)
     try:
-        result = train(model, splits.train, _train_config(config, family, width, seed, lr),
+        result = train(model, splits.train, _train_config(config, family, width, seed, lr, trial),
                        loss_fn=family.train_loss, description=f"{family.name} N={width} seed={seed} lr={lr:g}",
                        group=group)
     except FloatingPointError as err:  # diverged: a failed run, reported, never measured
@@ -207,18 +218,20 @@ def _train(config, family, splits, width, seed, lr, device, group=None):
     return model, result, ""
 
 
-def _rate_trial(config, family, splits, pools, width, lr, device, group=None) -> dict | None:
+def _rate_trial(config, family, splits, pools, width, lr, device, group=None, trial=True) -> dict | None:
     """Train the first seed at rate ``lr`` and score it on the validation pool: one row of ``<family>_lr``.
 
-    In a job group only the group's first rank scores it (the others return None).
+    ``trial=False`` trains at full length (the check of a short-trial fit). In a job group only the
+    group's first rank scores it (the others return None).
     """
-    model, result, failure = _train(config, family, splits, width, config.seed, lr, device, group)
+    model, result, failure = _train(config, family, splits, width, config.seed, lr, device, group, trial)
     if group is not None and torch.distributed.get_rank(group) != 0:
         return None
     validation = take(splits.validation, pools.validation)
     loss = family.heldout_metric(model.eval(), validation, config) if result is not None else math.inf
-    log.info("%s N=%d lr=%g: validation loss %.4f", family.name, width, lr, loss)
-    return dict(family=family.name, width=width, seed=config.seed, lr=lr, validation_loss=loss,
+    steps = config.trial_steps if trial else config.steps
+    log.info("%s N=%d lr=%g (%d steps): validation loss %.4f", family.name, width, lr, steps, loss)
+    return dict(family=family.name, width=width, seed=config.seed, lr=lr, steps=steps, validation_loss=loss,
                 diverged=result is None, failure=failure)
 
 
@@ -229,18 +242,34 @@ def _choose_rate(rows: list[dict], grid: tuple[float, ...]) -> list[dict]:
     return [{**row, "chosen": row["lr"] == chosen} for row in rows]
 
 
+def _extended(grid: tuple[float, ...], chosen: float) -> tuple[float, ...] | None:
+    """``grid`` with one more rate past the edge where ``chosen`` sits (the grid's own ratio), or None inside."""
+    if len(grid) < 2:
+        return None
+    if chosen == grid[0]:
+        return (float(f"{grid[0] * grid[0] / grid[1]:.3g}"), *grid)
+    if chosen == grid[-1]:
+        return (*grid, float(f"{grid[-1] * grid[-1] / grid[-2]:.3g}"))
+    return None
+
+
 def _prune_candidates(config, family, width, rows) -> None:
-    """With ``prune_candidates``, delete the checkpoints of the rates a width did not keep."""
+    """With ``prune_candidates``, delete the checkpoints of the trials whose rate a width did not keep."""
     if config.prune_candidates:
         for row in rows:
             if not row["chosen"]:
-                shutil.rmtree(_train_config(config, family, width, config.seed, row["lr"]).checkpoint_dir,
+                shutil.rmtree(_train_config(config, family, width, config.seed, row["lr"], trial=True).checkpoint_dir,
                               ignore_errors=True)
 
 
 def _measure(config, family, model, result, splits, pools, base, device):
-    """Geometry rows at every analysis checkpoint; the final checkpoint's accumulators at the primary layer."""
-    layers = family.insertion_points(config, model)
+    """Geometry rows at every analysis checkpoint; the final checkpoint's accumulators at the primary layer.
+
+    Every checkpoint captures the primary insertion point; those of ``all_layer_steps`` capture every
+    insertion point. Each of the family's ``reductions`` is a row of its own (``reduction`` column); the
+    final accumulators (for the misalignment study) are the judged reduction's.
+    """
+    layers, primary = family.insertion_points(config, model), family.primary_layer(config)
     pool_examples = {"train": take(splits.train, pools.train), "heldout": take(splits.test, pools.heldout)}
     evaluation = take(splits.test, pools.evaluation)
     rows, final = [], {}
@@ -248,20 +277,23 @@ def _measure(config, family, model, result, splits, pools, base, device):
         load_weights(model, result.checkpoints[step])
         model.eval()
         heldout_loss, quality = family.evaluate(model, evaluation, config)
+        captured = layers if config.layer_steps(step) else [primary]
         for pool in ("heldout", "train"):
             if pool == "train" and step not in config.train_pool_checkpoints:
                 continue
-            accumulators = accumulate_geometry(model, layers, family.batches(pool_examples[pool], config.capture_batch),
-                                               device=device)
-            for layer, accumulator in accumulators.items():
-                rows.append({**base, "step": step, "pool": pool, "layer": layer, "heldout_loss": heldout_loss,
-                             **quality, **accumulator.result(config.confidence).to_row()})
-            if step == config.steps:
-                final[pool] = accumulators[family.primary_layer(config)]
+            batches = family.batches(pool_examples[pool], config.capture_batch)
+            for reduction in family.reductions:
+                accumulators = accumulate_geometry(model, captured, batches, reduction=reduction, device=device)
+                for layer, accumulator in accumulators.items():
+                    rows.append({**base, "step": step, "pool": pool, "layer": layer, "reduction": reduction,
+                                 "heldout_loss": heldout_loss, **quality,
+                                 **accumulator.result(config.confidence).to_row()})
+                if step == config.steps and reduction == family.reductions[0]:
+                    final[pool] = accumulators[primary]
     return rows, final, heldout_loss, quality
 
 
-def _misalignment(config, final, base, layer) -> list[dict]:
+def _misalignment(config, final, base, layer, reduction) -> list[dict]:
     """Resampled misalignment at the final checkpoint; bounds only where the theorem covers the setting."""
     heldout, train_pool = final["heldout"], final["train"]
     geometry = heldout.result(config.confidence)
@@ -276,7 +308,7 @@ def _misalignment(config, final, base, layer) -> list[dict]:
             covered = one_pool
             rows.append(dict(
                 family=base["family"], model=base["model"], width=base["width"], seed=base["seed"], lr=base["lr"],
-                layer=layer, setting=setting, M=M, K=K, trials=estimate.trials, p_misalign=estimate.p_misalign,
+                layer=layer, reduction=reduction, setting=setting, M=M, K=K, trials=estimate.trials, p_misalign=estimate.p_misalign,
                 p_misalign_lo=estimate.p_misalign_lo, p_misalign_hi=estimate.p_misalign_hi,
                 b_exact=geometry.b_exact(M, K) if covered else math.nan,
                 b_align=geometry.b_align(M, K) if covered else math.nan,
@@ -294,11 +326,12 @@ def trained_only(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def matched_loss_rows(geometry: pd.DataFrame, offsets) -> pd.DataFrame:
-    """Each run's geometry at the first checkpoint where its held-out loss reaches a common level.
+    """Each run's geometry at the first checkpoint where its held-out loss reaches a common level (for figures).
 
     The base level is the highest final-checkpoint loss among the runs (every run
     reaches it); ``offsets`` (nats) add higher levels. Adds ``loss_level`` and keeps
-    ``step`` (the checkpoint each run was read at).
+    ``step`` (the checkpoint each run was read at). The width claim at matched loss reads
+    the interpolated summaries of :func:`dalign_core.trend.matched_loss_summaries` instead.
     """
     if geometry.empty:
         return geometry.assign(loss_level=[])
@@ -313,27 +346,59 @@ def matched_loss_rows(geometry: pd.DataFrame, offsets) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)
 
 
-def trend_table(config: SweepConfig, geometry: pd.DataFrame, misalignment: pd.DataFrame) -> pd.DataFrame:
-    """Width trends of d_align (matched steps, matched loss) and of the misalignment probability (per budget)."""
+TREND_KEYS = ["quantity", "view", "reduction", "layer", "pool", "setting", "M", "K", "step", "loss_level", "judged"]
+"""What tells trend rows apart; :data:`dalign_core.trend.SLOPE_COLUMNS` follow them."""
+
+
+def trend_table(config: SweepConfig, geometry: pd.DataFrame, misalignment: pd.DataFrame,
+                primary: str | None = None, judged_reduction: str = "shared") -> pd.DataFrame:
+    """Slope tests of width trends (:mod:`dalign_core.trend`): one row per (quantity, view, group).
+
+    Views: ``late_window`` (each run's mean of log X over the last third's checkpoints; X = d_align,
+    d_par, d_2), ``step`` (each checkpoint on its own, for the figure along training),
+    ``matched_loss`` (log d_align interpolated where each run reaches a common held-out loss) and
+    ``budget`` (logit p̂ at the final checkpoint, per (M, K)). ``judged`` marks the three rows the width
+    claims read: d_align's late window and its base loss level on the held-out pool at ``primary`` with
+    ``judged_reduction``, and p̂ at ``config.budget_judged`` in the heldout/heldout setting.
+    """
     ok = trained_only(geometry)
-    settings = dict(resamples=config.trend_resamples, confidence=config.confidence, seed=config.seed)
-    parts = []
+    if "reduction" not in ok:
+        ok = ok.assign(reduction="shared")
+    tested = dict(confidence=config.confidence)
+    rows = []
+
+    def add(summaries, keys, by, reference=trend.PAPER_SLOPE):
+        for key, part in summaries.groupby(by, sort=True, dropna=False) if by else [((), summaries)]:
+            key = key if isinstance(key, tuple) else (key,)
+            rows.append({**keys, **dict(zip(by, key)), **trend.slope_test(part, reference, **tested)})
+
+    groups = ["reduction", "layer", "pool"]
     if not ok.empty:
-        by_step = width_trend(ok, "d_align", ["layer", "pool", "step"], **settings)
-        parts.append(by_step.assign(quantity="d_align", view="matched_step",
-                                    last_third=by_step.step.isin(config.last_third)))
-        matched = matched_loss_rows(ok, config.matched_loss_offsets)
-        by_loss = width_trend(matched, "d_align", ["layer", "pool", "loss_level"], **settings)
-        parts.append(by_loss.assign(quantity="d_align", view="matched_loss"))
+        for quantity in ("d_align", "d_par", "d_2"):
+            add(trend.run_summaries(ok, quantity, config.last_third, groups), dict(quantity=quantity,
+                                                                                    view="late_window"), groups)
+        for step in sorted(ok.step.unique()):
+            add(trend.run_summaries(ok, "d_align", [step], groups), dict(quantity="d_align", view="step",
+                                                                         step=int(step)), groups)
+        at_primary = ok[ok.layer == primary] if primary is not None else ok
+        matched = trend.matched_loss_summaries(at_primary, "d_align", config.matched_loss_offsets, groups)
+        add(matched, dict(quantity="d_align", view="matched_loss"), [*groups, "loss_level"])
     ok_mis = trained_only(misalignment)
     if not ok_mis.empty:
-        by_budget = width_trend(ok_mis, "p_misalign", ["layer", "setting", "M", "K"], **settings)
-        parts.append(by_budget.assign(quantity="p_misalign", view="budget"))
-    columns = ["quantity", "view", "layer", "pool", "setting", "step", "last_third", "loss_level", "M", "K",
-               "n_widths", "n_seeds", "rho", "rho_lo", "rho_hi", "p_positive", "widths", "means"]
-    if not parts:
-        return pd.DataFrame(columns=columns)
-    return pd.concat(parts, ignore_index=True).reindex(columns=columns)
+        logits = ok_mis.assign(y=trend.logit_clip(ok_mis.p_misalign, ok_mis.trials))
+        add(logits, dict(quantity="p_misalign", view="budget"), ["layer", "setting", "M", "K"],
+            reference=-trend.PAPER_SLOPE)
+    if not rows:
+        return pd.DataFrame(columns=[*TREND_KEYS, *trend.SLOPE_COLUMNS])
+    table = pd.DataFrame(rows).reindex(columns=[*TREND_KEYS, *trend.SLOPE_COLUMNS])
+    base_level = table.loc[table.view == "matched_loss", "loss_level"].min()
+    M, K = config.budget_judged
+    table["judged"] = (
+        ((table.quantity == "d_align") & (table.layer == primary) & (table.pool == "heldout")
+         & (table.reduction == judged_reduction)
+         & ((table.view == "late_window") | ((table.view == "matched_loss") & (table.loss_level == base_level))))
+        | ((table.view == "budget") & (table.setting == "heldout/heldout") & (table.M == M) & (table.K == K)))
+    return table
 
 
 def _measured_run(config, family, splits, pools, width, seed, lr, baseline, device, group=None) -> dict | None:
@@ -360,7 +425,8 @@ def _measured_run(config, family, splits, pools, width, seed, lr, baseline, devi
            "final_train_loss": result.history[-1]["loss"] if result.history else math.nan}
     for row in geometry_rows:
         row["trained_ok"] = trained_ok
-    rows = {"geometry": geometry_rows, "misalignment": _misalignment(config, final, run, family.primary_layer(config)),
+    rows = {"geometry": geometry_rows, "misalignment": _misalignment(config, final, run, family.primary_layer(config),
+                                                                  family.reductions[0]),
             **family.extra_rows(config, model, take(splits.test, pools.heldout), run)}
     seconds = time.perf_counter() - started
     log.info("%s N=%d seed=%d lr=%g: held-out loss %.3f (baseline %.3f) %s; %.0f s", family.name, width, seed, lr,
@@ -378,20 +444,86 @@ def _trial_name(width: int, lr: float) -> str:
 
 
 def _job_grid(config: SweepConfig, group_sizes: dict[int, int], training: dict[int, float],
-              measuring: dict[int, float]) -> tuple[list, list]:
+              measuring: dict[int, float], grids: dict[int, tuple[float, ...]] | None = None) -> tuple[list, list]:
     """The sweep's jobs: the (width, rate) trials of the rate fit, then the measured (width, seed) runs.
 
-    ``training`` and ``measuring``: the cost of one training and of measuring one trained
-    run at each width (any unit). The first seed's measured run reuses the chosen trial's
+    ``training`` and ``measuring``: the cost of one full training and of measuring one trained
+    run at each width (any unit); ``grids``: each width's rates (default :meth:`SweepConfig.lr_grid`).
+    Where trials run at full length, the first seed's measured run reuses the chosen trial's
     training, so it is a measurement on one rank.
     """
-    trials = [distributed.Job(_trial_name(width, lr), cost=training[width], ranks=group_sizes[width],
-                              payload=(width, lr)) for width in config.widths for lr in config.lr_grid(width)]
+    grids = grids or {width: config.lr_grid(width) for width in config.widths}
+    short = config.trial_steps < config.steps
+    fraction = config.trial_steps / config.steps
+    trials = [distributed.Job(_trial_name(width, lr), cost=training[width] * fraction, ranks=group_sizes[width],
+                              payload=(width, lr)) for width in config.widths for lr in grids[width]]
     runs = [distributed.Job(f"N{width}_seed{seed}", payload=(width, seed),
-                            cost=measuring[width] + (0.0 if seed == config.seed else training[width]),
-                            ranks=1 if seed == config.seed else group_sizes[width])
+                            cost=measuring[width] + (0.0 if seed == config.seed and not short else training[width]),
+                            ranks=1 if seed == config.seed and not short else group_sizes[width])
             for width in config.widths for seed in range(config.seed, config.seed + config.seeds)]
     return trials, runs
+
+
+def _fit_rates(config, family, splits, pools, device, folder, group_sizes, training) -> dict[int, list[dict]]:
+    """Every width's rate-fit rows (``<family>_lr``), the chosen rate marked; see the module docstring.
+
+    Trials run as jobs; a width whose best rate sits at an edge of its grid tries one rate past that
+    edge (up to ``lr_extend`` times). With short trials, the widest width's chosen rate and its
+    runner-up are then trained at full length (``check`` rows): the check of the short fit.
+    """
+    grids = {width: config.lr_grid(width) for width in config.widths}
+    costs = {w: 0.0 for w in config.widths}
+
+    def width_fitted(job, lookup):  # prune a width's other candidates as soon as its last trial is in
+        width = job.payload[0]
+        rows = [lookup(_trial_name(width, lr)) for lr in grids[width]]
+        if all(row is not None for row in rows):
+            _prune_candidates(config, family, width, _choose_rate(rows, grids[width]))
+
+    for extension in range(config.lr_extend + 1):
+        trials, _ = _job_grid(config, group_sizes, training, costs, grids)
+        trial_rows = distributed.run_jobs(
+            folder, trials, lambda job, group: _rate_trial(config, family, splits, pools, *job.payload, device, group),
+            finished=width_fitted)
+        lr_rows = {width: _choose_rate([trial_rows[_trial_name(width, lr)] for lr in grids[width]], grids[width])
+                   for width in config.widths}
+        grown = {width: _extended(grids[width], next(r["lr"] for r in rows if r["chosen"]))
+                 for width, rows in lr_rows.items()}
+        grown = {width: grid for width, grid in grown.items() if grid is not None}
+        if not grown or extension == config.lr_extend:
+            break
+        log.info("%s: best rate at the edge of its grid at N=%s; trying one more rate past it", family.name,
+                 "/".join(map(str, grown)))
+        grids.update(grown)
+    lr_rows = {width: [{**row, "check": False} for row in rows] for width, rows in lr_rows.items()}
+    if config.trial_steps < config.steps:
+        width = max(config.widths)
+        ranked = sorted((row for row in lr_rows[width] if math.isfinite(row["validation_loss"])),
+                        key=lambda row: (row["validation_loss"], row["lr"]))
+        checks = [distributed.Job(f"full_N{width}_lr{row['lr']:g}", cost=training[width], ranks=group_sizes[width],
+                                  payload=(width, row["lr"])) for row in ranked[:2]]
+        full = distributed.run_jobs(folder, checks, lambda job, group: _rate_trial(
+            config, family, splits, pools, *job.payload, device, group, trial=False))
+        full_rows = [full[job.name] for job in checks]
+        best = min(full_rows, key=lambda row: (row["validation_loss"], row["lr"]))["lr"] if full_rows else None
+        lr_rows[width] += [{**row, "chosen": row["lr"] == best, "check": True} for row in full_rows]
+    return lr_rows
+
+
+def lr_check(lr: pd.DataFrame) -> dict[str, Any]:
+    """The full-length check of a short-trial rate fit: did the short trials' choice also win at full length?
+
+    Returns ``{}`` where the fit ran at full length; else the width, the two rates with their
+    full-length validation losses, and ``passed``.
+    """
+    if "check" not in lr or not lr.check.astype(bool).any():
+        return {}
+    checked = lr[lr.check.astype(bool)]
+    width = int(checked.width.iloc[0])
+    short_choice = float(lr[(~lr.check.astype(bool)) & (lr.width == width) & lr.chosen.astype(bool)].lr.iloc[0])
+    full_choice = float(checked[checked.chosen.astype(bool)].lr.iloc[0])
+    return dict(width=width, short_choice=short_choice, full_choice=full_choice, passed=short_choice == full_choice,
+                losses={f"{row.lr:g}": float(row.validation_loss) for row in checked.itertuples()})
 
 
 def run_sweep(config: SweepConfig, family: Family, jobs: str | Path | None = None, ranks_per_job: str | None = None
@@ -431,25 +563,15 @@ def run_sweep(config: SweepConfig, family: Family, jobs: str | Path | None = Non
                              "ranks; choose a number of ranks per job that divides it")
 
     # ---- 1. the rate fit: every (width, rate) trial is a job; a width's choice is read from all of its trials
-    grids = {width: config.lr_grid(width) for width in config.widths}
     # costs only balance the ranks' shares: training ~ N^2, measuring a trained run ~ a tenth of that
-    trials, runs = _job_grid(config, group_sizes, {w: float(w) ** 2 for w in config.widths},
-                             {w: 0.1 * float(w) ** 2 for w in config.widths})
+    training, measuring = {w: float(w) ** 2 for w in config.widths}, {w: 0.1 * float(w) ** 2 for w in config.widths}
+    lr_rows = _fit_rates(config, family, splits, pools, device, folder, group_sizes, training)
+    chosen = {width: next(row["lr"] for row in rows if row["chosen"] and not row["check"])
+              for width, rows in lr_rows.items()}
+    _, runs = _job_grid(config, group_sizes, training, measuring)
 
-    def width_fitted(job, lookup):  # prune a width's other candidates as soon as its last trial is in
-        width = job.payload[0]
-        rows = [lookup(_trial_name(width, lr)) for lr in grids[width]]
-        if all(row is not None for row in rows):
-            _prune_candidates(config, family, width, _choose_rate(rows, grids[width]))
-
-    trial_rows = distributed.run_jobs(
-        folder, trials, lambda job, group: _rate_trial(config, family, splits, pools, *job.payload, device, group),
-        finished=width_fitted)
-    lr_rows = {width: _choose_rate([trial_rows[_trial_name(width, lr)] for lr in grids[width]], grids[width])
-               for width in config.widths}
-    chosen = {width: next(row["lr"] for row in rows if row["chosen"]) for width, rows in lr_rows.items()}
-
-    # ---- 2. the measured runs at the chosen rates (the first seed's training is the chosen trial's: measured only)
+    # ---- 2. the measured runs at the chosen rates (with full-length trials, the first seed's training is the
+    # chosen trial's: measured only)
     measured = distributed.run_jobs(folder, runs, lambda job, group: _measured_run(
         config, family, splits, pools, *job.payload, chosen[job.payload[0]], baseline, device, group), collect="main")
     if not ctx.is_main:
@@ -463,14 +585,18 @@ def run_sweep(config: SweepConfig, family: Family, jobs: str | Path | None = Non
             for name, rows in measured[f"N{width}_seed{seed}"].items():
                 tables[name] += rows
     frames = {name: pd.DataFrame(tables.get(name, [])) for name in SWEEP_TABLES + family.extra_tables}
-    frames["trend"] = trend_table(config, frames["geometry"], frames["misalignment"])
+    frames["trend"] = trend_table(config, frames["geometry"], frames["misalignment"], family.primary_layer(config),
+                                  family.reductions[0])
     frames = {name: _stamp(frame, family.columns(config)) for name, frame in frames.items()}
     # The runs themselves are <family>_runs.csv: the provenance names the table and counts them.
     runs_table = frames["runs"]
     extra = dict(data=facts, device=str(device),
                  runs=dict(table=f"{family.name}_runs.csv", count=len(runs_table),
                            trained_ok=int(runs_table.trained_ok.astype(bool).sum()) if len(runs_table) else 0),
-                 pools={name: len(getattr(pools, name)) for name in ("train", "heldout", "evaluation", "validation")})
+                 pools={name: len(getattr(pools, name)) for name in ("train", "heldout", "evaluation", "validation")},
+                 power_plan=config.power_plan(), lr_check=lr_check(frames["lr"]),
+                 judged=dict(layer=family.primary_layer(config), reduction=family.reductions[0],
+                             budget=list(config.budget_judged)))
     if any(size > 1 for size in group_sizes.values()):
         extra["ranks_per_job"] = {str(width): size for width, size in group_sizes.items()}
     if folder is not None:
@@ -524,13 +650,19 @@ def dry_run(config: SweepConfig, family: Family, steps: int = 2) -> str:
     steps = steps if device.type == "cpu" else max(steps, 20)
     splits, facts, pools = prepare(config, family)
     heldout = take(splits.test, pools.heldout)
-    train_runs = len(config.lr_candidates) + config.seeds - 1
-    pool_passes = len(config.checkpoint_steps) + len(config.train_pool_checkpoints)
+    short = config.trial_steps < config.steps
+    rates = len(config.lr_candidates)
+    # full-run equivalents: the trials at their fraction of the steps, the seeds (the first reuses its trial when
+    # trials run at full length), and the widest width's full-length check of the runner-up rate
+    train_runs = rates * config.trial_steps / config.steps + (config.seeds if short else config.seeds - 1)
+    pool_passes = (len(config.checkpoint_steps) + len(config.train_pool_checkpoints)) * len(family.reductions)
     lines = [f"dry run of {family.name} at profile {config.profile} on {device}: {count(splits.train)} train, "
              f"{count(splits.validation)} validation, {count(splits.test)} test {splits.unit}; "
              f"{facts['epochs']:.2f} epochs per run",
-             f"per width: {train_runs} trainings ({len(config.lr_candidates)} rates + {config.seeds - 1} more seeds) "
-             f"of {config.steps} steps; {config.seeds} measured runs x {pool_passes} pool captures of "
+             f"per width: {train_runs:.3g} full trainings of {config.steps} steps ({rates} rate trials of "
+             f"{config.trial_steps} steps + {config.seeds if short else config.seeds - 1} seeds; at the widest width "
+             f"{int(short)} more for the check; grid extensions not counted); {config.seeds} measured runs x "
+             f"{pool_passes} pool captures ({len(family.reductions)} reduction(s)) of "
              f"{config.pool_size} examples"]
     total = 0.0
     training_seconds, measuring_seconds = {}, {}
@@ -555,11 +687,11 @@ def dry_run(config: SweepConfig, family: Family, steps: int = 2) -> str:
         accumulate_geometry(model, layers, batch, device=device)
         _sync(device)
         per_capture = (time.perf_counter() - start) * config.pool_size / config.capture_batch
-        training = per_step * config.steps * train_runs
+        training = per_step * config.steps * (train_runs + (short and width == max(config.widths)))
         capture = per_capture * pool_passes * config.seeds
         total += training + capture
         training_seconds[width], measuring_seconds[width] = per_step * config.steps, per_capture * pool_passes
-        lines.append(f"  N={width}: {per_step * 1e3:.1f} ms/step x {config.steps} steps x {train_runs} = "
+        lines.append(f"  N={width}: {per_step * 1e3:.1f} ms/step x {config.steps} steps x {train_runs:.3g} = "
                      f"{training:.0f} s training; {per_capture:.2f} s/pool x {pool_passes * config.seeds} = "
                      f"{capture:.0f} s capture")
         del model

@@ -1,141 +1,322 @@
-"""Does a quantity rise with width? Spearman trends with a seed bootstrap, and verdicts from them.
+"""Does a quantity rise with width? A slope test whose verdict can come out either way.
 
-The paper's claims are monotone in width: d_align rises with N, the misalignment
-probability falls. For one checkpoint (or one matched-loss level, or one budget) we
-have, per width, one value per seed. The trend is Spearman's rank correlation ρ
-between width and the seed-mean value (ranks, so it asks for monotonicity, not
-linearity). Its uncertainty comes from the seeds: each width's seed mean is redrawn
-from its small-sample (Student-t) sampling law, ρ is recomputed, and the percentile
-interval of those draws is reported. With W widths ρ takes few values (±1, ±0.8, …
-for W = 4), so the interval is coarse; it is honest about how little 3 seeds at 4
-widths can say, and one seed per width gives no interval at all.
+The paper's width claims are monotone: d_align rises with the width N, the
+misalignment probability falls. Its LLaMA numbers set the size of the effect:
+d_align goes from 3.9 at N = 512 to 9.5 at N = 3072, a slope of
 
-A verdict reads a set of trends (say, every checkpoint of the last third of
-training) and says, from the data alone:
+    β* = log(9.5 / 3.9) / log(3072 / 512) ≈ 0.50
 
-* ``reproduced``      the interval lies on the claimed side of 0 at every one;
-* ``partly``          at some but not all;
-* ``not reproduced``  at none;
-* ``not run``         there is nothing to judge at this profile.
+for log d_align on log N (d_align ∝ N^0.5). Through the certificate
+B_align = 1 / (1 + n_eff · d_align), that rise moves logit B_align ≈ −log(n_eff d_align)
+by −β* per unit of log N: the reference slope of the misalignment claim.
 
-The sentence that goes with it is generated here too, so a chapter never types a
-comparison with the paper by hand.
+**One number per run.** A single checkpoint's log d_align scatters by a factor of 3
+within a width (most of it between checkpoints of one run, not between seeds), so each
+run (width, seed) is summarized by the mean of log X over the checkpoints of the last
+third of training (:func:`run_summaries`), or by log X interpolated where the run's
+smoothed held-out loss first reaches a common level (:func:`matched_loss_summaries`).
+
+**The slope.** Ordinary least squares of the run summaries y on x = log N, seeds as
+replicates (runs are independent: every run has its own initialization and data order),
+
+    β̂ = Σ (x − x̄)(y − ȳ) / Σ (x − x̄)²,   SE = s / √Σ (x − x̄)²,   s² = RSS / (n − 2),
+
+and the 95% interval β̂ ± t_{0.975, n−2} SE. A mixed model adds nothing here: with one
+summary per run there is no within-run replication left for a seed effect to absorb.
+
+**Labels**, for a claim that X rises (mirrored for "falls", with β* < 0):
+
+* ``reproduced``    the interval lies above 0;
+* ``contradicted``  the interval lies below β*: any rise is smaller than the paper's
+  (``reversed`` in the sentence when it lies below 0 as well);
+* ``inconclusive``  the interval holds both 0 and β*: this design cannot tell;
+* ``not run``       nothing to judge.
+
+**Power.** Every verdict states the smallest slope the design detects with 80% power
+(:func:`detectable_slope`): the δ·SE at which a noncentral t with n − 2 degrees of
+freedom and noncentrality δ exceeds t_{0.975} with probability 0.8. The seeds a sweep
+needs are chosen the same way before it runs (:func:`seeds_for_power`), from the noise
+of earlier runs (:func:`noise_components`). :func:`simulate_labels` draws synthetic
+tables at a design and a noise level with a chosen slope built in and applies the
+rule: with the paper's slope it must say ``reproduced`` most of the time, with none it
+must almost never do so (``tests/test_trend.py`` checks both at each family's design).
 """
 
 from __future__ import annotations
 
+import math
 import re
-
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
-__all__ = ["TREND_COLUMNS", "spearman", "width_trend", "Verdict", "verdict"]
+__all__ = ["PAPER_SLOPE", "LABELS", "SLOPE_COLUMNS", "log_floor", "run_summaries", "matched_loss_summaries",
+           "slope_test", "label_for", "detectable_slope", "power", "design_se", "seeds_for_power",
+           "noise_components", "simulate_labels", "Verdict", "verdict"]
 
-TREND_COLUMNS = ("n_widths", "n_seeds", "rho", "rho_lo", "rho_hi", "p_positive", "widths", "means")
-"""The columns :func:`width_trend` adds to each group key."""
+PAPER_SLOPE = math.log(9.5 / 3.9) / math.log(3072 / 512)
+"""The paper's LLaMA effect: the slope of log d_align on log width from 3.9 at N = 512 to 9.5 at N = 3072."""
 
+LABELS = ("reproduced", "contradicted", "inconclusive", "not run")
 
-def spearman(x: Sequence[float], y: Sequence[float]) -> float:
-    """Spearman's rank correlation (average ranks for ties); NaN when either side is constant."""
-    rx = pd.Series(np.asarray(x, dtype=float)).rank().to_numpy()
-    ry = pd.Series(np.asarray(y, dtype=float)).rank().to_numpy()
-    if len(rx) < 2 or np.ptp(rx) == 0 or np.ptp(ry) == 0:
-        return float("nan")
-    return float(np.corrcoef(rx, ry)[0, 1])
+SLOPE_COLUMNS = ("n_widths", "n_runs", "slope", "slope_lo", "slope_hi", "se", "df", "sigma", "detectable",
+                 "reference", "label", "widths", "means")
+"""The columns :func:`slope_test` returns, in order."""
 
-
-def _bootstrap_rho(widths: np.ndarray, per_width: list[np.ndarray], resamples: int,
-                   rng: np.random.Generator) -> np.ndarray:
-    """ρ for ``resamples`` draws of the per-width seed means, shape (resamples,).
-
-    Each width's mean is drawn as ``mean + s / sqrt(n) * T`` with ``T`` Student-t with
-    ``n - 1`` degrees of freedom (``s`` the seeds' standard deviation): a bootstrap of
-    the mean that keeps the small-sample width of a t interval. Resampling the seeds
-    themselves would be far too narrow at 3 seeds (with no trend at all, its 95%
-    interval excluded 0 in about a quarter of tables).
-    """
-    means = np.empty((resamples, len(widths)))
-    for column, values in enumerate(per_width):
-        spread = values.std(ddof=1) / np.sqrt(len(values))
-        means[:, column] = values.mean() + spread * rng.standard_t(len(values) - 1, size=resamples)
-    width_ranks = pd.Series(widths).rank().to_numpy()
-    mean_ranks = pd.DataFrame(means).rank(axis=1).to_numpy()
-    wc = width_ranks - width_ranks.mean()
-    mc = mean_ranks - mean_ranks.mean(axis=1, keepdims=True)
-    denominator = np.sqrt((wc**2).sum() * (mc**2).sum(axis=1))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return (mc @ wc) / denominator  # NaN where a draw's means are all tied
+FLOOR = 1e-6
+"""log X is taken of max(X, FLOOR): an estimate of d_align can be 0 (‖μ‖² estimated ≤ 0); log 0 is −∞."""
 
 
-def width_trend(
-    table: pd.DataFrame,
-    value: str,
-    by: Sequence[str],
-    *,
-    width: str = "width",
-    resamples: int = 2000,
-    confidence: float = 0.95,
-    seed: int = 0,
-) -> pd.DataFrame:
-    """Spearman ρ of ``width`` against the seed-mean of ``value``, per group of ``by``.
+def log_floor(values) -> np.ndarray:
+    """``log(max(values, FLOOR))`` elementwise (NaN stays NaN)."""
+    values = np.asarray(values, dtype=float)
+    with np.errstate(invalid="ignore"):
+        return np.log(np.where(np.isnan(values), np.nan, np.maximum(values, FLOOR)))
+
+
+def logit_clip(p, trials) -> np.ndarray:
+    """logit of a resampled probability, kept off 0 and 1 by half a resample (``0.5 / trials``)."""
+    p, trials = np.asarray(p, dtype=float), np.asarray(trials, dtype=float)
+    p = np.clip(p, 0.5 / trials, 1 - 0.5 / trials)
+    return np.log(p / (1 - p))
+
+
+RUN = ("width", "seed")
+
+
+def run_summaries(rows: pd.DataFrame, value: str, steps: Sequence[int], by: Sequence[str] = ()) -> pd.DataFrame:
+    """Per run and group: the mean over ``steps`` of log ``value``; columns ``[*by, width, seed, y, checkpoints]``.
 
     Args:
-        table: tidy rows, one per (group, width, seed); rows with a NaN ``value`` are dropped.
-        value: the column to correlate with width (e.g. ``"d_align"``, ``"p_misalign"``).
-        by: the group columns (e.g. ``["layer", "pool", "step"]``).
-        resamples, confidence, seed: the seed bootstrap.
+        rows: tidy rows, one per (group, width, seed, step), with ``value`` (e.g. ``"d_align"``).
+        steps: the checkpoints of the window (the last third of training).
+        by: group columns (layer, pool, reduction).
+    """
+    window = rows[rows.step.isin(list(steps))].dropna(subset=[value])
+    window = window.assign(y=log_floor(window[value]))
+    window = window[np.isfinite(window.y)]  # d_par is +inf where its denominator is estimated at or below 0
+    grouped = window.groupby([*by, *RUN], sort=True, dropna=False)
+    return grouped.y.agg(["mean", "size"]).rename(columns={"mean": "y", "size": "checkpoints"}).reset_index()
+
+
+def _smoothed(curve: pd.Series) -> pd.Series:
+    """A held-out loss curve over checkpoints, smoothed (3-point centred mean) and made non-increasing."""
+    return curve.rolling(3, center=True, min_periods=1).mean().cummin()
+
+
+def matched_loss_summaries(rows: pd.DataFrame, value: str, offsets: Sequence[float],
+                           by: Sequence[str] = ()) -> pd.DataFrame:
+    """Per run, group and loss level: log ``value`` interpolated where the smoothed held-out loss reaches the level.
+
+    Each run's held-out loss curve is smoothed (:func:`_smoothed`); the base level is the
+    highest final smoothed loss of any run (every run reaches it) and ``offsets`` (nats)
+    add higher ones. A run crosses a level between two checkpoints; the crossing step and
+    log ``value`` are interpolated linearly there. Columns ``[*by, loss_level, loss_offset,
+    width, seed, y, step]`` (``step``: the fractional crossing step).
+    """
+    clean = rows.dropna(subset=[value, "heldout_loss"])
+    if clean.empty:
+        return pd.DataFrame(columns=[*by, "loss_level", "loss_offset", *RUN, "y", "step"])
+    curves = clean.groupby([*RUN, "step"]).heldout_loss.first().reset_index().sort_values([*RUN, "step"])
+    curves["smooth"] = curves.groupby(list(RUN)).heldout_loss.transform(_smoothed)
+    base = float(curves.groupby(list(RUN)).smooth.last().max())
+    out = []
+    for key, group in clean.groupby([*by, *RUN], sort=True, dropna=False):
+        key = key if isinstance(key, tuple) else (key,)
+        run = dict(zip([*by, *RUN], key))
+        curve = curves[(curves.width == run["width"]) & (curves.seed == run["seed"])].set_index("step").smooth
+        series = group.groupby("step")[value].first().reindex(curve.index)
+        logs = log_floor(series.to_numpy())
+        loss, steps = curve.to_numpy(), curve.index.to_numpy(dtype=float)
+        for offset in offsets:
+            level = base + offset
+            below = np.nonzero(loss <= level + 1e-12)[0]
+            if not len(below):
+                continue
+            i = int(below[0])
+            if i == 0 or not np.isfinite(logs[i - 1]):
+                step, y = steps[i], logs[i]
+            else:  # linear interpolation between checkpoints i-1 (above the level) and i (at or below)
+                t = (loss[i - 1] - level) / (loss[i - 1] - loss[i]) if loss[i - 1] != loss[i] else 1.0
+                step, y = steps[i - 1] + t * (steps[i] - steps[i - 1]), logs[i - 1] + t * (logs[i] - logs[i - 1])
+            if np.isfinite(y):
+                out.append({**run, "loss_level": round(level, 4), "loss_offset": offset, "y": float(y),
+                            "step": float(step)})
+    return pd.DataFrame(out, columns=[*by, "loss_level", "loss_offset", *RUN, "y", "step"])
+
+
+def detectable_slope(se: float, df: int, confidence: float = 0.95, target_power: float = 0.8) -> float:
+    """The smallest |slope| whose interval excludes 0 on its side with probability ``target_power``."""
+    if not (np.isfinite(se) and df >= 1):
+        return math.nan
+    critical = stats.t.ppf(1 - (1 - confidence) / 2, df)
+    low, high = 0.0, critical + 10.0  # bisect on the noncentrality that reaches the power
+    delta = high
+    for _ in range(80):
+        delta = (low + high) / 2
+        if stats.nct.sf(critical, df, delta) < target_power:
+            low = delta
+        else:
+            high = delta
+    return float(delta * se)
+
+
+def power(slope: float, se: float, df: int, confidence: float = 0.95) -> float:
+    """Probability that the interval lies on ``slope``'s side of 0 when the true slope is ``slope``."""
+    critical = stats.t.ppf(1 - (1 - confidence) / 2, df)
+    return float(stats.nct.sf(critical, df, abs(slope) / se))
+
+
+def design_se(sigma: float, widths: Sequence[float], seeds: int) -> tuple[float, int]:
+    """(SE of the slope, degrees of freedom) of a design: ``seeds`` runs at each of ``widths``, run noise ``sigma``."""
+    x = np.log(np.asarray(widths, dtype=float))
+    spread = float(((x - x.mean()) ** 2).sum()) * seeds
+    return sigma / math.sqrt(spread), len(widths) * seeds - 2
+
+
+def seeds_for_power(sigma: float, widths: Sequence[float], slope: float = PAPER_SLOPE, target_power: float = 0.8,
+                    confidence: float = 0.95, most: int = 200) -> int:
+    """The fewest seeds per width whose design detects ``slope`` with ``target_power`` (``most`` + 1 if none do)."""
+    for seeds in range(2, most + 1):
+        se, df = design_se(sigma, widths, seeds)
+        if power(slope, se, df, confidence) >= target_power:
+            return seeds
+    return most + 1
+
+
+def label_for(lo: float, hi: float, reference: float) -> str:
+    """The label of an interval ``[lo, hi]`` for a claim whose paper slope is ``reference`` (sign = direction)."""
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return "not run"
+    if reference < 0:  # "falls": mirror
+        lo, hi, reference = -hi, -lo, -reference
+    if lo > 0:
+        return "reproduced"
+    if hi < reference:
+        return "contradicted"
+    return "inconclusive"
+
+
+def slope_test(summaries: pd.DataFrame, reference: float = PAPER_SLOPE, confidence: float = 0.95,
+               target_power: float = 0.8) -> dict:
+    """OLS slope of ``y`` on log ``width`` over runs (one row each), its interval, power and label.
+
+    Returns a dict with :data:`SLOPE_COLUMNS`: ``slope`` with ``slope_lo``/``slope_hi`` (t interval,
+    ``df = n_runs − 2``), ``se``, ``sigma`` (residual SD of a run summary), ``detectable`` (the smallest
+    slope found with ``target_power``), ``label`` (:func:`label_for`), and ``widths``/``means`` (the
+    per-width means of y, as ``exp`` for a log quantity, "/"-joined). Fewer than 2 widths or 3 runs: NaN and
+    ``"not run"``.
+    """
+    data = summaries[np.isfinite(summaries.y.astype(float))]
+    widths = sorted(data.width.unique())
+    row = dict(n_widths=len(widths), n_runs=len(data), reference=reference,
+               widths="/".join(f"{w:g}" for w in widths),
+               means="/".join(f"{data[data.width == w].y.mean():.4g}" for w in widths))
+    nan = dict(slope=math.nan, slope_lo=math.nan, slope_hi=math.nan, se=math.nan, df=max(len(data) - 2, 0),
+               sigma=math.nan, detectable=math.nan, label="not run")
+    if len(widths) < 2 or len(data) < 3:
+        return {name: {**row, **nan}[name] for name in SLOPE_COLUMNS}
+    x, y = np.log(data.width.to_numpy(dtype=float)), data.y.to_numpy(dtype=float)
+    xc = x - x.mean()
+    sxx = float((xc ** 2).sum())
+    slope = float((xc * (y - y.mean())).sum() / sxx)
+    residuals = y - y.mean() - slope * xc
+    df = len(y) - 2
+    sigma = float(np.sqrt((residuals ** 2).sum() / df))
+    se = sigma / math.sqrt(sxx)
+    half = float(stats.t.ppf(1 - (1 - confidence) / 2, df)) * se
+    row.update(slope=slope, slope_lo=slope - half, slope_hi=slope + half, se=se, df=df, sigma=sigma,
+               detectable=detectable_slope(se, df, confidence, target_power),
+               label=label_for(slope - half, slope + half, reference))
+    return {name: row[name] for name in SLOPE_COLUMNS}
+
+
+def noise_components(summaries: pd.DataFrame, per_checkpoint: pd.DataFrame | None = None) -> dict[str, float]:
+    """The noise of run summaries around their width's mean, for designing a sweep.
+
+    Args:
+        summaries: :func:`run_summaries` rows (``width``, ``seed``, ``y``, ``checkpoints``).
+        per_checkpoint: optional rows of log values per checkpoint (``width``, ``seed``, ``y``) of the same runs:
+            splits the noise into the part between checkpoints of one run and the part between runs.
 
     Returns:
-        One row per group: the ``by`` columns and :data:`TREND_COLUMNS` — ``rho`` on
-        the seed means, ``rho_lo``/``rho_hi`` the bootstrap percentile interval,
-        ``p_positive`` the fraction of bootstrap draws with ρ > 0, ``widths`` and
-        ``means`` as ``"/"``-joined strings. A width with a single seed (a run that
-        failed leaves some with one) has no spread to draw its mean from and is left out;
-        groups with fewer than 3 widths left get NaN.
+        ``run_sd`` (SD of a run summary within a width), and with ``per_checkpoint``: ``checkpoint_sd`` (SD of one
+        checkpoint around its run's mean), ``between_sd`` (SD of a run's true level within a width; 0 when the
+        checkpoint noise explains all of ``run_sd``) and ``checkpoints`` (the median count per run).
     """
-    rows = []
-    clean = table.dropna(subset=[value])
-    for key, group in clean.groupby(list(by), sort=True, dropna=False):
-        key = key if isinstance(key, tuple) else (key,)
-        per_width = {w: part[value].to_numpy(dtype=float) for w, part in group.groupby(width, sort=True)}
-        per_width = {w: values for w, values in per_width.items() if len(values) >= 2} or per_width
-        widths = np.array(sorted(per_width), dtype=float)
-        means = np.array([per_width[w].mean() for w in sorted(per_width)])
-        row = dict(zip(by, key), n_widths=len(widths), n_seeds=min(len(v) for v in per_width.values()),
-                   widths="/".join(f"{w:g}" for w in widths), means="/".join(f"{m:.4g}" for m in means))
-        if len(widths) < 3 or row["n_seeds"] < 2:
-            row.update(rho=float("nan"), rho_lo=float("nan"), rho_hi=float("nan"), p_positive=float("nan"))
+    within = summaries.y - summaries.groupby("width").y.transform("mean")
+    seeds = summaries.groupby("width").y.transform("size")
+    dof = int((seeds > 1).sum() - summaries[seeds > 1].width.nunique())
+    run_sd = float(np.sqrt((within[seeds > 1] ** 2).sum() / dof)) if dof > 0 else math.nan
+    out = {"run_sd": run_sd}
+    if per_checkpoint is not None and len(per_checkpoint):
+        deviation = per_checkpoint.y - per_checkpoint.groupby(list(RUN)).y.transform("mean")
+        sizes = per_checkpoint.groupby(list(RUN)).y.transform("size")
+        dof_c = int(len(per_checkpoint) - per_checkpoint.groupby(list(RUN)).ngroups)
+        checkpoint_sd = float(np.sqrt((deviation[sizes > 1] ** 2).sum() / dof_c)) if dof_c > 0 else math.nan
+        count = float(summaries.checkpoints.median())
+        between = run_sd ** 2 - checkpoint_sd ** 2 / count
+        out.update(checkpoint_sd=checkpoint_sd, between_sd=float(np.sqrt(max(between, 0.0))), checkpoints=count)
+    return out
+
+
+def simulate_labels(widths: Sequence[float], seeds: int, slope: float, *, run_sd: float | None = None,
+                    between_sd: float | None = None, checkpoint_sd: float | None = None, checkpoints: int = 1,
+                    residuals: Sequence[float] | None = None, reference: float = PAPER_SLOPE, trials: int = 2000,
+                    confidence: float = 0.95, seed: int = 0) -> pd.Series:
+    """Share of each label over ``trials`` synthetic tables with ``slope`` built in.
+
+    Each synthetic run at width N has summary ``slope · log N + noise``. The noise is either
+    Gaussian with the components of :func:`noise_components` (``between_sd`` per run plus the mean
+    of ``checkpoints`` draws of ``checkpoint_sd``, or ``run_sd`` alone), or, with ``residuals``,
+    drawn with replacement from measured run residuals (a run's summary minus its width's mean,
+    scaled by √(s/(s−1)) for the seeds s that mean was taken over): heavy tails and skew kept.
+
+    Returns:
+        The share of each of :data:`LABELS` (a Series indexed by label).
+    """
+    rng = np.random.default_rng(seed)
+    x = np.repeat(np.log(np.asarray(widths, dtype=float)), seeds)
+    counts = dict.fromkeys(LABELS, 0)
+    for _ in range(trials):
+        if residuals is not None:
+            noise = rng.choice(np.asarray(residuals, dtype=float), size=len(x), replace=True)
+        elif checkpoint_sd is not None:
+            noise = rng.normal(0, between_sd or 0.0, len(x)) + rng.normal(0, checkpoint_sd / math.sqrt(checkpoints),
+                                                                            len(x))
         else:
-            rng = np.random.default_rng([seed, len(rows)])
-            draws = _bootstrap_rho(widths, [per_width[w] for w in sorted(per_width)], resamples, rng)
-            draws = draws[np.isfinite(draws)]
-            tail = (1 - confidence) / 2
-            row.update(
-                rho=spearman(widths, means),
-                rho_lo=float(np.quantile(draws, tail)) if len(draws) else float("nan"),
-                rho_hi=float(np.quantile(draws, 1 - tail)) if len(draws) else float("nan"),
-                p_positive=float((draws > 0).mean()) if len(draws) else float("nan"),
-            )
-        rows.append(row)
-    return pd.DataFrame(rows, columns=[*by, *TREND_COLUMNS])
+            noise = rng.normal(0, run_sd, len(x))
+        table = pd.DataFrame({"width": np.exp(x), "y": slope * x + noise})
+        counts[slope_test(table, reference, confidence)["label"]] += 1
+    return pd.Series(counts) / trials
+
+
+def width_residuals(summaries: pd.DataFrame) -> np.ndarray:
+    """Run summaries minus their width's mean, scaled by √(s/(s−1)) to undo the fitted mean's shrinkage."""
+    seeds = summaries.groupby("width").y.transform("size")
+    keep = seeds > 1
+    deviation = (summaries.y - summaries.groupby("width").y.transform("mean"))[keep]
+    return (deviation * np.sqrt(seeds[keep] / (seeds[keep] - 1))).to_numpy()
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """A computed verdict on one claim: ``label`` (reproduced / partly / not reproduced / not run) and ``sentence``."""
+    """A computed verdict on one claim: ``label`` (one of :data:`LABELS`) and ``sentence``."""
 
     claim: str
     label: str
     sentence: str
-    holds: int
-    reversed: int
-    total: int
+    slope: float = math.nan
+    slope_lo: float = math.nan
+    slope_hi: float = math.nan
+    detectable: float = math.nan
+    reference: float = math.nan
 
     def markdown(self) -> str:
-        """The sentence for a chapter: the label in bold, math for d_align and (M, K), module names as code."""
+        """The sentence for a chapter: the label in bold, math for d_align, β and (M, K), module names as code."""
         text = self.sentence.replace(self.label, f"**{self.label}**", 1)
         text = re.sub(r"\bat ([A-Za-z_]\w*(?:\.\w+)+) \(", r"at `\1` (", text)
         for plain, typeset in (("d_align", r"$d_{\mathrm{align}}$"), ("(M, K)", "$(M, K)$"),
@@ -144,31 +325,23 @@ class Verdict:
         return text
 
 
-def verdict(trend: pd.DataFrame, claim: str, *, direction: str = "rises", where: str = "") -> Verdict:
-    """Judge ``claim`` from trend rows (one per checkpoint, level or budget).
-
-    ``direction="rises"``: a row holds when its interval lies above 0 (``rho_lo > 0``),
-    is reversed when it lies below (``rho_hi < 0``); ``"falls"`` mirrors this. The
-    label is ``reproduced`` when every row holds, ``partly`` when some do, ``not
-    reproduced`` when none do, ``not run`` when there is no row with a finite ρ.
-    ``where`` names the rows in the sentence ("checkpoints in the last third of training").
-    """
-    if direction not in ("rises", "falls"):
-        raise ValueError(f"direction must be 'rises' or 'falls', got {direction!r}")
-    rows = trend.dropna(subset=["rho"]) if len(trend) else trend
-    total = len(rows)
-    if total == 0:
-        return Verdict(claim, "not run", f"{claim}: not run at this profile (no trend could be computed).", 0, 0, 0)
-    sign = 1 if direction == "rises" else -1
-    lower = rows.rho_lo if sign > 0 else -rows.rho_hi
-    upper = rows.rho_hi if sign > 0 else -rows.rho_lo
-    holds, reverse = int((lower > 0).sum()), int((upper < 0).sum())
-    label = "reproduced" if holds == total else "partly" if holds else "not reproduced"
-    where = f" {where}" if where else ""
-    sentence = (
-        f"{claim}: {label}. The 95% interval over seeds of Spearman's ρ between width and the quantity lies "
-        f"{'above' if sign > 0 else 'below'} zero at {holds} of {total}{where}"
-        f"{f' and on the wrong side at {reverse}' if reverse else ''}; ρ ranges from {rows.rho.min():+.2f} "
-        f"to {rows.rho.max():+.2f} (median {rows.rho.median():+.2f})."
-    )
-    return Verdict(claim, label, sentence, holds, reverse, total)
+def verdict(row: pd.Series | dict | None, claim: str, *, quantity: str = "log d_align") -> Verdict:
+    """Judge ``claim`` from one slope-test row (:func:`slope_test`), with the sentence a chapter prints."""
+    if row is None or (isinstance(row, pd.Series) and row.empty) or row.get("label", "not run") == "not run":
+        return Verdict(claim, "not run", f"{claim}: not run at this profile (no slope could be fitted).")
+    label, reference = row["label"], float(row["reference"])
+    lo, hi, slope = float(row["slope_lo"]), float(row["slope_hi"]), float(row["slope"])
+    direction = "rise" if reference > 0 else "fall"
+    reading = {
+        "reproduced": f"the interval excludes 0 on the claimed side"
+                      f"{' (though it also excludes the paper-sized effect)' if (hi < reference if reference > 0 else lo > reference) else ''}",
+        "contradicted": ("the interval lies on the wrong side of 0: the quantity moves the other way"
+                         if (hi < 0 if reference > 0 else lo > 0) else
+                         f"the interval excludes the paper-sized {direction}: any {direction} is smaller than claimed"),
+        "inconclusive": "the interval holds both 0 and the paper-sized effect: this design cannot tell them apart",
+    }[label]
+    sentence = (f"{claim}: {label}. The slope of {quantity} on log width is {slope:+.2f}, 95% interval "
+                f"[{lo:+.2f}, {hi:+.2f}], over {int(row['n_runs'])} runs at {int(row['n_widths'])} widths; "
+                f"{reading}. The paper's effect is a slope of {reference:+.2f}; this design detects slopes of "
+                f"{float(row['detectable']):.2f} or more in size with 80% power.")
+    return Verdict(claim, label, sentence, slope, lo, hi, float(row["detectable"]), reference)

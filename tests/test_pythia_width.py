@@ -44,8 +44,7 @@ def test_smoke_sweep_writes_both_regimes_with_a_depth_column(tmp_path, monkeypat
     monkeypatch.setenv("DALIGN_CHECKPOINTS", str(tmp_path / "checkpoints"))
     monkeypatch.setenv("DALIGN_CACHE", str(tmp_path / "cache"))
     config = pythia_width.Config.for_profile("smoke", vocab_size=300, steps=6, warmup_steps=1,
-                                             checkpoint_steps=(0, 4, 6), lr_candidates=(1e-2,), resamples=200,
-                                             trend_resamples=50)
+                                             checkpoint_steps=(0, 4, 6), lr_candidates=(1e-2,), resamples=200)
     out = pythia_width.run(config, out_dir=tmp_path / "results")
     runs = pd.read_csv(out / "pythia_runs.csv")
     geometry = pd.read_csv(out / "pythia_geometry.csv")

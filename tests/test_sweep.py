@@ -47,7 +47,6 @@ class ToyConfig(SweepConfig):
     capture_batch: int = 32
     budgets: tuple[tuple[int, int], ...] = ((4, 4), (8, 8))
     resamples: int = 500
-    trend_resamples: int = 100
     device: str = "cpu"
     beatable: bool = True
 
@@ -110,10 +109,15 @@ def test_a_toy_family_runs_through_every_shared_step(toy_tables):
     config = ToyConfig()
     assert set(tables) == set(sweep.tables_of(ToyFamily()))
     lr, runs, geometry = tables["toy_lr"], tables["toy_runs"], tables["toy_geometry"]
-    # every candidate rate tried once per width at the first seed, exactly one kept
-    assert len(lr) == len(config.widths) * len(config.lr_candidates)
-    assert all(set(lr[lr.width == w].lr) == set(config.lr_grid(w)) for w in config.widths)
+    # every candidate rate tried once per width at the first seed, exactly one kept; a width whose best rate
+    # sat at an edge of its grid tried rates past it, so the kept rate is inside the grid or extensions ran out
+    assert all(set(config.lr_grid(w)) <= set(lr[lr.width == w].lr) for w in config.widths)
+    assert len(lr) >= len(config.widths) * len(config.lr_candidates) and not lr.check.any()
     assert (lr.groupby("width").chosen.sum() == 1).all()
+    for width, rates in lr.groupby("width"):
+        extra_rates = len(rates) - len(config.lr_candidates)
+        best = rates[rates.chosen].lr.iloc[0]
+        assert extra_rates == config.lr_extend or rates.lr.min() < best < rates.lr.max(), rates
     kept = lr[lr.chosen].set_index("width").lr
     assert (runs.set_index(["width", "seed"]).lr == runs.width.map(kept).values).all()
     assert runs.trained_ok.all() and len(runs) == len(config.widths) * config.seeds
@@ -129,12 +133,20 @@ def test_a_toy_family_runs_through_every_shared_step(toy_tables):
     assert transfer[["b_exact", "b_align", "b_align_at_lo"]].isna().all().all() and (transfer.bound_note != "").all()
     assert (misalignment.p_misalign_lo <= misalignment.p_misalign).all()
     assert (misalignment.p_misalign <= misalignment.p_misalign_hi).all()
-    # trends: one per (layer, pool, step), per matched-loss level, per budget
+    # slope tests: the late window of three quantities and every checkpoint per (layer, pool), matched loss
+    # at the primary layer, every budget; three rows are the judged ones
     trend = tables["toy_trend"]
-    assert len(trend[trend.view == "matched_step"]) == 2 * 2 * len(config.checkpoint_steps)
-    assert set(trend[trend.view == "matched_step"].step[trend.last_third.astype(bool)]) == {20, 30}
+    assert len(trend[trend.view == "late_window"]) == 3 * 2 * 2
+    assert len(trend[trend.view == "step"]) == 2 * 2 * len(config.checkpoint_steps)
+    assert set(trend[trend.view == "matched_loss"].layer) == {"blocks.0"}
     assert len(trend[trend.view == "budget"]) == 2 * len(config.budgets)
-    assert trend.rho.between(-1, 1).all() and (trend.rho_lo <= trend.rho_hi).all()
+    fitted = trend[trend.label != "not run"]  # d_par can be +inf at every run: nothing to fit
+    assert (fitted.slope_lo <= fitted.slope).all() and (fitted.slope <= fitted.slope_hi).all()
+    assert set(fitted.label) <= {"reproduced", "contradicted", "inconclusive"} and (fitted.detectable >= 0).all()
+    judged = trend[trend.judged]
+    assert sorted(judged.view) == ["budget", "late_window", "matched_loss"]
+    assert (judged.n_runs == len(runs)).all() and judged.layer.eq("blocks.0").all()
+    assert tuple(judged[judged.view == "budget"][["M", "K"]].iloc[0]) == config.budget_judged
     assert extra["pools"] == {"train": 64, "heldout": 64, "evaluation": 64, "validation": 64}
 
 
@@ -199,7 +211,7 @@ def test_matched_loss_reads_each_run_where_it_first_reaches_a_common_level():
 
 def test_dry_run_projects_the_full_run(checkpoints):
     text = sweep.dry_run(ToyConfig(), ToyFamily())
-    assert "3 trainings (2 rates + 1 more seeds) of 30 steps" in text
+    assert "3 full trainings of 30 steps (2 rate trials of 30 steps + 1 seeds" in text
     assert text.count("ms/step x 30 steps") == 3 and "projected:" in text
     assert "on 8 such devices sharing the jobs (torchrun --nproc_per_node=8" in text
     assert not checkpoints.exists()
@@ -229,7 +241,7 @@ def test_an_interrupted_sweep_resumes_job_by_job_to_the_same_tables(checkpoints,
     monkeypatch.setattr(sweep, "_measured_run", dies_at_width_24)
     with pytest.raises(KeyboardInterrupt):
         sweep.run_sweep(config, ToyFamily(), jobs=jobs)
-    trials = [f"lr_N{w}_lr{lr:g}.json" for w in config.widths for lr in config.lr_grid(w)]
+    trials = [f"lr_N{r.width}_lr{r.lr:g}.json" for r in uninterrupted["toy_lr"].itertuples()]  # grids grown too
     assert sorted(p.name for p in jobs.iterdir()) == sorted(
         trials + ["N8_seed0.json", "N8_seed1.json", "N16_seed0.json", "N16_seed1.json"])
     monkeypatch.setattr(sweep, "_measured_run", real_measured_run)
@@ -256,3 +268,38 @@ def test_the_rate_grid_moves_with_width():
     assert config.lr_grid(64) == (1.5e-3, 5e-3, 1.5e-2)
     assert config.lr_grid(256) == (3.75e-4, 1.25e-3, 3.75e-3)
     assert ToyConfig().lr_grid(32) == ToyConfig().lr_grid(8) == (3e-3, 3e-2)  # exponent 0: one grid for all
+
+
+def test_short_rate_trials_are_checked_at_full_length_at_the_widest_width(checkpoints):
+    config = ToyConfig(widths=(8, 16, 24), seeds=2, lr_trial_fraction=0.5, lr_extend=0)
+    tables, extra = sweep.run_sweep(config, ToyFamily())
+    lr = tables["toy_lr"]
+    trials, checks = lr[~lr.check], lr[lr.check]
+    assert (trials.steps == 15).all() and len(trials) == 3 * 2
+    # the check trains the short fit's best two rates at the widest width for all 30 steps
+    assert set(checks.width) == {24} and (checks.steps == 30).all() and len(checks) == 2
+    assert set(checks.lr) == set(trials[trials.width == 24].lr) and checks.chosen.sum() == 1
+    summary = sweep.lr_check(lr)
+    assert summary["width"] == 24 and summary["passed"] == (summary["short_choice"] == summary["full_choice"])
+    assert extra["lr_check"] == summary
+    # the measured runs use the short fit's choice; trials left no analysis checkpoints beyond their last step
+    kept = trials[trials.chosen].set_index("width").lr
+    assert (tables["toy_runs"].lr.values == tables["toy_runs"].width.map(kept).values).all()
+    trial_dirs = [p for p in sweep.checkpoint_root(config, ToyFamily()).iterdir() if "_trial15" in p.name]
+    assert len(trial_dirs) == 6 and all(sorted(q.name for q in d.iterdir())[-1] == "step_0000015" for d in trial_dirs)
+
+
+def test_a_best_rate_at_the_grid_edge_grows_the_grid(checkpoints):
+    # 3e-5 and 1e-4 both train too slowly in 30 steps: the best is the top rate, so the grid grows upwards
+    config = ToyConfig(widths=(8, 16, 24), seeds=1, lr_candidates=(3e-5, 1e-4), lr_extend=1)
+    lr = sweep.run_sweep(config, ToyFamily())[0]["toy_lr"]
+    for width, rates in lr.groupby("width"):
+        grid = config.lr_grid(width)
+        assert len(rates) == 3 and rates.lr.max() == pytest.approx(grid[1] * grid[1] / grid[0], rel=1e-2)
+
+
+def test_extension_stops_inside_the_grid():
+    assert sweep._extended((1e-3, 3e-3, 1e-2), 3e-3) is None
+    assert sweep._extended((1e-3, 3e-3, 1e-2), 1e-2) == (1e-3, 3e-3, 1e-2, 0.0333)
+    assert sweep._extended((1e-3, 3e-3), 1e-3) == (3.33e-4, 1e-3, 3e-3)
+    assert sweep._extended((1e-3,), 1e-3) is None

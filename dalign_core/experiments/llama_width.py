@@ -66,7 +66,7 @@ class Config(LMSweepConfig):
             seeds=2, widths=(16, 32, 48), head_dim=16, context=32, vocab_size=512, steps=20, warmup_steps=2,
             lr_candidates=(1e-2, 3e-2), checkpoint_steps=(0, 10, 16, 20), train_pool_steps=None, pool_size=64,
             eval_examples=32, validation_examples=32, capture_batch=32, budgets=((2, 2), (4, 4)), resamples=1_000,
-            trend_resamples=200, unit_contexts=(16, 32),
+            unit_contexts=(16, 32),
         ),
         "cpu": {},
         # The paper's shapes (depth 8, head dim 64) at widths a 15-minute GPU window can train: 3 rates x 3 seeds.

@@ -81,7 +81,7 @@ class Config(LMSweepConfig):
             deep_heads=(2, 2, 2), depth=2, context=32, vocab_size=512, steps=20, warmup_steps=2,
             lr_candidates=(1e-2, 3e-2), checkpoint_steps=(0, 10, 16, 20), train_pool_steps=None, pool_size=64,
             eval_examples=32, validation_examples=32, capture_batch=32, budgets=((2, 2), (4, 4)), resamples=1_000,
-            trend_resamples=200, width_scale=8,
+            width_scale=8,
         ),
         "cpu": {},
         # Pythia's real 6-layer widths, and a 16-layer regime at three widths, in minutes on one GPU.

@@ -91,7 +91,7 @@ class Config(SweepConfig):
             dataset="synthetic", widths=(4, 8, 12), seeds=2, steps=30, batch_size=32, warmup_steps=3,
             lr_candidates=(0.05, 0.1), checkpoint_steps=(0, 10, 20, 30), train_pool_steps=None, pool_size=64,
             eval_examples=128, validation_examples=64, validation_images=200, capture_batch=64,
-            budgets=((2, 2), (4, 4)), resamples=1_000, trend_resamples=200, min_test_accuracy=0.5,
+            budgets=((2, 2), (4, 4)), resamples=1_000, min_test_accuracy=0.5,
         ),
         "cpu": {},
         # Minutes on one GPU: CIFAR-10 through its archive (make data PROFILE=gpu), 10 epochs at batch 128.
