@@ -5,9 +5,19 @@ of widths 128 … 1024, the same batches go through:
 
 * ``bare``        — an ordinary forward + backward of the mean loss (``loss.backward()``,
                     all parameter gradients): the reference pass, ratio 1.
+* ``floor``       — the least any capture must do: a forward and a backward *down to the insertion
+                    point* (``autograd.grad`` of the mean next-token loss with respect to that
+                    layer's output, the loss on the logits as the model returns them: no copy of
+                    them, no parameter gradients). ``x floor`` is each method's time over it.
 * ``capture``     — :func:`dalign_core.hooks.accumulate_geometry` at one decoder layer:
                     forward, ``autograd.grad`` of the summed per-example losses with respect
-                    to that layer's output, streaming Gram update, and the final estimate.
+                    to that layer's output, streaming Gram update, and the final estimate
+                    (with its default determinism check: example 0 of the first batch once more).
+* ``capture_unchecked`` — ``capture`` with ``check_determinism=False``: what the check costs.
+* ``capture_before`` — the same with the causal-LM loss as it was before (cross-entropy on a copy
+                    of ``logits[:, :-1]``, whose backward zero-fills a logits-sized gradient) and
+                    no determinism check: the capture's cost before, measured in the same run. Its
+                    Gram matrix is checked to be bit-identical to ``capture``'s.
 * ``capture_all`` — the same for every decoder layer in one pass.
 * ``loop``        — the obvious alternative: each example alone (batch size 1), same q.
 * ``vmap``        — ``torch.func``: ``vmap`` over examples of ``grad`` with respect to an
@@ -26,6 +36,12 @@ Usage::
 
     python benchmarks/bench_capture.py --out results/bench            # a few minutes on 2 busy CPU cores
     python benchmarks/bench_capture.py --out results/bench --quick    # widths 128, 256 only
+    python benchmarks/bench_capture.py --out /tmp/bench --widths 32 256 --methods floor capture_before capture
+                                                 # the capture's cost over its floor, before and after
+
+Besides the table it prints, per width, capture time over the floor (a forward and a
+backward down to the insertion point) for ``capture_before`` and ``capture``, and saves
+them as ``capture_over_floor`` in the JSON (``ratio_vs_floor`` in the CSV).
 
 Writes ``DIR/bench_capture.csv`` and ``DIR/bench_capture.json`` atomically.
 """
@@ -33,6 +49,7 @@ Writes ``DIR/bench_capture.csv`` and ``DIR/bench_capture.json`` atomically.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -47,7 +64,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-METHODS = ("bare", "capture", "capture_all", "loop", "vmap")
+METHODS = ("bare", "floor", "capture_before", "capture", "capture_unchecked", "capture_all", "loop", "vmap")
 TARGET_RATIO = 1.15
 
 
@@ -108,6 +125,40 @@ def _vmap_rows(model, layer_name: str, batch, torch):
     return grads.sum(dim=1)
 
 
+def _legacy_per_example_loss(output, inputs, targets=None, task="auto"):
+    """The causal-LM loss of dalign_core.hooks before it stopped slicing the logits (the ``capture_before`` method)."""
+    import torch.nn.functional as F
+
+    from dalign_core import hooks
+
+    logits = hooks._logits(output)
+    if logits.ndim != 3 or task == "classification" or targets is not None:
+        raise NotImplementedError("the benchmark's legacy loss covers next-token losses on the input ids only")
+    labels = inputs["input_ids"].clone()
+    mask = inputs.get("attention_mask")
+    if mask is not None:
+        labels = labels.masked_fill(mask == 0, hooks.IGNORE_INDEX)
+    shift_labels = labels[:, 1:]
+    token_loss = F.cross_entropy(
+        hooks._at_least_float32(logits[:, :-1].flatten(0, 1)), shift_labels.flatten(),
+        ignore_index=hooks.IGNORE_INDEX, reduction="none",
+    ).view(shift_labels.shape)
+    return token_loss.sum(dim=1) / (shift_labels != hooks.IGNORE_INDEX).sum(dim=1)
+
+
+@contextlib.contextmanager
+def _legacy_loss():
+    """dalign_core.hooks with its causal-LM loss as it was before, for the duration of the block."""
+    from dalign_core import hooks
+
+    current = hooks.per_example_loss
+    hooks.per_example_loss = _legacy_per_example_loss
+    try:
+        yield
+    finally:
+        hooks.per_example_loss = current
+
+
 def _setup(args):
     import torch
     import torch.nn.functional as F
@@ -130,8 +181,32 @@ def _setup(args):
             loss.backward()
         model.zero_grad(set_to_none=True)
 
+    block = dict(model.named_modules())[layer]
+    ignore = torch.full((args.batch_size, 1), -100, dtype=torch.long, device=device)
+
+    def floor():
+        seen = []
+        handle = block.register_forward_hook(lambda module, inputs, output: seen.append(
+            output[0] if isinstance(output, tuple) else output))
+        try:
+            for batch in data:
+                seen.clear()
+                out = model(**batch, use_cache=False)
+                labels = torch.cat([batch["input_ids"][:, 1:], ignore[:len(batch["input_ids"])]], dim=1)
+                loss = F.cross_entropy(out.logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+                torch.autograd.grad(loss, seen[0])
+        finally:
+            handle.remove()
+
     def capture():
         accumulate_geometry(model, layer, data).result()
+
+    def capture_unchecked():
+        accumulate_geometry(model, layer, data, check_determinism=False).result()
+
+    def capture_before():
+        with _legacy_loss():
+            accumulate_geometry(model, layer, data, check_determinism=False).result()
 
     def capture_all():
         for acc in accumulate_geometry(model, "all", data).values():
@@ -142,7 +217,7 @@ def _setup(args):
         for batch in data:
             ids = batch["input_ids"]
             for i in range(ids.shape[0]):
-                acc.update(activation_gradients(model, layer, {"input_ids": ids[i:i + 1]}))
+                acc.update(activation_gradients(model, layer, {"input_ids": ids[i:i + 1]}, check_determinism=False))
         acc.result()
 
     def vmap_method():
@@ -151,7 +226,8 @@ def _setup(args):
             acc.update(_vmap_rows(model, layer, batch, torch))
         acc.result()
 
-    fns = {"bare": bare, "capture": capture, "capture_all": capture_all, "loop": loop, "vmap": vmap_method}
+    fns = {"bare": bare, "floor": floor, "capture_before": capture_before, "capture": capture,
+           "capture_unchecked": capture_unchecked, "capture_all": capture_all, "loop": loop, "vmap": vmap_method}
 
     def sync():
         if device.type == "cuda":
@@ -177,6 +253,13 @@ def time_width(args) -> list[dict]:
     model, data, layer, fns, sync, info = _setup(args)
     records = {m: {**info, "method": m, "n_layers_captured": args.layers if m == "capture_all" else 1,
                    "status": "ok", "error": "", "times_s": []} for m in fns}
+    if "capture_before" in fns:  # the cheaper loss must leave q, hence the Gram matrix, exactly as it was
+        from dalign_core.hooks import accumulate_geometry
+
+        after = accumulate_geometry(model, layer, data).gram()
+        with _legacy_loss():
+            before = accumulate_geometry(model, layer, data, check_determinism=False).gram()
+        records["capture_before"]["gram_bit_identical_to_capture"] = bool(torch.equal(before, after))
     if "vmap" in fns:  # correctness first: torch.func must give the same q as the hook
         try:
             reference = activation_gradients(model, layer, data[0])
@@ -325,16 +408,18 @@ def main(argv=None) -> int:
     bare = {r["width"]: r.get("wall_s", math.nan) for r in records if r["method"] == "bare"}
     loop = {r["width"]: r.get("wall_s", math.nan) for r in records if r["method"] == "loop"}
     vmap = {r["width"]: r.get("wall_s", math.nan) for r in records if r["method"] == "vmap"}
+    floor = {r["width"]: r.get("wall_s", math.nan) for r in records if r["method"] == "floor"}
     for r in records:
         w = r.get("wall_s", math.nan)
         r["ratio_vs_bare"] = w / bare.get(r["width"], math.nan) if bare.get(r["width"]) else math.nan
+        r["ratio_vs_floor"] = w / floor.get(r["width"], math.nan) if floor.get(r["width"]) else math.nan
         if r["method"] in ("capture", "capture_all"):
             r["speedup_vs_loop"] = loop.get(r["width"], math.nan) / w if w else math.nan
             r["speedup_vs_vmap"] = vmap.get(r["width"], math.nan) / w if w else math.nan
             r["meets_target"] = bool(r["ratio_vs_bare"] <= TARGET_RATIO) if not math.isnan(r["ratio_vs_bare"]) else None
 
-    header = (f"{'width':>5}  {'method':12}  {'wall s':>8}  {'x bare':>7}  {'loop/cap':>8}  {'vmap/cap':>8}  "
-              f"{'peak MiB':>8}  note")
+    header = (f"{'width':>5}  {'method':17}  {'wall s':>8}  {'x bare':>7}  {'x floor':>7}  {'loop/cap':>8}  "
+              f"{'vmap/cap':>8}  {'peak MiB':>8}  note")
     lines = [header, "-" * len(header)]
     for r in records:
         note = r.get("error", "") if r.get("status") != "ok" else ""
@@ -342,9 +427,12 @@ def main(argv=None) -> int:
             note = f"max |q_vmap - q_hook| = {r['max_abs_diff_vs_capture']:.1e} (max |q| {r['max_abs_q']:.1e})"
         if r.get("meets_target") is not None:
             note = ("meets" if r["meets_target"] else "MISSES") + f" target <= {TARGET_RATIO}x bare"
+        if "gram_bit_identical_to_capture" in r:
+            note = "Gram " + ("bit-identical to" if r["gram_bit_identical_to_capture"] else "DIFFERS from") + " capture's"
         lines.append(
-            f"{r['width']:>5}  {r['method']:12}  {_fmt(r.get('wall_s'), '.3f'):>8}  "
-            f"{_fmt(r.get('ratio_vs_bare'), '.2f'):>7}  {_fmt(r.get('speedup_vs_loop'), '.2f'):>8}  "
+            f"{r['width']:>5}  {r['method']:17}  {_fmt(r.get('wall_s'), '.3f'):>8}  "
+            f"{_fmt(r.get('ratio_vs_bare'), '.2f'):>7}  {_fmt(r.get('ratio_vs_floor'), '.2f'):>7}  "
+            f"{_fmt(r.get('speedup_vs_loop'), '.2f'):>8}  "
             f"{_fmt(r.get('speedup_vs_vmap'), '.2f'):>8}  {_fmt(r.get('peak_mem_mib'), '.0f'):>8}  {note}"
         )
     table = "\n".join(lines)
@@ -353,6 +441,7 @@ def main(argv=None) -> int:
     print(f"device {args.device}; {args.layers} decoder layers, {args.batches} batches x {args.batch_size} sequences "
           f"x {args.seq_len} tokens per pass; best of {args.repeats} passes after a warm-up, methods interleaved")
     print("x bare: wall time / bare forward+backward (with parameter gradients) of the same batches; "
+          "x floor: wall time / a forward and a backward down to the insertion point (the capture's floor); "
           "loop/cap, vmap/cap: speed-up of the one-pass capture")
     print(f"peak memory: {mem_method}")
     print(f"load average at the end (1, 5, 15 min): {', '.join(f'{x:.2f}' for x in os.getloadavg())} on "
@@ -367,6 +456,24 @@ def main(argv=None) -> int:
         print("note: capture differentiates only with respect to the layer output, so it skips the parameter "
               "gradients the bare pass forms; the ratio includes the streaming Gram update and the final estimate.")
 
+    floor_ratios = {}
+    for width in widths:
+        by_method = {r["method"]: r for r in records if r["width"] == width}
+        if "floor" in by_method and ("capture" in by_method or "capture_before" in by_method):
+            floor_ratios[width] = {
+                "before": by_method.get("capture_before", {}).get("ratio_vs_floor", math.nan),
+                "after": by_method.get("capture", {}).get("ratio_vs_floor", math.nan),
+                "after_unchecked": by_method.get("capture_unchecked", {}).get("ratio_vs_floor", math.nan),
+                "gram_bit_identical": by_method.get("capture_before", {}).get("gram_bit_identical_to_capture"),
+            }
+    if floor_ratios:
+        print("\ncapture time / (forward + backward down to the insertion point), before -> after "
+              "(after without the determinism check):")
+        for width, ratio in floor_ratios.items():
+            same = {True: "Gram bit-identical", False: "Gram DIFFERS", None: ""}[ratio["gram_bit_identical"]]
+            print(f"  width {width:5d}: {_fmt(ratio['before'], '.2f')}x -> {_fmt(ratio['after'], '.2f')}x "
+                  f"({_fmt(ratio['after_unchecked'], '.2f')}x)  {same}")
+
     import pandas as pd
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -377,7 +484,9 @@ def main(argv=None) -> int:
         "config": {k: v for k, v in vars(args).items() if k != "out"},
         "widths": widths, "memory_method": mem_method, "platform": platform.platform(),
         "cpu_count": os.cpu_count(), "loadavg_end": os.getloadavg(), "total_wall_s": round(time.perf_counter() - started, 1),
-        "written_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "records": records, "table": table,
+        "written_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "capture_over_floor": {str(width): ratio for width, ratio in floor_ratios.items()},
+        "records": records, "table": table,
     }
     _atomic_write(args.out / "bench_capture.json", json.dumps(meta, indent=2, default=str) + "\n")
     print(f"\nwrote {args.out / 'bench_capture.csv'} and {args.out / 'bench_capture.json'}")

@@ -26,6 +26,20 @@ BatchNorm-free model may be captured in training mode. The model is left exactly
 as it was — no hooks, no parameter, ``requires_grad`` or mode change — also when
 an error is raised.
 
+What the module state cannot show, the graph does, and capture refuses it rather
+than return a silently wrong q: an in-place operation on ``z`` after the layer
+produced it (its version counter moved during the forward, as after
+``F.relu(z, inplace=True)``), a loss that no gradient links to ``z`` (only through
+``torch.no_grad()`` or ``.detach()``: no zero rows are made up), a ``torch.compile``d
+model (capture on ``model._orig_mod``), and — by recomputing the first batch's first
+example alone (``check_determinism=True``) — a forward that draws random numbers or
+normalizes with batch statistics although the modules are in eval mode
+(``F.dropout(..., training=True)``, ``F.batch_norm(..., training=True)``).
+
+Cost: the causal-LM loss reads the logits as the model returns them (labels are
+shifted, not the logits), so the capture adds no copy of the ``(batch, T, V)``
+logits to a forward and a backward down to ``z``.
+
 Shapes: ``reduction="shared"`` sums over positions — tokens for a 3-D output
 ``(batch, tokens, features)``, the spatial dims for a ≥4-D output ``(batch, channels,
 *spatial)`` — giving the gradient of a zero-initialized residual bias shared over
@@ -42,6 +56,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import math
 import numbers
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -62,6 +77,7 @@ __all__ = [
     "insertion_points",
     "resolve_layers",
     "check_capturable",
+    "check_not_compiled",
     "per_example_loss",
 ]
 
@@ -234,6 +250,40 @@ def _targets_from_labels(inputs: Any, targets: Any) -> Any:
     return inputs["labels"]
 
 
+def _compiled(module: nn.Module) -> str:
+    """How ``module`` is compiled ("" if it is not): a ``torch.compile`` wrapper or ``nn.Module.compile()``."""
+    if type(module).__name__ == "OptimizedModule" and isinstance(getattr(module, "_orig_mod", None), nn.Module):
+        return "torch.compile"
+    if getattr(module, "_compiled_call_impl", None) is not None:
+        return "compile()"
+    return ""
+
+
+def check_not_compiled(model: nn.Module) -> None:
+    """Raise :class:`CaptureError` for a ``torch.compile``d model or submodule.
+
+    A compiled graph does not run the forward hooks that capture the layer output (or runs them on traced
+    tensors), so q would be silently 0 or missing; capture on the uncompiled module (``model._orig_mod``).
+    """
+    for name, module in model.named_modules():
+        how = _compiled(module)
+        if not how:
+            continue
+        label = f"submodule {name!r}" if name else type(module).__name__ if how == "compile()" else "the model"
+        if how == "torch.compile":
+            where = "model._orig_mod" if not name else f"a model whose {name!r} is the uncompiled {name}._orig_mod"
+            raise CaptureError(
+                f"{label} is compiled with torch.compile (an OptimizedModule): the compiled graph does not run the "
+                f"forward hooks that capture the layer output, so q would be silently 0 or missing. Capture on {where} "
+                "(the same module and parameters, uncompiled), with layer names as it prints them"
+            )
+        raise CaptureError(
+            f"{label} was compiled in place with .compile(): the compiled graph does not run the forward hooks that "
+            "capture the layer output, so q would be silently 0 or missing. Capture on an uncompiled copy (built "
+            "anew and loaded with the same state_dict)"
+        )
+
+
 def check_capturable(model: nn.Module) -> None:
     """Raise :class:`CaptureError` if the model's current state couples examples or is random.
 
@@ -243,6 +293,7 @@ def check_capturable(model: nn.Module) -> None:
     attribute > 0 (transformers' ``attention_dropout``), and a model in training
     mode whose ``config`` has an attention-dropout probability > 0.
     """
+    check_not_compiled(model)
     problems: list[str] = []
     for name, module in model.named_modules():
         label = name or type(model).__name__
@@ -335,17 +386,21 @@ def per_example_loss(output: Any, inputs: Any, targets: Any = None, task: str = 
         raise CaptureError(
             f"causal-LM targets (labels) must be an integer tensor of token ids, -100 where ignored; got {_describe(targets)}"
         )
-    labels = targets.clone()
+    labels = targets
     if mask is not None:
         labels = labels.masked_fill(mask.to(labels.device) == 0, IGNORE_INDEX)
     if logits.ndim != 3 or labels.shape != logits.shape[:2]:
         raise CaptureError(f"causal-LM targets of shape {tuple(labels.shape)} do not match logits {tuple(logits.shape)}")
-    shift_labels = labels[:, 1:]
+    # Position t is scored against token t + 1 and the last position against nothing (IGNORE_INDEX): the labels
+    # are shifted, not the logits. Cross-entropy then reads the (batch, T, V) logits as they are — no slice, so no
+    # copy of them forward and no zero-filled (batch, T, V) gradient for a slice backward — and an ignored position
+    # contributes exactly 0 to the loss and to the logits' gradient. Each scored token's loss and gradient are
+    # bit-identical to cross-entropy on the sliced logits[:, :-1].
+    shifted = torch.cat([labels[:, 1:], labels.new_full((labels.shape[0], 1), IGNORE_INDEX)], dim=1)
     token_loss = F.cross_entropy(
-        _at_least_float32(logits[:, :-1].flatten(0, 1)), shift_labels.flatten(), ignore_index=IGNORE_INDEX,
-        reduction="none",
-    ).view(shift_labels.shape)
-    counts = (shift_labels != IGNORE_INDEX).sum(dim=1)
+        _at_least_float32(logits).flatten(0, 1), shifted.flatten(), ignore_index=IGNORE_INDEX, reduction="none",
+    ).view(shifted.shape)[:, :-1].contiguous()  # the T - 1 scored positions, summed below as before
+    counts = (shifted[:, :-1] != IGNORE_INDEX).sum(dim=1)
     empty = torch.nonzero(counts == 0).flatten().tolist()
     if empty:
         raise CaptureError(
@@ -388,6 +443,11 @@ def _check_options(reduction: Any, task: Any, loss_fn: Any) -> None:
         raise CaptureError(f"task must be one of {TASKS}, got {_describe(task)}")
     if loss_fn is not None and not callable(loss_fn):
         raise CaptureError(f"loss_fn must be a function (output, targets) -> per-example losses, got {_describe(loss_fn)}")
+
+
+def _check_flag(check_determinism: Any) -> None:
+    if not isinstance(check_determinism, bool):
+        raise CaptureError(f"check_determinism must be True or False, got {_describe(check_determinism)}")
 
 
 def _check_batches(batches: Any) -> None:
@@ -450,25 +510,44 @@ def _reduce(grad: torch.Tensor, reduction: str) -> torch.Tensor:
     return grad.sum(dim=tuple(range(2, grad.ndim)))  # (batch, channels, *spatial)
 
 
-def _capture(model, modules: dict[str, nn.Module], inputs, targets, reduction, task, loss_fn) -> dict[str, torch.Tensor]:
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
-    check_capturable(model)
-    targets = _targets_from_labels(inputs, targets)
-    _check_batch(model, inputs, targets, loss_fn)
-    device = _device_of(model)
-    inputs, targets = _to(inputs, device), _to(targets, device)
-    captured: dict[str, list[torch.Tensor]] = {name: [] for name in modules}
+def _take_first(value: Any, batch: int) -> Any:
+    """Example 0 of a batch: tensors with a leading dimension of ``batch`` (also in mappings and sequences) keep
+    their first row; everything else is passed as it is."""
+    if isinstance(value, torch.Tensor):
+        return value[:1] if value.ndim and value.shape[0] == batch else value
+    if isinstance(value, Mapping):
+        return {k: _take_first(v, batch) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return type(value)(_take_first(v, batch) for v in value)
+    return value
+
+
+def _in_place_error(names: Sequence[str]) -> CaptureError:
+    which = ", ".join(repr(name) for name in names)
+    return CaptureError(
+        f"an in-place operation modified the output of {which} after it was produced (e.g. relu(..., inplace=True) or "
+        "+= on it), so the gradient with respect to it would be taken at the modified tensor and q would be wrong; "
+        "capture at another layer (e.g. the block containing that operation) or replace the in-place operation"
+    )
+
+
+def _gradients(model, modules: dict[str, nn.Module], inputs, targets, task, loss_fn) -> dict[str, torch.Tensor]:
+    """One forward pass and one backward pass down to the layers' outputs z: ∂(Σ_i ℓ_i)/∂z per layer (z's shape).
+
+    Refuses what the graph shows would give a wrong gradient: a layer that does not run exactly once, an in-place
+    change of z after the hook saw it (z's version counter moved), and a loss that no gradient path links to z.
+    """
+    captured: dict[str, list[tuple[torch.Tensor, int]]] = {name: [] for name in modules}
 
     def make_hook(name: str):
         def hook(module, args, output):
             tensor, rebuild = _primary(output)
+            replacement = None
             if not tensor.requires_grad:  # e.g. frozen parameters upstream: make z a leaf we can differentiate
                 tensor = tensor.detach().requires_grad_(True)
-                captured[name].append(tensor)
-                return rebuild(tensor)
-            captured[name].append(tensor)
-            return None
+                replacement = rebuild(tensor)
+            captured[name].append((tensor, tensor._version))
+            return replacement
         return hook
 
     handles = []
@@ -476,7 +555,12 @@ def _capture(model, modules: dict[str, nn.Module], inputs, targets, reduction, t
         for name, module in modules.items():
             handles.append(module.register_forward_hook(make_hook(name)))
         with torch.enable_grad():
-            output = _call(model, inputs)
+            try:
+                output = _call(model, inputs)
+            except RuntimeError as err:  # an in-place op on the leaf the hook made for a frozen upstream
+                if "leaf Variable that requires grad" in str(err) and "in-place" in str(err):
+                    raise _in_place_error([n for n, seen in captured.items() if seen and seen[-1][0].is_leaf]) from err
+                raise
             for handle in handles:  # no hook may outlive the forward pass
                 handle.remove()
             handles = []
@@ -496,26 +580,100 @@ def _capture(model, modules: dict[str, nn.Module], inputs, targets, reduction, t
                     f"non-finite loss for example(s) {bad[:10]} of {losses.shape[0]} "
                     f"(values {[float(losses.detach()[i]) for i in bad[:3]]}); check the inputs, targets and the model's dtype"
                 )
-            zs = [captured[name][0] for name in modules]
+            zs = [captured[name][0][0] for name in modules]
             for name, z in zip(modules, zs):
                 if z.shape[0] != losses.shape[0]:
                     raise CaptureError(
                         f"layer {name!r} output has leading dimension {z.shape[0]}, the batch has {losses.shape[0]} "
                         "examples; the insertion point's output must be batch-first"
                     )
+            modified = [name for name in modules if captured[name][0][0]._version != captured[name][0][1]]
+            if modified:
+                raise _in_place_error(modified)
             if not losses.requires_grad:
-                raise CaptureError(f"the loss does not depend on the output of {list(modules)}")
-            grads = torch.autograd.grad(losses.sum(), zs, allow_unused=True, materialize_grads=True)
+                raise CaptureError(
+                    f"the loss does not depend on the output of {list(modules)} through autograd (was the forward, or "
+                    "the part after the layer, run under torch.no_grad() or on detached tensors?); q would be 0"
+                )
+            grads = torch.autograd.grad(losses.sum(), zs, allow_unused=True)
     finally:
         for handle in handles:
             handle.remove()
+    unreached = [name for name, grad in zip(modules, grads) if grad is None]
+    if unreached:
+        raise CaptureError(
+            f"no gradient reaches the output of {', '.join(map(repr, unreached))}: the loss does not depend on it "
+            "through autograd (used only under torch.no_grad(), detached, or not used at all), so q would be "
+            "silently 0; capture at a layer the loss depends on with gradients enabled"
+        )
+    return {name: grad.detach() for name, grad in zip(modules, grads)}
+
+
+def _determinism_tolerance(dtype: torch.dtype) -> float:
+    """Relative difference of a recomputed gradient above which it is not rounding: 1e-5, or 8 ulps for half precision."""
+    return max(1e-5, 8 * torch.finfo(dtype).eps) if dtype.is_floating_point else 1e-5
+
+
+def _check_deterministic(model, modules, inputs, targets, task, loss_fn, grads: dict[str, torch.Tensor]) -> None:
+    """Recompute example 0 of the batch alone and compare its gradient with its row of the batch's.
+
+    A per-example gradient does not depend on the rest of the batch, nor on the run; a forward that draws random
+    numbers (dropout applied with ``training=True`` in an eval-mode model) or normalizes with the batch's statistics
+    (``F.batch_norm(..., training=True)``) gives a different one — the module-level checks cannot see such calls.
+    """
+    batch = next(iter(grads.values())).shape[0]
+    try:
+        again = _gradients(model, modules, _take_first(inputs, batch), _take_first(targets, batch), task, loss_fn)
+    except CaptureError:
+        raise
+    except Exception as err:  # e.g. "Expected more than 1 value per channel when training" from F.batch_norm
+        raise CaptureError(
+            f"the model is not deterministic in eval mode: dropout or batch statistics in training mode? It ran on "
+            f"the batch of {batch} but not on its example 0 alone ({type(err).__name__}: "
+            f"{(str(err).splitlines() or [''])[0][:200]}), so its output depends on the rest of the batch; look for "
+            "F.batch_norm(..., training=True) in the forward, or pass check_determinism=False if a batch of one "
+            "cannot run for another reason"
+        ) from err
+    for name, grad in grads.items():
+        first, alone = grad[:1].double(), again[name].double()
+        if alone.shape != first.shape:
+            raise CaptureError(
+                f"could not check that the model is deterministic: example 0 alone gave an output of shape "
+                f"{tuple(alone.shape)} at {name!r}, in the batch {tuple(first.shape)}; pass check_determinism=False "
+                "if the inputs are not batch-first"
+            )
+        scale = float(first.norm())
+        diff = float((first - alone).norm())
+        rel = diff / scale if scale > 0 else (0.0 if diff == 0 else math.inf)
+        if not rel <= _determinism_tolerance(grad.dtype):
+            raise CaptureError(
+                f"the model is not deterministic in eval mode: dropout or batch statistics in training mode? "
+                f"Example 0's activation gradient at {name!r} differs by {rel:.2g} (relative) between the batch and a "
+                "recomputation of it alone, so q is random or couples the examples. Look for F.dropout(..., "
+                "training=True) or F.batch_norm(..., training=True) (or other random or batch-coupled operations) "
+                "in the forward; nn.Dropout and nn.BatchNorm modules in eval mode are fine"
+            )
+
+
+def _capture(model, modules: dict[str, nn.Module], inputs, targets, reduction, task, loss_fn,
+             check_determinism: bool = False) -> dict[str, torch.Tensor]:
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    check_capturable(model)
+    targets = _targets_from_labels(inputs, targets)
+    _check_batch(model, inputs, targets, loss_fn)
+    device = _device_of(model)
+    inputs, targets = _to(inputs, device), _to(targets, device)
+    grads = _gradients(model, modules, inputs, targets, task, loss_fn)
     out = {}
-    for name, grad in zip(modules, grads):
-        rows = _reduce(grad.detach(), reduction)
+    for name, grad in grads.items():
+        rows = _reduce(grad, reduction)
         bad_rows = torch.nonzero(~torch.isfinite(rows).all(dim=1)).flatten().tolist()
         if bad_rows:
             raise CaptureError(f"non-finite activation gradient at {name!r} for example(s) {bad_rows[:10]}")
         out[name] = rows
+    if check_determinism:
+        _check_deterministic(model, modules, inputs, targets, task, loss_fn, grads)
     return out
 
 
@@ -528,6 +686,7 @@ def activation_gradients(
     *,
     task: str = "auto",
     loss_fn: LossFn | None = None,
+    check_determinism: bool = True,
 ) -> torch.Tensor | dict[str, torch.Tensor]:
     """Per-example activation gradients at ``layer`` from one forward and one backward pass.
 
@@ -543,6 +702,10 @@ def activation_gradients(
         reduction: ``"shared"`` (sum over positions) or ``"full"`` (keep positions).
         task: ``"auto"`` (3-D logits → causal LM, 2-D → classifier), ``"causal_lm"``, ``"classification"``.
         loss_fn: ``loss_fn(output, targets) -> (batch,)`` per-example losses, overriding ``task``.
+        check_determinism: recompute example 0 of the batch alone and refuse the capture if
+            its gradient differs from its row of the batch's by more than rounding (a
+            forward that draws random numbers or uses batch statistics despite eval mode).
+            Costs one extra forward and backward of one example.
 
     Returns:
         A ``(batch, d)`` tensor (float32 for half-precision models) whose row i is
@@ -550,13 +713,19 @@ def activation_gradients(
 
     Raises:
         CaptureError: unknown layer, BatchNorm in training mode, active dropout,
-            non-finite loss or gradient, a layer that does not run exactly once, and
-            arguments of the wrong type (a layer that is not a name, float ``input_ids``,
-            token ids outside the embedding); it is a ``ValueError``.
+            non-finite loss or gradient, a layer that does not run exactly once, an
+            in-place operation on the layer output after it was produced, a loss that no
+            gradient links to the layer output (``torch.no_grad()``, ``.detach()``), a
+            ``torch.compile``d model, a forward that is random or couples the examples
+            (``check_determinism``), and arguments of the wrong type (a layer that is not
+            a name, float ``input_ids``, token ids outside the embedding); it is a ``ValueError``.
     """
+    _check_model(model)
+    check_not_compiled(model)  # before the names: a compiled model's are prefixed with "_orig_mod."
     modules = resolve_layers(model, layer)
     _check_options(reduction, task, loss_fn)
-    rows = _capture(model, modules, inputs, targets, reduction, task, loss_fn)
+    _check_flag(check_determinism)
+    rows = _capture(model, modules, inputs, targets, reduction, task, loss_fn, check_determinism)
     if isinstance(layer, str) and layer != "all":
         return rows[layer]
     return rows
@@ -570,19 +739,24 @@ def iter_activation_gradients(
     reduction: str = "shared",
     task: str = "auto",
     loss_fn: LossFn | None = None,
+    check_determinism: bool = True,
 ) -> Iterator[torch.Tensor | dict[str, torch.Tensor]]:
     """Yield :func:`activation_gradients` for each batch (one forward+backward per batch).
 
     Each batch is a tensor, a mapping, or a pair ``(inputs, targets)``. Hooks live only
     during each batch's forward pass, so abandoning the iterator leaves the model clean.
+    ``check_determinism`` checks the first batch only (one extra example's passes).
     """
+    _check_model(model)
+    check_not_compiled(model)
     modules = resolve_layers(model, layer)  # fail before the first batch
     _check_options(reduction, task, loss_fn)
+    _check_flag(check_determinism)
     _check_batches(batches)
     single = isinstance(layer, str) and layer != "all"
-    for batch in batches:
+    for index, batch in enumerate(batches):
         inputs, targets = _split_batch(batch)
-        rows = _capture(model, modules, inputs, targets, reduction, task, loss_fn)
+        rows = _capture(model, modules, inputs, targets, reduction, task, loss_fn, check_determinism and index == 0)
         yield rows[next(iter(modules))] if single else rows
 
 
@@ -595,6 +769,7 @@ def accumulate_geometry(
     reduction: str = "shared",
     task: str = "auto",
     loss_fn: LossFn | None = None,
+    check_determinism: bool = True,
     sketch_dim: int | None = None,
     seed: int = 0,
     device=None,
@@ -611,8 +786,11 @@ def accumulate_geometry(
     Returns:
         The accumulator, or a dict name → accumulator for a list of layers or ``"all"``.
     """
+    _check_model(model)
+    check_not_compiled(model)
     modules = resolve_layers(model, layer)
     _check_options(reduction, task, loss_fn)
+    _check_flag(check_determinism)
     _check_batches(batches)
     single = isinstance(layer, str) and layer != "all"
     if examples is not None and not _is_positive_int(examples):
@@ -630,9 +808,13 @@ def accumulate_geometry(
     seen = 0
     try:
         for rows in iter_activation_gradients(model, list(modules), batches, reduction=reduction, task=task,
-                                              loss_fn=loss_fn):
+                                              loss_fn=loss_fn, check_determinism=check_determinism):
             take = None if examples is None else examples - seen
             for name, batch_rows in rows.items():
+                # The accumulator keeps its first batch's dtype: never a half-precision one (q is formed in float32
+                # from half-precision gradients already; this holds the line should that change).
+                if batch_rows.dtype in (torch.float16, torch.bfloat16):
+                    batch_rows = batch_rows.float()
                 accumulators[name].update(batch_rows if take is None else batch_rows[:take])
             added = len(next(iter(rows.values()))) if take is None else min(take, len(next(iter(rows.values()))))
             seen += added

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import math
 import statistics
+import threading
 import time
+from collections import OrderedDict
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -35,6 +37,7 @@ from dalign_core.estimators import as_rows, gram_product
 
 __all__ = [
     "MisalignmentEstimate",
+    "clear_index_cache",
     "cross_gram",
     "draw_indices",
     "resample_alignment",
@@ -137,21 +140,51 @@ def resample_alignment(
     block of ``C`` and sums it: O(MK) work, done for ``chunk`` resamples at once.
     ``return_indices=True`` also returns the (trials, M) and (trials, K) index tensors
     (for testing; memory grows with trials).  Deterministic given ``seed``, whatever
-    the ``chunk``.
+    the ``chunk``.  The index sets drawn for ``(n1, n2, M, K, trials, seed, one_pool,
+    chunk)`` are kept (up to :data:`INDEX_CACHE_BYTES`, least recently used first out)
+    and reused by the next call with the same key: the statistics are the same bit for
+    bit, without drawing again (:func:`clear_index_cache` forgets them).
     """
     n1, n2 = C.shape
     _check_budget(M, K, n1, n2, one_pool)
     if isinstance(trials, bool) or not isinstance(trials, (int, np.integer)) or trials < 1:
         raise ValueError(f"trials must be a positive integer, got {trials!r}")
-    # separate streams for train and test rows, so the draws do not depend on ``chunk``
-    g = torch.Generator().manual_seed(int(seed))
-    g_test = torch.Generator().manual_seed(int(seed) + 0x5DEECE66D)
     if chunk is None:  # a chunk's gathered block (chunk, M, K) of about 2^18 entries stays in cache
         chunk = max(1, min(trials, (1 << 18) // (M * K)))
     flat = C.detach().to(device="cpu", dtype=torch.float64).contiguous().numpy().reshape(-1)
-    index_dtype = np.int32 if n1 * n2 < 2**31 else np.int64
     out = np.empty(trials, dtype=np.float64)
-    all_i, all_j = [], []
+    draws = _index_sets(n1, n2, M, K, int(trials), int(seed), bool(one_pool), int(chunk))
+    for start, (rows, cols) in zip(range(0, trials, chunk), draws):
+        lin = rows[:, :, None] + cols[:, None, :]  # (c, M, K)
+        out[start:start + len(rows)] = np.take(flat, lin).sum(axis=(1, 2)) / (M * K)
+    stats = torch.from_numpy(out)
+    if return_indices:
+        I = torch.from_numpy(np.concatenate([rows // n2 for rows, _ in draws]).astype(np.int64))
+        J = torch.from_numpy(np.concatenate([cols for _, cols in draws]).astype(np.int64))
+        return stats, I, J
+    return stats
+
+
+INDEX_CACHE_BYTES = 256 * 2**20
+"""Memory the drawn index sets of recent :func:`resample_alignment` calls may keep (least recently used go first)."""
+
+_index_cache: OrderedDict[tuple, tuple[tuple[np.ndarray, np.ndarray], ...]] = OrderedDict()
+_index_cache_lock = threading.Lock()
+
+
+def clear_index_cache() -> None:
+    """Forget the index sets kept by :func:`resample_alignment`."""
+    with _index_cache_lock:
+        _index_cache.clear()
+
+
+def _draw_index_sets(n1, n2, M, K, trials, seed, one_pool, chunk) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+    """Per chunk: the train rows' offsets ``I * n2`` (c, M) and the test columns ``J`` (c, K), read-only."""
+    # separate streams for train and test rows, so the draws do not depend on ``chunk``
+    g = torch.Generator().manual_seed(seed)
+    g_test = torch.Generator().manual_seed(seed + 0x5DEECE66D)
+    index_dtype = np.int32 if n1 * n2 < 2**31 else np.int64
+    draws = []
     for start in range(0, trials, chunk):
         c = min(chunk, trials - start)
         if one_pool:
@@ -161,15 +194,32 @@ def resample_alignment(
             I = draw_indices(n1, M, c, g)
             J = draw_indices(n2, K, c, g_test)
         rows = (I.numpy() * n2).astype(index_dtype)
-        lin = rows[:, :, None] + J.numpy().astype(index_dtype)[:, None, :]  # (c, M, K)
-        out[start:start + c] = np.take(flat, lin).sum(axis=(1, 2)) / (M * K)
-        if return_indices:
-            all_i.append(I)
-            all_j.append(J)
-    stats = torch.from_numpy(out)
-    if return_indices:
-        return stats, torch.cat(all_i), torch.cat(all_j)
-    return stats
+        cols = np.ascontiguousarray(J.numpy().astype(index_dtype))
+        rows.flags.writeable = cols.flags.writeable = False
+        draws.append((rows, cols))
+    return tuple(draws)
+
+
+def _index_sets(n1, n2, M, K, trials, seed, one_pool, chunk) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+    """:func:`_draw_index_sets`, kept for the next call with the same pools' sizes, budgets, trials, seed and chunk.
+
+    The sweep resamples many (setting, budget) pairs from pools of the same size with the same seed; drawing the
+    index sets is about half of a resampling's time, and the draws depend on nothing else.
+    """
+    key = (n1, n2, M, K, trials, seed, one_pool, chunk)
+    with _index_cache_lock:
+        draws = _index_cache.get(key)
+        if draws is not None:
+            _index_cache.move_to_end(key)
+            return draws
+    draws = _draw_index_sets(n1, n2, M, K, trials, seed, one_pool, chunk)
+    size = sum(rows.nbytes + cols.nbytes for rows, cols in draws)
+    with _index_cache_lock:
+        if size <= INDEX_CACHE_BYTES:
+            _index_cache[key] = draws
+            while sum(r.nbytes + c.nbytes for entry in _index_cache.values() for r, c in entry) > INDEX_CACHE_BYTES:
+                _index_cache.popitem(last=False)
+    return draws
 
 
 def _check_budget(M, K, n1, n2, one_pool):

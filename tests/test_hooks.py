@@ -418,3 +418,244 @@ def test_accumulate_geometry_arguments_are_checked():
         activation_gradients(model, "model.layers.0", batch, reduction="mean")
     with pytest.raises(ValueError, match=r"model must be a torch.nn.Module"):
         activation_gradients(model.state_dict(), "model.layers.0", batch)
+
+
+# ---------------------------------------------------------------------------
+# The causal-LM loss shifts the labels, not the logits: q bit for bit as before, without the logits' copy
+
+
+def _legacy_per_example_loss(output, inputs, targets=None, task="auto"):
+    """The causal-LM loss as it was before (cross-entropy on a copy of ``logits[:, :-1]``), the reference."""
+    from dalign_core import hooks
+
+    logits = hooks._logits(output)
+    if logits.ndim != 3 or task == "classification":
+        return hooks.per_example_loss(output, inputs, targets, task)
+    mask = inputs.get("attention_mask") if isinstance(inputs, dict) else None
+    labels = (inputs["input_ids"] if isinstance(inputs, dict) else inputs) if targets is None else targets
+    labels = labels.clone()
+    if mask is not None:
+        labels = labels.masked_fill(mask == 0, hooks.IGNORE_INDEX)
+    shift_labels = labels[:, 1:]
+    token_loss = F.cross_entropy(
+        hooks._at_least_float32(logits[:, :-1].flatten(0, 1)), shift_labels.flatten(),
+        ignore_index=hooks.IGNORE_INDEX, reduction="none",
+    ).view(shift_labels.shape)
+    return token_loss.sum(dim=1) / (shift_labels != hooks.IGNORE_INDEX).sum(dim=1)
+
+
+def _small_llama(dtype=torch.float32):
+    from dalign_core.models.llama import build_llama
+
+    return build_llama(32, depth=2, head_dim=8, vocab_size=VOCAB, context=64, seed=3, dtype=dtype).eval()
+
+
+def _small_pythia():
+    from dalign_core.models.pythia import build_pythia, pythia_width_variant
+
+    config = pythia_width_variant("pythia-70m", 32, vocab_size=VOCAB, num_heads=4, context=64, num_layers=2)
+    return build_pythia(config, seed=3).eval()
+
+
+@pytest.mark.parametrize("factory,dtype", [(_small_llama, torch.float32), (_small_llama, torch.bfloat16),
+                                           (_small_pythia, torch.float32)])
+def test_causal_lm_capture_is_bit_identical_to_the_sliced_logits_loss(monkeypatch, factory, dtype):
+    from dalign_core import hooks
+
+    model = factory() if factory is _small_pythia else factory(dtype)
+    batch, _ = lm_batch(b=4, T=12)  # right padding: lengths 12, 9, 5, 12
+    labels = batch["input_ids"].clone()
+    labels[:, :3] = -100
+    layers = ["all", "all"]
+    cases = [(batch, None), (batch, labels)]
+    new = [activation_gradients(model, layer, b, t, reduction=r) for (b, t), layer in zip(cases, layers)
+           for r in ("shared", "full")]
+    output = model(**batch)
+    new_loss = hooks.per_example_loss(output, batch, labels)
+    monkeypatch.setattr(hooks, "per_example_loss", _legacy_per_example_loss)
+    old = [activation_gradients(model, layer, b, t, reduction=r) for (b, t), layer in zip(cases, layers)
+           for r in ("shared", "full")]
+    assert torch.equal(new_loss, _legacy_per_example_loss(output, batch, labels))
+    for got, expected in zip(new, old):
+        for name in expected:
+            assert torch.equal(got[name], expected[name]), name
+    monkeypatch.undo()
+    acc_new = accumulate_geometry(model, "model.layers.1" if factory is _small_llama else "gpt_neox.layers.1", [batch])
+    monkeypatch.setattr(hooks, "per_example_loss", _legacy_per_example_loss)
+    acc_old = accumulate_geometry(model, "model.layers.1" if factory is _small_llama else "gpt_neox.layers.1", [batch])
+    assert torch.equal(acc_new.gram(), acc_old.gram())
+
+
+def test_causal_lm_loss_takes_no_slice_of_the_logits():
+    model = _small_llama()
+    batch, _ = lm_batch()
+    from dalign_core.hooks import per_example_loss
+
+    output = model(**batch)
+    loss = per_example_loss(output, batch)
+    # walk the graph from the loss down to the logits: no slicing or copying node stands on the logits
+    logits_node = output.logits.grad_fn
+    seen, stack, parents_of_logits = set(), [loss.grad_fn], []
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        for parent, _ in node.next_functions:
+            if parent is logits_node:
+                parents_of_logits.append(type(node).__name__)
+            elif parent is not None and parent is not logits_node:
+                stack.append(parent)
+    assert parents_of_logits and not any("Slice" in n or "Copy" in n or "Clone" in n for n in parents_of_logits), \
+        parents_of_logits
+
+
+# ---------------------------------------------------------------------------
+# Capture refuses what the graph shows it cannot do right
+
+
+class _Head(nn.Module):
+    """``head(post(block(x)))`` with a configurable step between the block and the head."""
+
+    def __init__(self, post):
+        super().__init__()
+        torch.manual_seed(0)
+        self.block = nn.Linear(6, 8)
+        self.head = nn.Linear(8, 3)
+        self.post = post
+
+    def forward(self, x):
+        return self.head(self.post(self, self.block(x)))
+
+
+def _xy(b=5):
+    generator = torch.Generator().manual_seed(4)
+    return torch.randn(b, 6, generator=generator), torch.tensor([0, 1, 2, 1, 0, 2, 2, 1][:b])
+
+
+def test_refuses_an_in_place_operation_after_the_insertion_point():
+    x, y = _xy()
+    model = _Head(lambda self, h: F.relu(h, inplace=True)).eval()
+    _expect_refusal(model, "block", x, y, match=r"in-place operation modified the output of 'block' after it was "
+                                                  r"produced.*capture at another layer.*replace the in-place")
+    model.post = lambda self, h: F.relu(h)  # the same model without the in-place op is fine
+    assert activation_gradients(model, "block", x, y).abs().max() > 0
+    # frozen parameters: the hook's leaf z cannot be modified in place; the error says why all the same
+    model = _Head(lambda self, h: h.mul_(2)).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    _expect_refusal(model, "block", x, y, match=r"in-place operation modified the output of 'block'")
+    # iterator and streaming forms refuse too
+    with pytest.raises(CaptureError, match="in-place"):
+        accumulate_geometry(_Head(lambda self, h: h.add_(1)).eval(), "block", [(x, y)])
+
+
+def test_refuses_torchvision_resnet18_at_a_batchnorm_followed_by_an_in_place_relu():
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=4).eval()
+    images, labels = torch.randn(2, 3, 32, 32), torch.tensor([0, 3])
+    _expect_refusal(model, "layer1.0.bn1", images, labels,
+                    match=r"in-place operation modified the output of 'layer1\.0\.bn1'")
+    assert activation_gradients(model, "layer1.0", images, labels).shape == (2, 64)  # a block output is fine
+
+
+@pytest.mark.parametrize("post,match", [
+    (lambda self, h: self.block.weight.sum() * 0 + torch.no_grad()(torch.tanh)(h), "no gradient reaches the output of 'block'"),
+    (lambda self, h: h.detach() + self.block.bias, "no gradient reaches the output of 'block'"),
+    (lambda self, h: torch.zeros_like(h) + self.block.bias, "no gradient reaches the output of 'block'"),
+])
+def test_refuses_a_loss_that_reaches_the_layer_only_through_no_grad_or_not_at_all(post, match):
+    x, y = _xy()
+    _expect_refusal(_Head(post).eval(), "block", x, y, match=match)
+
+
+def test_refuses_a_forward_under_no_grad():
+    class NoGrad(_Head):
+        def forward(self, x):
+            h = self.block(x)
+            with torch.no_grad():
+                return self.head(h)
+
+    x, y = _xy()
+    _expect_refusal(NoGrad(lambda self, h: h).eval(), "block", x, y,
+                    match=r"loss does not depend on the output of \['block'\].*torch.no_grad")
+
+
+def test_refuses_compiled_models_and_names_the_uncompiled_module():
+    x, y = _xy()
+    model = _Head(lambda self, h: torch.tanh(h)).eval()
+    reference = activation_gradients(model, "block", x, y)
+    compiled = torch.compile(model, backend="eager")
+    for layer in ("block", "_orig_mod.block"):
+        _expect_refusal(compiled, layer, x, y, match=r"compiled with torch.compile.*model\._orig_mod")
+        with pytest.raises(CaptureError, match="torch.compile"):
+            accumulate_geometry(compiled, layer, [(x, y)])
+    assert torch.equal(activation_gradients(compiled._orig_mod, "block", x, y), reference)
+    inner = _Head(lambda self, h: torch.tanh(h)).eval()
+    inner.head = torch.compile(inner.head, backend="eager")
+    with pytest.raises(CaptureError, match=r"submodule 'head' is compiled.*head\._orig_mod"):
+        activation_gradients(inner, "block", x, y)
+    in_place = _Head(lambda self, h: torch.tanh(h)).eval()
+    in_place.compile(backend="eager")
+    with pytest.raises(CaptureError, match=r"compiled in place with \.compile\(\)"):
+        activation_gradients(in_place, "block", x, y)
+
+
+@pytest.mark.parametrize("post", [
+    lambda self, h: F.dropout(h, 0.2, training=True),  # random although the model is in eval mode
+    lambda self, h: F.batch_norm(h, None, None, training=True),  # batch statistics: cannot run on one example
+    lambda self, h: F.batch_norm(h.view(-1, 2, 4), None, None, training=True).view(-1, 8),  # can, differently
+])
+def test_refuses_a_forward_that_is_random_or_couples_examples_in_eval_mode(post):
+    x, y = _xy(8)
+    model = _Head(post).eval()
+    match = r"the model is not deterministic in eval mode: dropout or batch statistics in training mode\?"
+    _expect_refusal(model, "block", x, y, match=match)
+    with pytest.raises(CaptureError, match=match):
+        accumulate_geometry(model, "block", [(x, y), (x, y)])
+    with pytest.raises(CaptureError, match=match):
+        next(iter_activation_gradients(model, "block", [(x, y)]))
+    # the check can be switched off (then q is what the forward gives)
+    assert activation_gradients(model, "block", x, y, check_determinism=False).shape == (8, 8)
+
+
+def test_determinism_check_costs_one_example_of_the_first_batch_only():
+    sizes = []
+
+    class Counting(_Head):
+        def forward(self, x):
+            sizes.append(x.shape[0])
+            return super().forward(x)
+
+    x, y = _xy(8)
+    model = Counting(lambda self, h: torch.tanh(h)).eval()
+    acc = accumulate_geometry(model, "block", [(x, y)] * 3)
+    assert sizes == [8, 1, 8, 8] and acc.n == 24
+    sizes.clear()
+    unchecked = accumulate_geometry(model, "block", [(x, y)] * 3, check_determinism=False)
+    assert sizes == [8, 8, 8]
+    assert torch.equal(acc.gram(), unchecked.gram())  # the check never changes q
+    with pytest.raises(ValueError, match="check_determinism must be True or False"):
+        activation_gradients(model, "block", x, y, check_determinism="yes")
+
+
+def test_deterministic_models_pass_the_check():
+    # padded causal-LM batches, a BatchNorm ResNet in eval mode, several layers
+    model = tiny_llama()
+    batch, _ = lm_batch()
+    assert set(activation_gradients(model, "all", batch)) == {"model.layers.0", "model.layers.1"}
+    images = torch.randn(3, 3, 16, 16, generator=torch.Generator().manual_seed(5))
+    assert activation_gradients(tiny_resnet(), "layer2.0", images, torch.tensor([1, 2, 3])).shape == (3, 32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_first_batch_accumulates_in_float32(dtype):
+    model = tiny_llama().to(dtype)
+    batch, _ = lm_batch(b=4)
+    batch["attention_mask"][:] = 1
+    acc = accumulate_geometry(model, "model.layers.0", [batch, batch])
+    assert acc.dtype == torch.float32 and acc.rows().dtype == torch.float32 and acc.gram().dtype == torch.float64
+    q = activation_gradients(model, "model.layers.0", batch)
+    assert q.dtype == torch.float32
+    assert torch.equal(acc.rows()[:4], q)

@@ -127,3 +127,72 @@ def test_misalignment_estimate_carries_a_wilson_interval():
     estimate = misalignment_probability(a, b, M=8, K=8, trials=500, seed=0)
     assert estimate.p_misalign == 0.0 and estimate.p_misalign_se == 0.0
     assert estimate.p_misalign_lo == 0.0 and 0.005 < estimate.p_misalign_hi < 0.01
+
+
+def _uncached_statistics(C, M, K, trials, seed, one_pool, chunk):
+    """The resampler as it was before its index sets were kept: every chunk drawn afresh (the reference)."""
+    from dalign_core.misalignment import draw_indices
+
+    n1, n2 = C.shape
+    g = torch.Generator().manual_seed(seed)
+    g_test = torch.Generator().manual_seed(seed + 0x5DEECE66D)
+    flat = C.double().contiguous().numpy().reshape(-1)
+    out = np.empty(trials)
+    for start in range(0, trials, chunk):
+        c = min(chunk, trials - start)
+        if one_pool:
+            idx = draw_indices(n1, M + K, c, g)
+            I, J = idx[:, :M], idx[:, M:]
+        else:
+            I, J = draw_indices(n1, M, c, g), draw_indices(n2, K, c, g_test)
+        lin = (I.numpy() * n2).astype(np.int32)[:, :, None] + J.numpy().astype(np.int32)[:, None, :]
+        out[start:start + c] = np.take(flat, lin).sum(axis=(1, 2)) / (M * K)
+    return torch.from_numpy(out)
+
+
+@pytest.mark.parametrize("one_pool", [False, True])
+def test_repeated_calls_reuse_the_index_sets_bit_for_bit(monkeypatch, one_pool):
+    from dalign_core import misalignment
+
+    misalignment.clear_index_cache()
+    a, b = _pools()
+    C = cross_gram(a) if one_pool else cross_gram(a, b)
+    calls = []
+    real_draw = misalignment.draw_indices
+    monkeypatch.setattr(misalignment, "draw_indices", lambda *args: calls.append(args) or real_draw(*args))
+    first = misalignment_probability(None, C=C, one_pool=one_pool, M=5, K=7, trials=3000, seed=2)
+    drawn = len(calls)
+    assert drawn > 0
+    # the other setting of the sweep, on a Gram of the same shape, and the same setting again: no new draws
+    other = cross_gram(a + 0.5) if one_pool else cross_gram(a, b - 0.2)
+    misalignment_probability(None, C=other, one_pool=one_pool, M=5, K=7, trials=3000, seed=2)
+    again = misalignment_probability(None, C=C, one_pool=one_pool, M=5, K=7, trials=3000, seed=2)
+    assert len(calls) == drawn
+    assert again.to_dict() | {"seconds": 0} == first.to_dict() | {"seconds": 0}
+    chunk = max(1, min(3000, (1 << 18) // 35))
+    reference = _uncached_statistics(C, 5, 7, 3000, 2, one_pool, chunk)
+    assert torch.equal(resample_alignment(C, 5, 7, 3000, seed=2, one_pool=one_pool), reference)
+    assert first.p_misalign == float((reference <= 0).sum()) / 3000 and first.mean == float(reference.mean())
+    # another seed, budget or chunk is another key: drawn anew, and equal to the uncached draws
+    for M, K, seed, chunk in ((5, 7, 3, 100), (4, 7, 2, 100), (5, 7, 2, 37)):
+        assert torch.equal(resample_alignment(C, M, K, 300, seed=seed, one_pool=one_pool, chunk=chunk),
+                           _uncached_statistics(C, M, K, 300, seed, one_pool, chunk))
+    assert len(calls) > drawn
+    # indices returned from cached draws are the uncached ones, and the kept arrays cannot be changed through them
+    stats, I, J = resample_alignment(C, 5, 7, 300, seed=3, one_pool=one_pool, chunk=100, return_indices=True)
+    I[:] = 0
+    assert torch.equal(resample_alignment(C, 5, 7, 300, seed=3, one_pool=one_pool, chunk=100), stats)
+    misalignment.clear_index_cache()
+
+
+def test_index_cache_keeps_within_its_memory(monkeypatch):
+    from dalign_core import misalignment
+
+    misalignment.clear_index_cache()
+    monkeypatch.setattr(misalignment, "INDEX_CACHE_BYTES", 300 * (5 + 7) * 4 * 2)  # room for two entries
+    C = cross_gram(*_pools())
+    for seed in range(4):
+        resample_alignment(C, 5, 7, 300, seed=seed)
+    assert len(misalignment._index_cache) == 2
+    assert [key[5] for key in misalignment._index_cache] == [2, 3]  # the least recently used went first
+    misalignment.clear_index_cache()
