@@ -53,7 +53,7 @@ help: ## list the targets
 	@grep -E '^[a-z][a-zA-Z_-]*:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([^:]+):.*## (.*)$$/\1\t\2/' | \
 		awk -F'\t' '{ printf "  make %-10s %s\n", $$1, $$2 }'
 	@echo
-	@echo "Variables: PROFILE=$(subst $(space),|,$(PROFILES)) (default cpu)  ONLY=<notebook stem>  FORCE=1"
+	@echo "Variables: PROFILE=$(subst $(space),|,$(PROFILES)) (default cpu)  ONLY=<notebook stem>  FORCE=1|0"
 	@echo "           PYTEST_ARGS='...'  BENCH_OUT=results/bench  PYTHON_BOOT=python3.11  PORT=8000 (make serve)"
 	@echo "           DATA_DIR=<folder with CIFAR archives or Fashion-MNIST files you already have> (make data)"
 
@@ -73,7 +73,7 @@ data: $(STAMP) ## fetch and verify the data PROFILE needs (smoke: synthetic imag
 	$(PY) scripts/fetch_data.py --profile $(PROFILE) $(if $(DATA_DIR),--root $(DATA_DIR))
 
 notebooks: $(STAMP) ## execute notebooks/NN_*.ipynb with papermill into book/chapters/ (PROFILE, ONLY, FORCE)
-	$(PY) scripts/execute_notebooks.py --profile $(PROFILE) $(if $(ONLY),--only $(ONLY)) $(if $(FORCE),--force)
+	$(PY) scripts/execute_notebooks.py --profile $(PROFILE) $(if $(ONLY),--only $(ONLY)) --force='$(subst ','\'',$(strip $(FORCE)))'
 
 book: $(STAMP) notebooks ## execute the notebooks, then build the HTML book with warnings as errors
 	$(JB) build book -W -n --keep-going

@@ -27,6 +27,7 @@ both the population and the estimated geometry.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,7 +68,14 @@ def n_eff(M, K):
     Scalars give a float; arrays (numpy broadcasting) give a float64 numpy array.
     """
     M, K = _budget(M, "M"), _budget(K, "K")
-    return M * K / (M + K + 1.0)
+    with np.errstate(over="ignore", invalid="ignore"):
+        product = M * K
+        # M K overflows beyond ~1e154 each: then 1 / (1/M + 1/K + 1/(M K)), the same number without overflow
+        n = product / (M + K + 1.0)
+        if np.all(np.isfinite(product)):
+            return n
+        safe = 1.0 / (1.0 / M + 1.0 / K + 1.0 / M / K)
+        return safe if np.ndim(n) == 0 else np.where(np.isfinite(product), n, safe)
 
 
 def _is_scalar(x) -> bool:
@@ -75,13 +83,54 @@ def _is_scalar(x) -> bool:
 
 
 def _as_numpy(x, name: str) -> np.ndarray:
-    """``x`` (array, tensor, nested sequence) as a float64 numpy array, or ValueError naming ``name``."""
+    """``x`` (array, tensor, nested sequence) as a float64 numpy array, or ValueError naming ``name``.
+
+    Complex numbers (whose imaginary part would be dropped) and strings (which numpy would parse) are refused.
+    """
+    _refuse_complex(x, name)
     if isinstance(x, torch.Tensor):
         x = x.detach().cpu().numpy()
+    raw = x if isinstance(x, np.ndarray) else None
     try:
-        return np.asarray(x, dtype=np.float64)
+        if raw is None:
+            raw = np.asarray(x)
+        if raw.dtype.kind in "USVMm" or raw.dtype.kind == "O" and not all(
+                isinstance(v, numbers.Number) for v in raw.flat):
+            raise TypeError("only numbers are numbers (numpy would parse strings and take None for nan)")
+        with np.errstate(over="ignore"):
+            return np.asarray(raw, dtype=np.float64)
     except (TypeError, ValueError) as err:
-        raise ValueError(f"{name} must be a number or an array of numbers, got {type(x).__name__}") from err
+        raise ValueError(f"{name} must be a number or an array of numbers, got {type(x).__name__}"
+                         + (f" of dtype {raw.dtype}" if isinstance(raw, np.ndarray) else "")) from err
+
+
+def _refuse_complex(x, name: str) -> None:
+    """Raise TypeError if ``x`` (number, array, tensor, nested sequence) holds complex numbers."""
+    if isinstance(x, torch.Tensor):
+        complex_ = x.is_complex()
+    elif isinstance(x, np.ndarray):
+        complex_ = x.dtype.kind == "c" or x.dtype.kind == "O" and any(_is_complex(v) for v in x.flat)
+    elif isinstance(x, (list, tuple)):
+        complex_ = any(_is_complex(v) for v in _flatten(x))
+    else:
+        complex_ = _is_complex(x)
+    if complex_:
+        raise TypeError(f"{name} is complex; the bounds are defined for real vectors and the imaginary part would "
+                        f"be lost. Pass {name}.real if that is what you mean")
+
+
+def _is_complex(value) -> bool:
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        return bool(value.is_complex()) if isinstance(value, torch.Tensor) else value.dtype.kind == "c"
+    return isinstance(value, numbers.Complex) and not isinstance(value, numbers.Real)
+
+
+def _flatten(items):
+    for item in items:
+        if isinstance(item, (list, tuple)):
+            yield from _flatten(item)
+        else:
+            yield item
 
 
 def _budget(x, name: str):
@@ -97,6 +146,7 @@ def _budget(x, name: str):
 
 
 def _check_mu(mu) -> torch.Tensor:
+    _refuse_complex(mu, "mu")
     mu = as_float64(mu, "mu")
     if mu.ndim != 1:
         raise ValueError(f"mu must be a vector of shape (d,), got shape {tuple(mu.shape)}")
@@ -104,6 +154,7 @@ def _check_mu(mu) -> torch.Tensor:
 
 
 def _check_sigma(sigma, d: int, device: torch.device) -> torch.Tensor:
+    _refuse_complex(sigma, "sigma")
     sigma = as_float64(sigma, "sigma").to(device)
     if sigma.shape != (d, d):
         raise ValueError(f"sigma must have shape (d, d) = ({d}, {d}) to match mu, got {tuple(sigma.shape)}")

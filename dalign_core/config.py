@@ -1,4 +1,4 @@
-"""Profiles, the repository root, and the base class of every experiment's config.
+"""Profiles, the repository root (or working folder), and the base class of every experiment's config.
 
 A profile names a scale at which every experiment runs:
 
@@ -20,13 +20,44 @@ import os
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
 
-__all__ = ["PROFILES", "REPO_ROOT", "ExperimentConfig", "check_profile", "default_results_dir"]
+__all__ = ["PROFILES", "REPO_ROOT", "SOURCE_ROOT", "ExperimentConfig", "check_profile", "default_results_dir",
+           "work_root"]
 
 PROFILES = ("smoke", "cpu", "gpu", "paper")
 """smoke: seconds, for tests; cpu: the default reproduction on a laptop; gpu: minutes on one GPU; paper: the paper's scales."""
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-"""The repository root (where ``results/``, ``checkpoints/`` and ``.cache/`` live by default)."""
+
+def _source_root() -> Path | None:
+    """The source checkout this package runs from (the folder holding dalign's pyproject.toml beside the package)."""
+    parent = Path(__file__).resolve().parent.parent
+    pyproject = parent / "pyproject.toml"
+    try:
+        if pyproject.is_file() and 'name = "dalign"' in pyproject.read_text(encoding="utf-8"):
+            return parent
+    except OSError:  # pragma: no cover  (an unreadable file is no checkout of ours)
+        pass
+    return None
+
+
+SOURCE_ROOT: Path | None = _source_root()
+"""The repository root when dalign_core runs from a source checkout (``pip install -e .`` or the tree
+itself); None when it is installed (e.g. into site-packages) without one."""
+
+
+def work_root() -> Path:
+    """Where ``results/``, ``checkpoints/`` and ``.cache/`` live by default.
+
+    The repository root in a source checkout; installed without one, the current working
+    directory (never the installed package's own folder).
+    """
+    return SOURCE_ROOT if SOURCE_ROOT is not None else Path.cwd()
+
+
+REPO_ROOT = work_root()
+"""The repository root (where ``results/``, ``checkpoints/`` and ``.cache/`` live by default).
+
+Installed without a source checkout (:data:`SOURCE_ROOT` is None), the working directory at import;
+:func:`work_root` gives the working directory at the time of the call."""
 
 
 def check_profile(profile: str) -> str:
@@ -37,8 +68,9 @@ def check_profile(profile: str) -> str:
 
 
 def default_results_dir(profile: str) -> Path:
-    """``results/<profile>`` at the repository root (override with ``DALIGN_RESULTS``)."""
-    root = Path(os.environ.get("DALIGN_RESULTS") or REPO_ROOT / "results")
+    """``results/<profile>`` at the repository root, or in the working directory when installed without a
+    source checkout (see :func:`work_root`; override with ``DALIGN_RESULTS``)."""
+    root = Path(os.environ.get("DALIGN_RESULTS") or work_root() / "results")
     return root / check_profile(profile)
 
 

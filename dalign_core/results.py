@@ -101,20 +101,44 @@ def write_table(
     """Write ``<out_dir>/<name>.csv`` and its provenance ``<out_dir>/<name>.json``; return the CSV path.
 
     The JSON is written last, so its presence with a matching config hash means the
-    CSV beside it is complete (see :func:`results_current`).
+    CSV beside it is complete (see :func:`results_current`). It records the CSV's row
+    count (``rows``) and sha256 (``table_sha256``), which :func:`read_table` checks.
     """
     out_dir = Path(out_dir)
     csv_path = out_dir / f"{name}.csv"
     json_path = out_dir / f"{name}.json"
     json_path.unlink(missing_ok=True)
-    atomic_write_text(csv_path, table.to_csv(index=False))
-    record = provenance(config, wall_time_s, table=csv_path.name, rows=len(table), **extra)
+    text = table.to_csv(index=False).encode("utf-8")
+    atomic_write_text(csv_path, text.decode("utf-8"))
+    record = provenance(config, wall_time_s, table=csv_path.name, rows=len(table), table_sha256=_sha256(text),
+                        **extra)
     atomic_write_text(json_path, json.dumps(record, indent=2, sort_keys=True) + "\n")
     return csv_path
 
 
+class ResultsMismatchError(ValueError):
+    """A results CSV differs from what its provenance JSON records (cut short, edited or replaced)."""
+
+
+def _sha256(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()
+
+
+def _rerun_hint(profile: str) -> str:
+    return (f"rerun the experiment that writes it with --force (`make notebooks PROFILE={profile} FORCE=1`, or "
+            f"`python -m dalign_core.experiments.<experiment> --profile {profile} --force`)")
+
+
 def read_table(out_dir: str | os.PathLike, name: str) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """Read ``<name>.csv`` and its provenance; a clear error says how to produce a missing one."""
+    """Read ``<name>.csv`` and its provenance; a clear error says how to produce a missing one.
+
+    The CSV is checked against its provenance: the sha256 it records (tables written
+    before the digest was recorded: the row count alone). A mismatch raises
+    :class:`ResultsMismatchError` naming the file and how to rewrite it, since a table
+    cut short or edited would change the conclusions built on it without a word.
+    """
     out_dir = Path(out_dir)
     csv_path, json_path = out_dir / f"{name}.csv", out_dir / f"{name}.json"
     if not csv_path.exists() or not json_path.exists():
@@ -123,10 +147,34 @@ def read_table(out_dir: str | os.PathLike, name: str) -> tuple[pd.DataFrame, dic
             f"writes it first, e.g. `make notebooks PROFILE={out_dir.name}`"
         )
     try:
+        record = json.loads(json_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ResultsMismatchError(f"{json_path} (the provenance of {csv_path.name}) is not valid JSON ({error}); "
+                                   f"{_rerun_hint(out_dir.name)}") from None
+    if not isinstance(record, dict):
+        raise ResultsMismatchError(f"{json_path} (the provenance of {csv_path.name}) is not a JSON object; "
+                                   f"{_rerun_hint(out_dir.name)}")
+    hint = _rerun_hint(str(record.get("profile") or out_dir.name))
+    data = csv_path.read_bytes()
+    expected_digest = record.get("table_sha256")
+    if expected_digest is not None and _sha256(data) != expected_digest:
+        raise ResultsMismatchError(
+            f"{csv_path} does not match its provenance {json_path.name}: its sha256 is {_sha256(data)}, the "
+            f"provenance records {expected_digest} (the file was cut short, edited or replaced after it was "
+            f"written), so the results built on it cannot be trusted; {hint}"
+        )
+    try:
         table = pd.read_csv(csv_path)
     except pd.errors.EmptyDataError:  # an experiment with nothing to report (e.g. every run failed)
         table = pd.DataFrame()
-    return table, json.loads(json_path.read_text())
+    expected_rows = record.get("rows")
+    if isinstance(expected_rows, int) and not isinstance(expected_rows, bool) and len(table) != expected_rows:
+        raise ResultsMismatchError(
+            f"{csv_path} does not match its provenance {json_path.name}: it has {len(table)} row(s), the "
+            f"provenance records {expected_rows} (the file was cut short or edited after it was written), so the "
+            f"results built on it cannot be trusted; {hint}"
+        )
+    return table, record
 
 
 def results_current(out_dir: str | os.PathLike, names: Iterable[str], config: ExperimentConfig) -> bool:

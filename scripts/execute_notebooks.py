@@ -10,8 +10,10 @@ chapter in place of a good one.
 
 The experiments skip work whose results already exist for the same config
 (``dalign_core`` handles that), so re-executing a notebook is cheap when
-nothing changed.  ``--force`` sets ``force=True`` for notebooks whose
-parameters cell defines ``force``, which makes the experiments recompute.
+nothing changed.  ``--force`` (or ``--force=1|yes|true``) sets ``force=True`` for
+notebooks whose parameters cell defines ``force``, which makes the experiments
+recompute; ``--force=0|no|false`` or ``--force=`` (empty, as ``make notebooks`` passes
+when ``FORCE`` is unset) does not. Any other value is an error.
 
 Papermill injects the run's parameters as a cell after the notebook's own
 ``parameters`` cell.  Every parameter is injected (the notebook's defaults
@@ -24,6 +26,7 @@ Usage::
     python scripts/execute_notebooks.py --profile cpu
     python scripts/execute_notebooks.py --profile smoke --only 01_theory
     python scripts/execute_notebooks.py --profile cpu --force
+    python scripts/execute_notebooks.py --profile cpu --force=0   # what `make notebooks FORCE=0` runs
 """
 
 from __future__ import annotations
@@ -46,6 +49,21 @@ NOTEBOOKS = REPO_ROOT / "notebooks"
 CHAPTERS = REPO_ROOT / "book" / "chapters"
 NOTEBOOK_GLOB = "[0-9][0-9]_*.ipynb"
 INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
+FORCE_ON = ("1", "yes", "true")
+FORCE_OFF = ("0", "no", "false", "")
+
+
+def force_flag(value: str) -> bool:
+    """``--force``'s value (``make notebooks FORCE=...``): 1/yes/true force, 0/no/false/empty do not (any case)."""
+    word = value.strip().lower()
+    if word in FORCE_ON:
+        return True
+    if word in FORCE_OFF:
+        return False
+    raise argparse.ArgumentTypeError(
+        f"FORCE={value!r} is not understood; use FORCE=1 (or yes, true) to recompute the experiments, "
+        "FORCE=0 (or no, false, or leave it empty) to reuse current results"
+    )
 
 
 def find_notebooks(folder: Path = NOTEBOOKS) -> list[Path]:
@@ -163,8 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", choices=PROFILES, required=True, help=" | ".join(PROFILES))
     parser.add_argument("--only", action="append", default=[], metavar="NAME",
                         help="run only this notebook (stem such as 01_theory, or a file name); repeatable")
-    parser.add_argument("--force", action="store_true",
-                        help="pass force=True to notebooks that take it, so experiments recompute")
+    parser.add_argument("--force", nargs="?", const="1", default="", type=force_flag, metavar="1|yes|true|0|no|false",
+                        help="pass force=True to notebooks that take it, so experiments recompute "
+                             "(--force alone or 1/yes/true; 0/no/false/empty: no)")
     parser.add_argument("--out", type=Path, default=CHAPTERS, help="where executed notebooks go (default: book/chapters)")
     args = parser.parse_args(argv)
 

@@ -337,3 +337,23 @@ def test_command_line_error_is_one_line_without_traceback(root):
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("dalign: error: the checkpoint"), proc.stderr
     assert proc.stdout == ""
+
+
+# ---------------------------------------------------------------------------
+# Sizes that cannot work: refused in one sentence (the estimators' array cases are in test_estimators.py)
+
+
+def test_sketch_dim_larger_than_the_layer_is_one_sentence(root, capsys):
+    _fails(capsys, _argv(root / "good", root / "data.txt", "--sketch-dim", "100000"),
+           "sketch_dim=100000 is larger than the rows' dimension d=32", "sketch_dim=None")
+
+
+@pytest.mark.parametrize("chunk", [0, -1, 1.5])
+def test_digest_chunk_must_be_a_positive_size(tmp_path, chunk):
+    from dalign_core.data.manifest import sha256_file
+
+    data = tmp_path / "data.bin"
+    data.write_bytes(b"not empty")
+    with pytest.raises(ValueError, match="chunk must be a positive number of bytes"):
+        sha256_file(data, chunk=chunk)
+    assert sha256_file(data, chunk=2) == sha256_file(data)

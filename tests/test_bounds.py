@@ -185,3 +185,52 @@ def test_b_align_takes_arrays_elementwise_and_scalars_as_floats():
         bounds.b_align(np.array([1.0, 2.0, -1.0]), 10, 20)
     with pytest.raises(ValueError, match="M is a number of examples and must be at least 1"):
         bounds.b_align(dims, np.array([10, 0.5]).reshape(2, 1), 20)
+
+
+# ---------------------------------------------------------------------------
+# Extreme budgets and inputs that are not real numbers
+
+
+@pytest.mark.parametrize("M,K", [(1e308, 1e308), (1.0, 1e308), (1e200, 1e300), (1e154, 1e155)])
+def test_n_eff_and_b_align_do_not_overflow(M, K):
+    n = bounds.n_eff(M, K)
+    assert math.isfinite(n) and n > 0
+    exact = 1.0 / (1.0 / M + 1.0 / K + 1.0 / M / K)  # the same number, computed without M K
+    assert n == pytest.approx(exact, rel=1e-12)
+    b = bounds.b_align(1.0, M, K)
+    assert math.isfinite(b) and b == pytest.approx(1.0 / (1.0 + exact), rel=1e-12)
+    assert bounds.b_align(1, 1e308, 1e308) == pytest.approx(2e-308, rel=1e-12)
+
+
+def test_n_eff_arrays_mix_ordinary_and_huge_budgets():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no overflow or invalid-value warnings either
+        n = bounds.n_eff(np.array([1.0, 3.0, 1e308]), np.array([1.0, 5.0, 1e308]))
+    assert n[0] == 1.0 / 3.0 and n[1] == 15.0 / 9.0 and n[2] == pytest.approx(5e307, rel=1e-12)
+    assert bounds.n_eff(3, 5) == 15.0 / 9.0  # the ordinary formula, unchanged bit for bit
+
+
+@pytest.mark.parametrize("bad", [1 + 2j, np.array([1.0 + 0.5j]), torch.tensor([1j]), [1.0, 2j], np.complex128(3)])
+def test_complex_d_align_is_refused(bad):
+    with pytest.raises(TypeError, match="d_align is complex.*imaginary part would be lost"):
+        bounds.b_align(bad, 3, 3)
+
+
+def test_complex_mu_or_sigma_is_refused():
+    with pytest.raises(TypeError, match="mu is complex"):
+        bounds.effective_dims(np.array([1.0 + 1j, 2.0]), np.eye(2))
+    with pytest.raises(TypeError, match="sigma is complex"):
+        bounds.b_exact(np.ones(2), np.eye(2) * (1 + 0j), 3, 3)
+
+
+@pytest.mark.parametrize("bad", ["3", np.array(["1", "2"]), np.array([1.0, "a"], dtype=object), [None]])
+def test_strings_and_other_non_numbers_are_refused(bad):
+    with pytest.raises(ValueError, match="d_align must be a number or an array of numbers"):
+        bounds.b_align(bad, 3, 3)
+
+
+def test_unusual_numeric_arrays_work():
+    want = bounds.b_align(np.array([2.0, 1.0, 0.0]), 3, 3)
+    assert np.array_equal(bounds.b_align(np.arange(3.0)[::-1], 3, 3), want)  # negative stride
+    assert np.array_equal(bounds.b_align(np.array([2, 1, 0], dtype=object), 3, 3), want)
+    assert np.array_equal(bounds.b_align(np.array([2, 1, 0], dtype=np.longdouble), 3, 3), want)

