@@ -4,7 +4,10 @@ A claim is judged by the same code the chapters print their verdicts with
 (:func:`dalign_core.report.width_verdicts`, :mod:`dalign_core.intervention_report`), so
 the claims table and the chapters cannot disagree. Labels:
 
-* **reproduced / partly / not reproduced**, by the rule each row's ``rule`` states;
+* **reproduced / contradicted / inconclusive** for the width claims, a slope test whose verdict can
+  go either way (:mod:`dalign_core.trend`; each row carries its slope, interval and the smallest
+  slope the design detects);
+* **reproduced / partly / not reproduced** for the others, by the rule each row's ``rule`` states;
 * **not run at this profile** when the results it needs do not exist, or do not cover
   it (the LLaMA numbers at N = 512 and 3072 exist only at the paper profile).
 
@@ -39,9 +42,13 @@ TRACKING = {"reproduced": 0.7, "partly": 0.3}
 
 RULES = {
     "d_align rises with width (matched steps)":
-        "every checkpoint of the last third: the 95% interval over seeds of Spearman ρ (width, d_align) above 0",
-    "d_align rises with width (matched loss)": "every matched-loss level: the interval of ρ above 0",
-    "misalignment falls with width at fixed (M, K)": "every budget: the interval of ρ (width, p̂) below 0",
+        "slope of each run's late-window mean of log d_align on log width: reproduced when its 95% t interval lies "
+        "above 0, contradicted when it lies below the paper's slope (+0.50), inconclusive when it holds both",
+    "d_align rises with width (matched loss)":
+        "the same test on log d_align where each run's smoothed held-out loss reaches the common level",
+    "misalignment falls with width at fixed (M, K)":
+        "the same test on logit p̂ at the judged (M, K): reproduced below 0, contradicted above −0.50 (the fall "
+        "the paper's d_align rise implies for logit B_align)",
     "d_align from N = 512 to 3072": f"both within {NUMBER_TOLERANCE:.0%} of the paper's; partly when d_align rises",
     "empirical ≤ B_exact ≤ B_align": "every (model, budget): B_exact ≥ the lower end of p̂'s interval, and ≤ B_align",
     "certificates track the empirical rate":
@@ -68,6 +75,11 @@ class Row:
     verdict: str
     chapter: str
     """The book chapter whose figure shows our data."""
+    slope: float = math.nan
+    slope_lo: float = math.nan
+    slope_hi: float = math.nan
+    detectable: float = math.nan
+    """For a width claim: the slope on log width, its 95% interval and the smallest slope the design detects."""
 
 
 def _read(results: Path, name: str) -> pd.DataFrame | None:
@@ -94,10 +106,10 @@ _FAMILIES = (  # family, the column that tells its regimes apart, chapter
     ("resnet", "dataset", "04_resnet_width"),
 )
 _REGIME_NAMES = {"depth": "{} layers", "dataset": "{}"}
-_WIDTH_CLAIMS = (  # claim, the paper's, what a trend row is
-    ("d_align rises with width (matched steps)", "rises (§1)", "late checkpoints"),
-    ("d_align rises with width (matched loss)", "rises (§1)", "loss levels"),
-    ("misalignment falls with width at fixed (M, K)", "falls (§2)", "budgets"),
+_WIDTH_CLAIMS = (  # claim, the paper's, what a run's summary is
+    ("d_align rises with width (matched steps)", "rises (§1)", "late-window mean"),
+    ("d_align rises with width (matched loss)", "rises (§1)", "at the common loss"),
+    ("misalignment falls with width at fixed (M, K)", "falls (§2)", "logit p̂"),
 )
 
 
@@ -127,10 +139,11 @@ def _width_rows(results: Path) -> list[Row]:
             judged_rows = width_verdicts(trend_part, _primary_layer(mis_part))  # matched steps, loss, budgets
             for (claim, paper, where), judged in zip(_WIDTH_CLAIMS, judged_rows):
                 label = NOT_RUN if judged.label == "not run" else judged.label
-                ours = (f"ρ's interval on the claimed side at {judged.holds} of {judged.total} {where}"
-                        f"{f', opposite at {judged.reversed}' if judged.reversed else ''}"
-                        if judged.total else "—")
-                rows.append(Row(claim, _scope(family, column, value), paper, ours, label, chapter))
+                ours = ("—" if label == NOT_RUN else
+                        f"slope {judged.slope:+.2f} [{judged.slope_lo:+.2f}, {judged.slope_hi:+.2f}] on log width "
+                        f"({where}); detects ≥ {judged.detectable:.2f}")
+                rows.append(Row(claim, _scope(family, column, value), paper, ours, label, chapter, judged.slope,
+                                judged.slope_lo, judged.slope_hi, judged.detectable))
     return rows
 
 

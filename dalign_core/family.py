@@ -92,6 +92,9 @@ class SweepConfig(ExperimentConfig):
     run_sd: float | None = None
     """The expected SD of a run's late-window mean of log d_align within a width, measured on earlier runs of
     this design: the noise behind the power calculation that sets ``seeds`` (:meth:`power_plan`)."""
+    redundancy_examples: int = 256
+    """Held-out pool examples on which each run's final q is checked for redundancy with trained parameters'
+    gradients (:mod:`dalign_core.redundancy`); 0 skips the check."""
     resamples: int = 20_000
     confidence: float = 0.95
     matched_loss_offsets: tuple[float, ...] = (0.0, 0.1, 0.25)

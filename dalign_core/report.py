@@ -19,7 +19,7 @@ from dalign_core.results import read_table
 from dalign_core.trend import Verdict, verdict
 
 __all__ = ["by_regime", "describe_accuracy", "describe_runs", "describe_learning_rates", "describe_final_geometry",
-           "describe_rate_resolution", "width_verdicts", "describe_bounds", "summarize", "styled", "runs_summary",
+           "describe_rate_resolution", "width_verdicts", "judged_rows", "WIDTH_CLAIMS", "describe_bounds", "summarize", "styled", "runs_summary",
            "describe_trajectory", "describe_limiting_dimension", "describe_layers", "describe_budget",
            "describe_context", "describe_sample_choice", "paper_comparison", "verdict_table", "number"]
 
@@ -148,34 +148,42 @@ def describe_rate_resolution(lr: pd.DataFrame, runs: pd.DataFrame) -> str:
     return text
 
 
-def width_verdicts(trend: pd.DataFrame, layer: str, pool: str = "heldout") -> list[Verdict]:
-    """The chapter's verdicts on the paper's width claims, from the ``<family>_trend`` table.
+WIDTH_CLAIMS = (  # (quantity, view): the claim's sentence, the quantity tested
+    (("d_align", "late_window"), "d_align rises with width at {layer} ({pool} pool, matched steps)", "log d_align"),
+    (("d_align", "matched_loss"), "d_align rises with width at {layer} ({pool} pool, matched held-out loss)",
+     "log d_align"),
+    (("p_misalign", "budget"), "The misalignment probability falls with width at (M, K) = ({M}, {K})", "logit p̂"),
+)
 
-    * d_align rises with width at matched steps (every checkpoint of the last third);
-    * d_align rises with width at matched held-out loss (every level);
-    * the misalignment probability falls with width at fixed (M, K) (every budget, same-law setting).
+
+def judged_rows(trend: pd.DataFrame) -> dict[tuple[str, str], pd.Series | None]:
+    """The trend rows the width claims read (``judged``), by (quantity, view); None where a claim has none."""
+    judged = trend[trend.judged.astype(bool)] if len(trend) and "judged" in trend else trend.iloc[0:0]
+    out = {}
+    for key, _, _ in WIDTH_CLAIMS:
+        part = judged[(judged.quantity == key[0]) & (judged.view == key[1])] if len(judged) else judged
+        out[key] = part.iloc[0] if len(part) else None
+    return out
+
+
+def width_verdicts(trend: pd.DataFrame, layer: str | None = None, pool: str = "heldout") -> list[Verdict]:
+    """The chapter's verdicts on the paper's width claims, from the ``<family>_trend`` table's judged rows.
+
+    * d_align rises with width at matched steps (each run's late-window mean of log d_align);
+    * d_align rises with width at matched held-out loss (log d_align where each run reaches the base level);
+    * the misalignment probability falls with width at the judged (M, K) (logit p̂, same-law setting).
+
+    Each is a slope test (:mod:`dalign_core.trend`): reproduced, contradicted, inconclusive or not run.
     """
-    def rows(**match) -> pd.DataFrame:
-        if trend.empty:
-            return trend
-        keep = pd.Series(True, index=trend.index)
-        for column, value in match.items():
-            keep &= trend[column] == value
-        return trend[keep]
-
-    step_rows = rows(quantity="d_align", view="matched_step", layer=layer, pool=pool)
-    if not step_rows.empty:
-        step_rows = step_rows[step_rows.last_third.astype(bool)]
-    return [
-        verdict(step_rows, f"d_align rises with width at {layer} ({pool} pool, matched steps)",
-                where="checkpoints in the last third of training"),
-        verdict(rows(quantity="d_align", view="matched_loss", layer=layer, pool=pool),
-                f"d_align rises with width at {layer} ({pool} pool, matched held-out loss)",
-                where="matched-loss levels"),
-        verdict(rows(quantity="p_misalign", view="budget", layer=layer, setting="heldout/heldout"),
-                "The misalignment probability falls with width at fixed (M, K)", direction="falls",
-                where="budgets"),
-    ]
+    rows = judged_rows(trend)
+    verdicts = []
+    for key, claim, quantity in WIDTH_CLAIMS:
+        row = rows[key]
+        fields = dict(layer=layer if row is None else row["layer"], pool=pool, M="M", K="K")
+        if row is not None and key[0] == "p_misalign":
+            fields.update(M=int(row["M"]), K=int(row["K"]))
+        verdicts.append(verdict(row, claim.format(**fields), quantity=quantity))
+    return verdicts
 
 
 def describe_final_geometry(geometry: pd.DataFrame, layer: str, step: int, pool: str = "heldout") -> str:
@@ -431,12 +439,15 @@ def paper_comparison(ours: pd.DataFrame, paper: dict) -> pd.DataFrame:
 
 
 def verdict_table(verdicts: dict, label: str) -> pd.DataFrame:
-    """One row per claim and regime: ``{regime: [Verdict, ...]}`` → regime, claim, verdict, holds at."""
+    """One row per claim and regime: ``{regime: [Verdict, ...]}`` → regime, claim, verdict, slope [interval], detects."""
+    def slope(v: Verdict) -> str:
+        return DASH if v.label == "not run" else f"{v.slope:+.2f} [{v.slope_lo:+.2f}, {v.slope_hi:+.2f}]"
+
     rows = [{label: regime, "claim": v.claim.replace("heldout", "held-out").replace("d_align", D_ALIGN_HTML),
-             "verdict": v.label,
-             "holds at": f"{v.holds} of {v.total}" if v.total else DASH}
+             "verdict": v.label, "slope [95%]": slope(v),
+             "detects": DASH if v.label == "not run" else f"{v.detectable:.2f}"}
             for regime, found in verdicts.items() for v in found]
-    return pd.DataFrame(rows, columns=[label, "claim", "verdict", "holds at"])
+    return pd.DataFrame(rows, columns=[label, "claim", "verdict", "slope [95%]", "detects"])
 
 
 def summarize(results_dir: str | Path) -> str:

@@ -65,6 +65,7 @@ from dalign_core.data.supply import check_epochs, require_sequences, training_ep
 from dalign_core.family import Family, Splits, SweepConfig, count, take
 from dalign_core.hooks import accumulate_geometry
 from dalign_core.misalignment import cross_gram, misalignment_probability
+from dalign_core.redundancy import redundancy_rows
 from dalign_core.bounds import b_align
 from dalign_core.training import TrainConfig, load_weights, train
 from dalign_core import trend
@@ -75,7 +76,7 @@ __all__ = ["Pools", "SWEEP_TABLES", "tables_of", "check_supply", "draw_pools", "
 
 log = logging.getLogger(__name__)
 
-SWEEP_TABLES = ("lr", "runs", "geometry", "misalignment", "trend")
+SWEEP_TABLES = ("lr", "runs", "geometry", "misalignment", "redundancy", "trend")
 """Tables every sweep writes, as ``<family>_<name>.csv``."""
 
 GPU_PROFILES = ("gpu", "paper")
@@ -425,9 +426,17 @@ def _measured_run(config, family, splits, pools, width, seed, lr, baseline, devi
            "final_train_loss": result.history[-1]["loss"] if result.history else math.nan}
     for row in geometry_rows:
         row["trained_ok"] = trained_ok
-    rows = {"geometry": geometry_rows, "misalignment": _misalignment(config, final, run, family.primary_layer(config),
-                                                                  family.reductions[0]),
-            **family.extra_rows(config, model, take(splits.test, pools.heldout), run)}
+    heldout = take(splits.test, pools.heldout)
+    redundancy = [] if not config.redundancy_examples else [
+        {**{k: run[k] for k in ("family", "model", "width", "seed")}, **row, "trained_ok": trained_ok}
+        for row in redundancy_rows(model.eval(), [family.primary_layer(config)],
+                                   family.batches(take(heldout, torch.arange(min(config.redundancy_examples,
+                                                                                 count(heldout)))),
+                                                  config.capture_batch),
+                                   reductions=family.reductions, device=device, seed=seed)]
+    rows = {"geometry": geometry_rows, "redundancy": redundancy,
+            "misalignment": _misalignment(config, final, run, family.primary_layer(config), family.reductions[0]),
+            **family.extra_rows(config, model, heldout, run)}
     seconds = time.perf_counter() - started
     log.info("%s N=%d seed=%d lr=%g: held-out loss %.3f (baseline %.3f) %s; %.0f s", family.name, width, seed, lr,
              heldout_loss, baseline, "ok" if trained_ok else "FAILED", seconds)

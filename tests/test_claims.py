@@ -14,7 +14,7 @@ from dalign_core.experiments._runner import run_experiment
 from dalign_core.experiments.llama_width import Config as LlamaConfig
 from dalign_core.report import width_verdicts
 
-LABELS = {"reproduced", "partly", "not reproduced", claims.NOT_RUN}
+LABELS = {"reproduced", "partly", "not reproduced", "contradicted", "inconclusive", claims.NOT_RUN}
 CPU = REPO_ROOT / "results" / "cpu"
 
 

@@ -33,7 +33,7 @@ def tiny_corpus() -> TextCorpus:
 
 def tiny_config(**overrides):
     values = dict(widths=(16, 32, 48), vocab_size=300, steps=6, warmup_steps=1, checkpoint_steps=(0, 4, 6),
-                  resamples=300, trend_resamples=50)
+                  resamples=300)
     return llama_width.Config.for_profile("smoke", **{**values, **overrides})
 
 

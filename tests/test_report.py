@@ -2,7 +2,7 @@
 
 import pandas as pd
 
-from dalign_core import report
+from dalign_core import report, trend
 
 
 def test_describe_runs_reports_failures_and_the_loss_trend():
@@ -23,21 +23,24 @@ def test_describe_learning_rates_flags_a_rate_at_the_edge_of_the_grid():
     assert "falls as width grows" in text
 
 
-def _trend(pool_rho_lo):
-    rows = [dict(quantity="d_align", view="matched_step", layer="L", pool="heldout", step=s, last_third=s >= 400,
-                 rho=0.8, rho_lo=lo, rho_hi=1.0) for s, lo in pool_rho_lo]
-    rows += [dict(quantity="p_misalign", view="budget", layer="L", setting="heldout/heldout", M=4, K=4, rho=-0.8,
-                  rho_lo=-1.0, rho_hi=-0.2)]
+def _trend(late_lo, late_hi, judged=True):
+    keys = dict(layer="L", pool="heldout", reduction="shared", judged=judged, n_runs=12, n_widths=4, detectable=0.4,
+                reference=0.5)
+    rows = [dict(quantity="d_align", view="late_window", slope=(late_lo + late_hi) / 2, slope_lo=late_lo,
+                 slope_hi=late_hi, label=trend.label_for(late_lo, late_hi, 0.5), **keys)]
+    rows += [dict(quantity="p_misalign", view="budget", setting="heldout/heldout", M=4, K=4, slope=-0.8,
+                  slope_lo=-1.2, slope_hi=-0.4, label="reproduced", **{**keys, "reference": -0.5})]
     return pd.DataFrame(rows)
 
 
-def test_width_verdicts_judge_the_last_third_only():
-    early_miss = _trend([(100, -0.5), (400, 0.2), (600, 0.4)])
-    steps, matched_loss, misalignment = report.width_verdicts(early_miss, "L")
-    assert steps.label == "reproduced" and steps.total == 2
+def test_width_verdicts_read_the_judged_rows():
+    steps, matched_loss, misalignment = report.width_verdicts(_trend(0.1, 0.9), "L")
+    assert steps.label == "reproduced" and "+0.50" in steps.sentence and "0.40 or more" in steps.sentence
     assert matched_loss.label == "not run"
-    assert misalignment.label == "reproduced" and "below zero" in misalignment.sentence
-    assert report.width_verdicts(_trend([(400, -0.1), (600, 0.4)]), "L")[0].label == "partly"
+    assert misalignment.label == "reproduced" and "(M, K) = (4, 4)" in misalignment.claim
+    assert report.width_verdicts(_trend(-0.3, 0.2), "L")[0].label == "contradicted"
+    assert report.width_verdicts(_trend(-0.3, 0.7), "L")[0].label == "inconclusive"
+    assert report.width_verdicts(_trend(0.1, 0.9, judged=False), "L")[0].label == "not run"
 
 
 def test_describe_bounds_counts_only_trained_runs_in_the_theorems_setting():

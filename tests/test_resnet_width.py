@@ -126,7 +126,7 @@ def test_smoke_sweep_on_synthetic_images(tmp_path, monkeypatch):
     monkeypatch.setenv("DALIGN_CHECKPOINTS", str(tmp_path / "checkpoints"))
     monkeypatch.setenv("DALIGN_CACHE", str(tmp_path / "cache"))
     config = resnet_width.Config.for_profile("smoke", widths=(4, 8, 12), steps=10, checkpoint_steps=(0, 5, 10),
-                                             lr_candidates=(0.05,), resamples=200, trend_resamples=50)
+                                             lr_candidates=(0.05,), resamples=200)
     out = resnet_width.run(config, out_dir=tmp_path / "results")
     runs = pd.read_csv(out / "resnet_runs.csv")
     geometry = pd.read_csv(out / "resnet_geometry.csv")

@@ -51,11 +51,21 @@ class Config(LMSweepConfig):
     head_dim: int = 32
     batch_size: int = 16
     steps: int = 600
+    seeds: int = 6
+    """From the power calculation (:meth:`power_plan`): 4 seeds per width detect the paper's slope with 80%
+    power at ``run_sd``; 6 leave room for a noisier late window than the one measured."""
+    run_sd: float | None = 0.43
+    """Measured on the cpu tables of commit 7ac047d: one late checkpoint's log d_align scatters by an SD of 1.29
+    around its run's mean, with no detectable spread between runs of a width; the mean of 9 checkpoints: 0.43."""
     lr_candidates: tuple[float, ...] = (3e-3, 1e-2, 3e-2)
     lr_width_exponent: float = 1.0
     """Each width tries the grid scaled by (32 / N): 3e-3..3e-2 at N = 32, 3.75e-4..3.75e-3 at N = 256."""
-    checkpoint_steps: tuple[int, ...] = (0, 30, 100, 200, 400, 500, 600)
-    train_pool_steps: tuple[int, ...] | None = (0, 400, 600)
+    lr_trial_fraction: float = 1 / 3
+    """Rate trials of 200 steps; the widest width's choice is checked against its runner-up at 600."""
+    checkpoint_steps: tuple[int, ...] = (0, 30, 100, 200, 400, 425, 450, 475, 500, 525, 550, 575, 600)
+    """Every 1/24 of training through the last third (9 checkpoints), where each run's mean is taken."""
+    all_layer_steps: tuple[int, ...] | None = (0, 100, 200, 400, 600)
+    train_pool_steps: tuple[int, ...] | None = (0, 600)
     insertion_layer: int = 0
     """The decoder layer whose output is the primary insertion point (``model.layers.<i>``)."""
     unit_contexts: tuple[int, ...] = (32, 64, 128)
@@ -64,7 +74,8 @@ class Config(LMSweepConfig):
     PROFILES = {
         "smoke": dict(
             seeds=2, widths=(16, 32, 48), head_dim=16, context=32, vocab_size=512, steps=20, warmup_steps=2,
-            lr_candidates=(1e-2, 3e-2), checkpoint_steps=(0, 10, 16, 20), train_pool_steps=None, pool_size=64,
+            lr_candidates=(1e-2, 3e-2), checkpoint_steps=(0, 10, 14, 17, 20), all_layer_steps=None,
+            train_pool_steps=None, pool_size=64, run_sd=None, lr_trial_fraction=0.5,
             eval_examples=32, validation_examples=32, capture_batch=32, budgets=((2, 2), (4, 4)), resamples=1_000,
             unit_contexts=(16, 32),
         ),
@@ -78,7 +89,8 @@ class Config(LMSweepConfig):
         # jobs are kept in results/gpu/partial/, so a second call completes a sweep that a window cut short.
         "gpu": dict(
             widths=(768, 1024, 1536), depth=8, head_dim=64, batch_size=32, steps=300, warmup_steps=30,
-            lr_candidates=(2e-4, 6e-4, 2e-3), checkpoint_steps=(0, 100, 200, 250, 300), train_pool_steps=(0, 300),
+            lr_candidates=(2e-4, 6e-4, 2e-3), train_pool_steps=(0, 300), all_layer_steps=(0, 100, 200, 300),
+            checkpoint_steps=(0, 50, 100, 200, 213, 225, 238, 250, 263, 275, 288, 300),
             insertion_layer=3, autocast_dtype="bfloat16", prune_candidates=True, resume_points=1, resamples=10_000,
         ),
         # The paper's widths. Shakespeare holds 1.45M training tokens: 5,000 steps of 64 x 256 tokens would be
@@ -86,8 +98,9 @@ class Config(LMSweepConfig):
         "paper": dict(
             widths=(512, 1024, 1536, 2048, 2560, 3072), depth=8, head_dim=64, context=256, vocab_size=8192,
             batch_size=64, steps=5_000, warmup_steps=250, lr_candidates=(3e-4, 1e-3, 3e-3),
-            checkpoint_steps=(0, 100, 300, 1000, 2000, 3500, 4000, 4500, 5000),
-            train_pool_steps=(0, 1000, 3500, 5000), insertion_layer=3, unit_contexts=(64, 128, 256),
+            checkpoint_steps=(0, 100, 300, 1000, 2000, 3350, 3550, 3750, 3950, 4150, 4350, 4550, 4750, 5000),
+            all_layer_steps=(0, 1000, 3350, 5000),
+            train_pool_steps=(0, 1000, 5000), insertion_layer=3, unit_contexts=(64, 128, 256),
             autocast_dtype="bfloat16", prune_candidates=True,
         ),
     }

@@ -67,19 +67,28 @@ class Config(LMSweepConfig):
     batch_size: int = 32
     steps: int = 500
     warmup_steps: int = 50
-    lr_candidates: tuple[float, ...] = (1.5e-2, 4e-2)
+    seeds: int = 6
+    """The power calculation (:meth:`power_plan`) asks for 8 at 6 layers and 18 for the narrower deep range; 6 is
+    what the budget allows, and the chapter states the slope each regime can detect."""
+    run_sd: float | None = 0.45
+    """Measured on the 6-layer cpu tables of commit 7ac047d: checkpoint SD 0.79 around a run's mean, 0.36 between
+    runs of a width; with 9 late checkpoints a run's mean has SD 0.45."""
+    lr_candidates: tuple[float, ...] = (1e-2, 2e-2, 4e-2)
     lr_width_exponent: float = 1.0
     """Each width tries the grid scaled by (32 / N), the muP rule for Adam."""
-    checkpoint_steps: tuple[int, ...] = (0, 50, 150, 340, 420, 500)
+    lr_trial_fraction: float = 1 / 3
+    checkpoint_steps: tuple[int, ...] = (0, 50, 150, 340, 360, 380, 400, 420, 440, 460, 480, 500)
+    all_layer_steps: tuple[int, ...] | None = (0, 150, 340, 500)
     train_pool_steps: tuple[int, ...] | None = (0, 500)
-    pool_size: int = 512
+    pool_size: int = 1024
     budgets: tuple[tuple[int, int], ...] = ((4, 4), (16, 16), (32, 32), (64, 64))
 
     PROFILES = {
         "smoke": dict(
             seeds=2, widths=(16, 32, 48), heads=(2, 2, 2), deep_depth=3, deep_widths=(16, 32, 48),
             deep_heads=(2, 2, 2), depth=2, context=32, vocab_size=512, steps=20, warmup_steps=2,
-            lr_candidates=(1e-2, 3e-2), checkpoint_steps=(0, 10, 16, 20), train_pool_steps=None, pool_size=64,
+            lr_candidates=(1e-2, 3e-2), checkpoint_steps=(0, 10, 14, 17, 20), train_pool_steps=None, pool_size=64,
+            all_layer_steps=None, run_sd=None, lr_trial_fraction=0.5,
             eval_examples=32, validation_examples=32, capture_batch=32, budgets=((2, 2), (4, 4)), resamples=1_000,
             width_scale=8,
         ),
@@ -89,7 +98,7 @@ class Config(LMSweepConfig):
             widths=(128, 256, 512), heads=(4, 8, 8), width_scale=1, deep_depth=16, deep_widths=(256, 384, 512),
             deep_heads=(8, 8, 8), context=128, batch_size=32, steps=1000, warmup_steps=100,
             lr_candidates=(1e-3, 3e-3, 1e-2), checkpoint_steps=(0, 100, 300, 700, 850, 1000),
-            train_pool_steps=(0, 1000), pool_size=1024, autocast_dtype="bfloat16", resume_points=1,
+            train_pool_steps=(0, 1000), pool_size=1024, autocast_dtype="bfloat16", resume_points=1, all_layer_steps=None,
             prune_candidates=True, resamples=10_000,
         ),
         # The released checkpoints are measured by pythia_checkpoints; this trains the 6-layer widths to 5k steps.
@@ -98,6 +107,7 @@ class Config(LMSweepConfig):
             deep_heads=(8, 8, 8), context=256, vocab_size=8192, batch_size=64, steps=5000, warmup_steps=250,
             lr_candidates=(3e-4, 1e-3, 3e-3), checkpoint_steps=(0, 300, 1000, 2000, 3500, 4000, 4500, 5000),
             train_pool_steps=(0, 1000, 3500, 5000), pool_size=2048, autocast_dtype="bfloat16", prune_candidates=True,
+            all_layer_steps=None,
         ),
     }
 
@@ -128,6 +138,9 @@ class PythiaFamily(CausalLMFamily):
     """Pythia-architecture causal LMs at a width and depth (see the module docstring)."""
 
     name = "pythia"
+    reductions = ("full", "shared")
+    """The shared q at ``gpt_neox.layers.l`` is exactly the gradient of that layer's trained
+    ``mlp.dense_4h_to_h.bias`` (:mod:`dalign_core.redundancy`): width claims are judged on the per-position q."""
     training_fields = ("architecture", "depth", "heads") + CausalLMFamily.training_fields
 
     def build(self, config: Config, width: int, seed: int, splits: Splits):

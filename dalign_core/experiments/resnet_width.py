@@ -64,7 +64,14 @@ class Config(SweepConfig):
     """Training images set aside, at random, to choose the learning rate."""
     steps: int = 500
     batch_size: int = 64
-    lr_candidates: tuple[float, ...] = (0.05, 0.1)
+    seeds: int = 4
+    """As many as the budget allows; the power calculation (:meth:`power_plan`) asks for 18, and the chapter
+    states the slope 4 can detect."""
+    run_sd: float | None = 0.59
+    """Measured on the cpu tables of commit 7ac047d (the shared q): checkpoint SD 1.02 around a run's mean, 0.47
+    between runs of a width; with 9 late checkpoints a run's mean has SD 0.59."""
+    lr_trial_fraction: float = 1 / 3
+    lr_candidates: tuple[float, ...] = (0.05, 0.1, 0.2)
     """Peak SGD rates; each width keeps the one with the lowest validation loss (BatchNorm makes the best rate
     nearly width-independent, so the grid does not move with width)."""
     warmup_steps: int = 30
@@ -74,8 +81,9 @@ class Config(SweepConfig):
     """The rate is divided by 10 at these fractions of training (epochs 100 and 150 of 200)."""
     augment: bool = False
     """Random crop (padding 4) and horizontal flip of every training image."""
-    checkpoint_steps: tuple[int, ...] = (0, 50, 150, 340, 420, 500)
-    train_pool_steps: tuple[int, ...] | None = (0, 340, 500)
+    checkpoint_steps: tuple[int, ...] = (0, 50, 150, 340, 360, 380, 400, 420, 440, 460, 480, 500)
+    all_layer_steps: tuple[int, ...] | None = (0, 150, 340, 500)
+    train_pool_steps: tuple[int, ...] | None = (0, 500)
     pool_size: int = 512
     eval_examples: int = 1024
     validation_examples: int = 1024
@@ -89,7 +97,8 @@ class Config(SweepConfig):
     PROFILES = {
         "smoke": dict(
             dataset="synthetic", widths=(4, 8, 12), seeds=2, steps=30, batch_size=32, warmup_steps=3,
-            lr_candidates=(0.05, 0.1), checkpoint_steps=(0, 10, 20, 30), train_pool_steps=None, pool_size=64,
+            lr_candidates=(0.05, 0.1), checkpoint_steps=(0, 10, 20, 25, 30), train_pool_steps=None, pool_size=64,
+            all_layer_steps=None, run_sd=None, lr_trial_fraction=0.5,
             eval_examples=128, validation_examples=64, validation_images=200, capture_batch=64,
             budgets=((2, 2), (4, 4)), resamples=1_000, min_test_accuracy=0.5,
         ),
@@ -99,7 +108,7 @@ class Config(SweepConfig):
             dataset="cifar10", widths=(16, 32, 64, 128), batch_size=128, steps=3900, warmup_steps=0,
             lr_candidates=(0.05, 0.1, 0.2), augment=True, checkpoint_steps=(0, 400, 1300, 2600, 3250, 3900),
             train_pool_steps=(0, 3900), pool_size=1024, eval_examples=2048, budgets=((4, 4), (16, 16), (64, 64)),
-            min_test_accuracy=0.8, resume_points=2,
+            min_test_accuracy=0.8, resume_points=2, all_layer_steps=None,
         ),
         # He et al.'s recipe: 200 epochs of 45k images at batch 128 (70,400 steps), k = 1 ... 8, both CIFARs.
         "paper": dict(
@@ -108,6 +117,7 @@ class Config(SweepConfig):
             checkpoint_steps=(0, 3520, 17600, 35200, 52800, 56320, 63360, 70400),
             train_pool_steps=(0, 35200, 70400), pool_size=2048, eval_examples=4096, validation_examples=2048,
             budgets=((4, 4), (16, 16), (64, 64), (128, 128)), min_test_accuracy=0.88, max_epochs=250,
+            all_layer_steps=None,
         ),
     }
 
@@ -128,6 +138,9 @@ class ResNetFamily(Family):
     """CIFAR ResNet-20 at channel widths 16k (see the module docstring)."""
 
     name = "resnet"
+    reductions = ("full", "shared")
+    """The shared q at a block output lies almost wholly in the span of the next block's BatchNorm biases'
+    gradients (:mod:`dalign_core.redundancy`): width claims are judged on the per-position q."""
     training_fields = ("dataset", "validation_images", "momentum", "milestones", "augment")
 
     def load_data(self, config: Config) -> Splits:
