@@ -31,6 +31,12 @@ tables equal those of an uninterrupted run. The folder (and the training checkpo
 must be on a filesystem every rank sees; :func:`check_shared` says so at once when it
 is not.
 
+**Workers.** A world of one on the CPU shares the grid too: :func:`run_jobs` forks one
+worker process of one thread per core (:mod:`dalign_core.workers`; ``DALIGN_WORKERS``),
+which take the jobs in the plan's order and keep them in the folder as ranks would.
+Every CPU process — rank, worker or plain — computes on one thread, so the results do
+not depend on how many there are.
+
 **Job groups.** A job of ``ranks > 1`` gets a process group of its ranks (created once
 per block, collectively, by :func:`job_group`); the sweep hands it to
 :func:`dalign_core.training.train`, which runs DistributedDataParallel over it: each
@@ -50,6 +56,7 @@ resampler takes (:func:`dalign_core.misalignment.misalignment_probability` with 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import json
 import logging
@@ -63,6 +70,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 import torch.distributed as dist
 
+from dalign_core import workers as _workers
 from dalign_core._tensor import resolve_device
 from dalign_core.atomic import atomic_write_text
 from dalign_core.estimators import Geometry, as_rows, gram_product, geometry_from_row_statistics
@@ -143,9 +151,11 @@ def init(device: str = "auto") -> Context:
     """Join the process group torchrun describes (once per process); a world of one returns at once.
 
     NCCL when ``device`` resolves to CUDA (after pinning this rank to its local GPU),
-    gloo otherwise; barriers and objects use a gloo group either way.
+    gloo otherwise; barriers and objects use a gloo group either way. In any world, a
+    process computing on the CPU is set to one thread (:func:`dalign_core.workers.configure`).
     """
     ctx = context()
+    _workers.configure(device)  # on the CPU: one thread per process
     if not ctx.distributed or dist.is_initialized():
         return ctx
     target = local_device(device)
@@ -379,7 +389,7 @@ class _Store:
 
 def run_jobs(folder: str | os.PathLike | None, jobs: Sequence[Job], compute: Callable[[Job, Any], Any], *,
              collect: str = "all", finished: Callable[[Job, Callable[[str], Any]], None] | None = None,
-             speedup: Callable[[int], float] | None = None) -> dict[str, Any]:
+             speedup: Callable[[int], float] | None = None, workers: int | None = None) -> dict[str, Any]:
     """Every job's result (JSON-able), computing only those not already in ``folder``; see the module docstring.
 
     ``compute(job, group)`` runs on each of the job's ranks with the job's process group
@@ -388,12 +398,33 @@ def run_jobs(folder: str | os.PathLike | None, jobs: Sequence[Job], compute: Cal
     result (None if not there yet). ``collect="main"`` reads the results on rank 0 only
     (the others get an empty dict). Without ``folder`` (a world of one only) nothing is
     kept on disk.
+
+    In a world of one on the CPU the jobs run on ``workers`` forked processes of one
+    thread each (default :func:`dalign_core.workers.count`: ``$DALIGN_WORKERS``, else one
+    per core), in the order of :func:`plan`, each job on one process; ``finished`` then
+    runs in this process as each job comes in. ``workers=1`` computes them here, one
+    after another, in the order given. The results are the same either way.
     """
     ctx = context()
     store = _Store(Path(folder) if folder is not None else None)
     if ctx.distributed and store.folder is None:
         raise ValueError("ranks share their finished jobs through a folder on a shared filesystem: pass one")
     if not ctx.distributed:
+        count = _workers.count() if workers is None else int(workers)
+        _workers.record(count)
+        if count > 1:
+            done = store.names()
+            todo = [job for job in jobs if job.name not in done]
+            if 1 < len(todo):
+                if len(todo) < len(jobs):
+                    log.info("reusing %d finished job(s) of %d", len(jobs) - len(todo), len(jobs))
+                single = [dataclasses.replace(job, ranks=1) for job in todo]  # a worker is one rank
+                _workers.run_pool([a.job for a in plan(single, count, speedup)], compute, store, count, finished)
+                results = {job.name: store.get(job.name) for job in jobs}
+                missing = [name for name, result in results.items() if result is None]
+                if missing:
+                    raise RuntimeError(f"jobs {missing} left no result in {store.folder}")
+                return results
         results = {}
         for job in jobs:
             done = store.get(job.name)

@@ -49,14 +49,21 @@ def _git_commit() -> dict[str, Any]:
 
 
 def _hardware() -> dict[str, Any]:
+    """The machine, and how this process used it: ``threads_per_process`` (torch's intra-op
+    threads), ``interop_threads``, and ``workers``, the processes that shared the job grid
+    (:mod:`dalign_core.workers`; 1: this process alone)."""
     import torch
+
+    from dalign_core import workers
 
     info: dict[str, Any] = {
         "platform": platform.platform(),
         "machine": platform.machine(),
         "processor": platform.processor(),
         "cpu_count": os.cpu_count(),
+        "usable_cores": workers.cores(),
         "torch_threads": torch.get_num_threads(),
+        **workers.settings(),
         "cuda_available": torch.cuda.is_available(),
     }
     if torch.cuda.is_available():

@@ -3,7 +3,7 @@
 The end-to-end tests start ``torchrun --nproc_per_node=2`` (as ``python -m
 torch.distributed.run``) on the CPU with the gloo backend, running
 tests/_distributed_worker.py: the toy sweep of tests/test_sweep.py over two ranks
-gives the tables of one process, exactly; a rank killed mid-training, then the same
+gives the tables of one process (itself sharing the grid with one worker per core), exactly; a rank killed mid-training, then the same
 command again, gives them too; the widest width trained by both ranks together (DDP)
 matches to float rounding; and data-parallel training and the sharded Gram estimates
 equal their one-process versions. The rest runs in this process, a world of one.
@@ -36,7 +36,8 @@ needs_gloo = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_availa
 
 def _launch(args: list[str], checkpoints: Path, ranks: int | None = 2) -> subprocess.CompletedProcess:
     """The worker under ``torchrun --standalone --nproc_per_node=ranks`` (None: plain python, a world of one)."""
-    env = {k: v for k, v in os.environ.items() if k not in (distributed.RANKS_PER_JOB_VARIABLE, "RANK", "WORLD_SIZE")}
+    env = {k: v for k, v in os.environ.items() if k not in (distributed.RANKS_PER_JOB_VARIABLE, "RANK", "WORLD_SIZE",
+                                                            "DALIGN_WORKERS", "DALIGN_THREADS")}
     env.update(OMP_NUM_THREADS="1", DALIGN_CHECKPOINTS=str(checkpoints), PYTHONUNBUFFERED="1")
     launcher = [] if ranks is None else ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
     return subprocess.run([sys.executable, *launcher, str(WORKER), *args], env=env, capture_output=True, text=True,
@@ -81,6 +82,10 @@ def test_two_ranks_write_the_tables_of_one_process(one_process, tmp_path):
     record = json.loads((tmp_path / "results" / "toy_runs.json").read_text())
     assert record["world_size"] == 2 and [r["rank"] for r in record["ranks"]] == [0, 1]
     assert all("cpu_count" in r and "host" in r for r in record["ranks"])
+    # every rank computes on one thread and is its own (only) worker; the plain process shares its grid with workers
+    assert all(r["threads_per_process"] == 1 and r["workers"] == 1 for r in record["ranks"])
+    alone = json.loads((one_process / "toy_runs.json").read_text())["hardware"]
+    assert alone["threads_per_process"] == 1 and alone["workers"] == alone["usable_cores"]
     # the runs are in toy_runs.csv: the provenance points there and counts them, no copy
     assert record["runs"] == {"table": "toy_runs.csv", "count": 6, "trained_ok": 6}
     assert json.loads((one_process / "toy_runs.json").read_text())["world_size"] == 1
@@ -181,12 +186,13 @@ def test_run_jobs_in_a_world_of_one_keeps_and_reuses_finished_jobs(tmp_path):
 
     jobs = [Job(f"j{i}", payload=i) for i in range(3)]
     finished = []
-    assert distributed.run_jobs(None, jobs, compute) == {f"j{i}": {"value": 2 * i} for i in range(3)}
+    # workers=1: in this process, in the order given (tests/test_workers.py runs grids on several workers)
+    assert distributed.run_jobs(None, jobs, compute, workers=1) == {f"j{i}": {"value": 2 * i} for i in range(3)}
     first = distributed.run_jobs(tmp_path, jobs[:2], compute, finished=lambda job, lookup: finished.append(
-        (job.name, lookup(job.name))))
+        (job.name, lookup(job.name))), workers=1)
     assert finished == [("j0", {"value": 0}), ("j1", {"value": 2})]
     calls.clear()
-    assert distributed.run_jobs(tmp_path, jobs, compute) == {**first, "j2": {"value": 4}}
+    assert distributed.run_jobs(tmp_path, jobs, compute, workers=1) == {**first, "j2": {"value": 4}}
     assert calls == ["j2"]  # j0 and j1 were read back
     assert sorted(p.name for p in tmp_path.iterdir()) == ["j0.json", "j1.json", "j2.json"]
 

@@ -18,8 +18,14 @@ notebook stays quiet.
 Under ``torchrun`` (:mod:`dalign_core.distributed`) an experiment whose ``compute``
 shares its jobs over the ranks (``sharded=True``: the width sweeps) runs on every rank
 and rank 0 writes the tables, with the world size and every rank's hardware in the
-provenance; any other experiment runs on rank 0 alone. Without torchrun nothing changes:
-a world of one.
+provenance; any other experiment runs on rank 0 alone. Without torchrun it is a world of
+one.
+
+On the CPU every process computes on one thread (``$DALIGN_THREADS`` to change it), and
+a world of one runs its job grid on one worker process per core (``$DALIGN_WORKERS``;
+:mod:`dalign_core.workers`); the provenance's ``hardware`` records both
+(``threads_per_process``, ``workers``). Ctrl-C stops the workers; the finished jobs are
+kept and the same command resumes.
 """
 
 from __future__ import annotations
@@ -27,13 +33,14 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import pandas as pd
 
-from dalign_core import distributed
+from dalign_core import distributed, workers
 from dalign_core.config import PROFILES, ExperimentConfig, default_results_dir
 from dalign_core.results import results_current, write_table
 
@@ -61,6 +68,8 @@ def run_experiment(name: str, tables: tuple[str, ...], config: ExperimentConfig,
         log.info("%s: runs on rank 0 alone; rank %d has nothing to do", name, ctx.rank)
         return out_dir
     shared = ctx.distributed and sharded
+    workers.configure(getattr(config, "device", "auto"))  # on the CPU: one thread, before any model is built
+    workers.reset()
     if shared:
         distributed.init(getattr(config, "device", "auto"))
     current = not force and results_current(out_dir, tables, config)
@@ -114,10 +123,15 @@ def main(config_cls: type[ExperimentConfig], run: Callable, description: str | N
         os.environ[distributed.RANKS_PER_JOB_VARIABLE] = args.ranks_per_job
     overrides = {} if args.seed is None else {"seed": args.seed}
     config = config_cls.for_profile(args.profile, **overrides)
+    workers.configure(getattr(config, "device", "auto"))  # on the CPU: one thread, before any torch work
     if dry_run is not None and args.dry_run:
         if ctx.is_main:
             print(dry_run(config))
         return
     out_dir = args.out if args.out is not None else default_results_dir(args.profile)
-    with distributed.session(getattr(config, "device", "auto")):
-        run(config, out_dir=out_dir, force=args.force)
+    try:
+        with distributed.session(getattr(config, "device", "auto")):
+            run(config, out_dir=out_dir, force=args.force)
+    except KeyboardInterrupt as err:
+        print(f"\n{prefix}{err if workers.INTERRUPTED in str(err) else workers.INTERRUPTED}", file=sys.stderr)
+        sys.exit(130)

@@ -1,0 +1,322 @@
+"""Every core, one thread each: a CPU process shares its job grid with forked workers.
+
+Measured on a 2-core machine: a CPU sweep left at torch's default of one OpenMP
+thread per core ran the LLaMA dry run 2.6x slower (ResNet 4x) under any other load
+than with one thread, and idle, two threads were only 1.6-1.8x faster than one. Small
+models do not split well over threads; independent jobs split perfectly over
+processes. So on the CPU every process computes with **one** intra-op thread
+(:func:`configure`), and :func:`dalign_core.distributed.run_jobs` in a world of one
+(no torchrun) runs the job grid on **one worker per core** (:func:`count`), each a
+forked copy of the process (data loaded once, shared copy-on-write; the ``compute``
+closure needs no pickling).
+
+The workers take the jobs in the order of :func:`dalign_core.distributed.plan` — the
+order torchrun's ranks follow: longest first — each job going to the worker that
+frees up first (the plan's rule, with the real finishing times instead of the
+projected ones). Each worker writes a finished job into the jobs folder atomically,
+as a rank would; the parent calls ``finished`` as each job comes in and reads every
+result back at the end, so ``run_jobs`` returns what a single process returns. Every
+job is computed from its own seeds on one thread, so the results do not depend on the
+number of workers, nor on which worker ran a job: bit for bit.
+
+A job that raises is reported with its name and the worker's traceback (logged at
+once, raised once every worker is done: the other jobs go on, as each is independent
+and kept); a worker that dies (killed, out of memory) is reported with the job it was
+computing and never leaves the parent waiting. ``KeyboardInterrupt`` (Ctrl-C) stops
+the workers; the finished jobs stay in the folder and the same command resumes.
+
+Settings (environment variables):
+
+* ``DALIGN_WORKERS`` — worker processes (default: the usable cores, see :func:`cores`,
+  divided by the threads per process); ``1`` is a single process, as before.
+* ``DALIGN_THREADS`` — intra-op threads per process on the CPU (default 1). More than
+  one runs a single process: a forked child of a process that has used OpenMP's thread
+  pool hangs in its first parallel region, so workers always compute on one thread.
+
+On a GPU nothing changes: no thread setting, no workers (and never after CUDA was
+initialized: a forked child cannot use it). Under torchrun every rank is a process of
+one thread on the CPU and the ranks share the grid as before. The thread count and
+the workers go into every results table's provenance (:func:`settings`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+__all__ = ["WORKERS_VARIABLE", "THREADS_VARIABLE", "WorkerError", "cores", "threads", "count", "configure",
+           "settings", "reset", "run_pool"]
+
+log = logging.getLogger(__name__)
+
+WORKERS_VARIABLE = "DALIGN_WORKERS"
+THREADS_VARIABLE = "DALIGN_THREADS"
+INTERRUPTED = "interrupted; rerun the same command to resume"
+
+_state: dict[str, Any] = {"device": None, "workers": 1, "in_worker": False}
+
+
+class WorkerError(RuntimeError):
+    """One or more jobs failed in worker processes (the message names each job and quotes its traceback)."""
+
+    def __init__(self, message: str, failures: list[dict[str, Any]]):
+        super().__init__(message)
+        self.failures = failures
+
+
+# ----------------------------------------------------------------------------- how many processes, how many threads
+
+
+def _positive(name: str) -> int | None:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise ValueError(f"environment variable {name}={value!r} must be a whole number of at least 1")
+    return number
+
+
+def cores() -> int:
+    """The cores this process may use: its CPU affinity, capped by a cgroup CPU quota (a container's limit)."""
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        usable = os.cpu_count() or 1
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            usable = min(usable, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(usable, 1)
+
+
+def threads() -> int:
+    """Intra-op threads per process on the CPU: ``$DALIGN_THREADS``, else 1."""
+    return _positive(THREADS_VARIABLE) or 1
+
+
+def _cuda_in_use() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_initialized()
+
+
+def count() -> int:
+    """Worker processes for a job grid of this process: 1 on a GPU; else ``$DALIGN_WORKERS`` or one per core.
+
+    The default (without ``$DALIGN_WORKERS``) applies once :func:`configure` was told the
+    CPU (the experiment runner and :func:`dalign_core.distributed.init` do it); before
+    that a job grid runs in this process, as it always did.
+    """
+    device = _state["device"]
+    if _state["in_worker"] or (device is not None and device.type != "cpu") or _cuda_in_use():
+        return 1  # a worker's own job grids stay in the worker
+    asked, per_process = _positive(WORKERS_VARIABLE), threads()
+    if asked is not None and asked > 1 and per_process > 1:
+        raise ValueError(f"{WORKERS_VARIABLE}={asked} with {THREADS_VARIABLE}={per_process}: workers compute on one "
+                         f"thread each (a forked process cannot run OpenMP on more); choose {WORKERS_VARIABLE}=1 "
+                         f"for one process of {per_process} threads, or leave {THREADS_VARIABLE} unset")
+    if asked is not None:
+        return asked
+    if device is None or per_process > 1:
+        return 1
+    return cores()
+
+
+def _pin(number: int) -> None:
+    torch.set_num_threads(number)
+    try:  # only possible before any inter-op work in this process (and only once)
+        torch.set_num_interop_threads(number)
+    except RuntimeError:
+        pass
+
+
+def configure(device: str | torch.device = "auto") -> torch.device | None:
+    """Remember the device this process computes on; on the CPU, pin torch to :func:`threads` threads.
+
+    Returns the resolved device (None where ``device`` cannot be resolved here: the
+    experiment reports that itself). Called by the experiment runner and by
+    :func:`dalign_core.distributed.init`, before any model is built.
+    """
+    from dalign_core._tensor import resolve_device  # noqa: PLC0415
+
+    try:
+        resolved = resolve_device(str(device))
+    except (ValueError, RuntimeError):
+        return None
+    _state["device"] = resolved
+    if resolved.type == "cpu":
+        _pin(threads())
+    return resolved
+
+
+def reset() -> None:
+    """Forget the workers recorded so far (the runner calls it before an experiment computes)."""
+    _state["workers"] = 1
+
+
+def record(workers: int) -> None:
+    """Note that a job grid of this experiment ran on ``workers`` processes (the provenance keeps the largest)."""
+    _state["workers"] = max(_state["workers"], int(workers))
+
+
+def settings() -> dict[str, Any]:
+    """What the provenance keeps: threads per process (intra-op, inter-op) and the worker processes of the job grid."""
+    return {"threads_per_process": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads(),
+            "workers": _state["workers"]}
+
+
+# ----------------------------------------------------------------------------- the pool
+
+
+def _worker(index: int, conn, order: Sequence, compute: Callable, store) -> None:
+    """A forked worker: take job numbers from the parent until it sends None; report each job done or failed."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops the workers
+    _state["in_worker"] = True
+    torch.set_num_threads(1)
+    conn.send(("ready", None, None))
+    while True:
+        number = conn.recv()
+        if number is None:
+            break
+        job = order[number]
+        try:
+            result = compute(job, None)
+            if store.folder is not None:
+                store.put(job.name, result)  # atomically, as a rank would; the parent reads it back
+                conn.send(("done", number, None))
+            else:
+                conn.send(("done", number, result))
+        except BaseException as err:  # noqa: BLE001  (reported to the parent, which raises)
+            conn.send(("failed", number, dict(kind=type(err).__name__, interrupt=isinstance(err, KeyboardInterrupt),
+                                              traceback=traceback.format_exc())))
+    conn.close()
+
+
+def _stop(processes) -> None:
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    for process in processes:
+        process.join(timeout=10)
+        if process.is_alive():
+            process.kill()
+            process.join()
+
+
+def run_pool(jobs: Sequence, compute: Callable, store, workers: int,
+             finished: Callable | None = None) -> None:
+    """Compute ``jobs`` (in the order given: the plan's) on ``workers`` forked processes into ``store``.
+
+    ``store``: :class:`dalign_core.distributed._Store` (a folder, or memory when its
+    folder is None: results then come back through the pipe). ``finished(job, store.get)``
+    runs here, in the parent, as each job comes in. Raises :class:`WorkerError` naming
+    every job that failed or whose worker died, ``KeyboardInterrupt`` after Ctrl-C (or
+    when a job itself raised it), once the workers have stopped.
+    """
+    order = [dataclasses.replace(job, ranks=1) if job.ranks != 1 else job for job in jobs]
+    workers = min(workers, len(order))
+    torch.set_num_threads(1)  # before the fork: a child of a process with a live OpenMP pool of more threads hangs
+    context = multiprocessing.get_context("fork")
+    processes, conns = [], []
+    for index in range(workers):
+        parent_end, child_end = context.Pipe()
+        process = context.Process(target=_worker, args=(index, child_end, order, compute, store),
+                                  name=f"dalign-worker-{index}")
+        process.start()
+        child_end.close()
+        processes.append(process)
+        conns.append(parent_end)
+    log.info("%d job(s) on %d worker processes of one thread each", len(order), workers)
+    current: dict[int, int | None] = dict.fromkeys(range(workers))
+    alive = set(range(workers))
+    failures: list[dict[str, Any]] = []
+    following = 0
+
+    def dispatch(index: int) -> None:
+        nonlocal following
+        number = following if following < len(order) else None
+        following += number is not None
+        current[index] = number
+        try:
+            conns[index].send(number)
+        except OSError:  # the worker is gone; its sentinel reports it
+            pass
+
+    def handle(index: int, message) -> None:
+        kind, number, payload = message
+        if kind == "done":
+            job = order[number]
+            if store.folder is None:
+                store.put(job.name, payload)
+            if finished is not None:
+                finished(job, store.get)
+        elif kind == "failed":
+            job = order[number]
+            failures.append(dict(job=job.name, worker=index, **payload))
+            log.error("job %s failed in worker %d:\n%s", job.name, index, payload["traceback"].rstrip())
+        current[index] = None
+        dispatch(index)
+
+    try:
+        while alive:
+            waiting = {conns[i]: i for i in alive}
+            sentinels = {processes[i].sentinel: i for i in alive}
+            for ready in multiprocessing.connection.wait(list(waiting) + list(sentinels)):
+                index = waiting.get(ready, sentinels.get(ready))
+                if index not in alive:
+                    continue
+                try:
+                    while conns[index].poll():
+                        handle(index, conns[index].recv())
+                except (EOFError, OSError):
+                    pass
+                if ready in sentinels or not processes[index].is_alive():
+                    processes[index].join(timeout=10)
+                    if processes[index].is_alive():
+                        continue  # closed its pipe, still exiting: its sentinel comes round again
+                    alive.discard(index)
+                    if current[index] is not None:
+                        code = processes[index].exitcode
+                        how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+                        job = order[current[index]]
+                        failures.append(dict(job=job.name, worker=index, kind="WorkerDied", interrupt=False,
+                                             traceback=f"worker {index} died ({how}) while computing job {job.name}"))
+                        log.error("worker %d died (%s) while computing job %s", index, how, job.name)
+    except BaseException as err:
+        _stop(processes)
+        if isinstance(err, KeyboardInterrupt):
+            kept = f"the finished jobs are kept in {store.folder}" if store.folder is not None else "nothing is kept"
+            raise KeyboardInterrupt(f"{INTERRUPTED} ({kept})") from None
+        raise
+    finally:
+        for conn in conns:
+            conn.close()
+    for process in processes:
+        process.join()
+    if following < len(order):  # every worker died before the grid was handed out
+        failures += [dict(job=job.name, worker=None, kind="NotRun", interrupt=False,
+                          traceback=f"job {job.name} was never started: every worker had died")
+                     for job in order[following:]]
+    if not failures:
+        return
+    if any(failure["interrupt"] for failure in failures):
+        raise KeyboardInterrupt(f"{INTERRUPTED} (a job was interrupted: {', '.join(f['job'] for f in failures)})")
+    names = [failure["job"] for failure in failures]
+    details = "\n\n".join(f"job {f['job']} ({f['kind']}, worker {f['worker']}):\n{f['traceback'].rstrip()}"
+                          for f in failures)
+    kept = " (the finished jobs are kept: rerun the same command to compute the rest)" if store.folder else ""
+    raise WorkerError(f"{len(failures)} job(s) failed: {', '.join(names)}{kept}\n\n{details}", failures)
