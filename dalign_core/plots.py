@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -26,7 +27,7 @@ from matplotlib.ticker import (FixedLocator, FuncFormatter, LogLocator, MaxNLoca
                                NullLocator, ScalarFormatter)
 
 __all__ = ["style", "LABELS", "COLUMN_WIDTH", "RC", "tick_label", "log_ticks", "value_axis",
-           "learning_rates", "heldout_loss", "trajectory", "trend_along_training", "matched_loss",
+           "learning_rates", "heldout_loss", "trajectory", "trend_along_training", "reductions_compared", "matched_loss",
            "final_geometry", "layers_heatmap", "misalignment_by_width", "misalignment_by_budget",
            "sample_unit", "sample_unit_context", "sample_unit_choice", "theory_moment_errors",
            "theory_certificates", "theory_estimator_bias", "theory_sketch", "certificate_by_budget"]
@@ -35,7 +36,8 @@ LABELS = {
     "d_align": r"$d_{\mathrm{align}}$", "d_par": r"$d_{\parallel}$", "d_2": r"$d_2$", "mean_sq": r"$\|\mu\|^2$",
     "mean_sq_sq": r"$\|\mu\|^4$", "directional": r"$\mu^\top\Sigma\mu$", "cov_energy": r"$\mathrm{tr}\,\Sigma^2$",
     "p_misalign": r"$\Pr(\mu_M^\top g_K \leq 0)$", "b_exact": r"$B_{\mathrm{exact}}$",
-    "b_align": r"$B_{\mathrm{align}}$", "rho": r"Spearman $\rho$ (width, $d_{\mathrm{align}}$)",
+    "b_align": r"$B_{\mathrm{align}}$",
+    "slope": r"slope of $\log d_{\mathrm{align}}$ on $\log N$",
 }
 NOISE_NAMES = {"gaussian": "Gaussian", "student_t": "Student-$t$, 5 d.o.f.", "rademacher": "Rademacher"}
 FAILED = dict(color="0.6", lw=1, ls=":", alpha=0.8)
@@ -160,6 +162,7 @@ def _empty(ax, text: str = "no trained run") -> None:
 
 def learning_rates(lr: pd.DataFrame) -> plt.Figure:
     """Validation loss against the peak learning rate, one line per width; the kept rate circled."""
+    lr = lr[~lr.check.astype(bool)] if "check" in lr and len(lr) else lr  # the full-length check: in the text
     fig, ax = plt.subplots(figsize=(COLUMN_WIDTH * 0.75, 3.4))
     colours = _palette(lr.width)
     for width, part in lr.groupby("width"):
@@ -225,19 +228,54 @@ def trajectory(geometry: pd.DataFrame, layer: str, value: str = "d_align") -> pl
     return fig
 
 
-def trend_along_training(trend: pd.DataFrame, layer: str, steps: int) -> plt.Figure:
-    """Spearman ρ of width against d_align at each checkpoint, with its interval over seeds; last third shaded."""
-    rows = trend[(trend.quantity == "d_align") & (trend.view == "matched_step") & (trend.layer == layer)] \
+def trend_along_training(trend: pd.DataFrame, layer: str, steps: int, reduction: str | None = None) -> plt.Figure:
+    """The slope of log d_align on log width at each checkpoint, with its 95% interval; last third shaded.
+
+    Each checkpoint is a slope test of its own (the runs' values there), so this shows how the width trend
+    moves along training; the claim is judged on each run's mean over the shaded window. The dashed line is
+    the paper's slope.
+    """
+    from dalign_core.trend import PAPER_SLOPE
+
+    rows = trend[(trend.quantity == "d_align") & (trend.view == "step") & (trend.layer == layer)] \
         if len(trend) else trend
+    if reduction is not None and len(rows):
+        rows = rows[rows.reduction == reduction]
+    rows = rows[rows.label != "not run"] if len(rows) else rows
     fig, ax = plt.subplots(figsize=(COLUMN_WIDTH * 0.8, 3.4))
     ax.axvspan(2 * steps / 3, steps * 1.04, color="0.92", zorder=0, label="last third")
     if len(rows):
         for nudge, (pool, part) in zip((-0.008, 0.008), rows.groupby("pool")):  # keep the last third legible
-            ax.errorbar(part.step + nudge * steps, part.rho, yerr=[part.rho - part.rho_lo, part.rho_hi - part.rho],
+            ax.errorbar(part.step + nudge * steps, part.slope,
+                        yerr=[part.slope - part.slope_lo, part.slope_hi - part.slope],
                         fmt="o", capsize=3, label=f"{'held-out' if pool == 'heldout' else pool} pool")
     ax.axhline(0, color="0.3", lw=0.8)
-    ax.set(xlim=(-0.03 * steps, steps * 1.04), ylim=(-1.08, 1.08), xlabel="training step", ylabel=LABELS["rho"])
+    ax.axhline(PAPER_SLOPE, color="0.3", lw=1, ls="--", label="the paper's slope")
+    ax.set(xlim=(-0.03 * steps, steps * 1.04), xlabel="training step", ylabel=LABELS["slope"])
     _legend(ax)
+    return fig
+
+
+def reductions_compared(geometry: pd.DataFrame, layer: str, steps: Sequence[int]) -> plt.Figure:
+    """Each run's late-window d_align (geometric mean over ``steps``) against width, one panel per q reduction.
+
+    The literal shared q beside the judged per-position one: where a trained parameter owns the shared
+    direction, training drives its mean, and so its d_align, toward zero at every width.
+    """
+    from dalign_core.trend import run_summaries
+
+    part = geometry[(geometry.layer == layer) & (geometry.pool == "heldout")] if len(geometry) else geometry
+    reductions = sorted(part.reduction.unique()) if len(part) else []
+    fig, axes = plt.subplots(1, max(len(reductions), 1), figsize=(COLUMN_WIDTH, 3.2), squeeze=False)
+    for ax, reduction in zip(axes[0], reductions):
+        summary = run_summaries(part[(part.reduction == reduction) & _ok(part)], "d_align", steps)
+        ax.plot(summary.width, np.exp(summary.y), "o", alpha=0.5, ms=4)
+        means = summary.groupby("width").y.mean()
+        ax.plot(means.index, np.exp(means.values), "-", color="C0")
+        _width_axis(ax, summary.width if len(summary) else [1])
+        ax.set_yscale("log")
+        ax.set_title(f"{reduction} q ({'per position' if reduction == 'full' else 'summed over positions'})")
+        ax.set_ylabel(f"late-window {LABELS['d_align']}")
     return fig
 
 

@@ -16,10 +16,11 @@ from pathlib import Path
 import pandas as pd
 
 from dalign_core.results import read_table
-from dalign_core.trend import Verdict, verdict
+from dalign_core.sweep import lr_check
+from dalign_core.trend import PAPER_SLOPE, Verdict, verdict
 
 __all__ = ["by_regime", "describe_accuracy", "describe_runs", "describe_learning_rates", "describe_final_geometry",
-           "describe_rate_resolution", "width_verdicts", "judged_rows", "WIDTH_CLAIMS", "describe_bounds", "summarize", "styled", "runs_summary",
+           "describe_rate_resolution", "width_verdicts", "judged_rows", "WIDTH_CLAIMS", "trials", "describe_power", "describe_redundancy", "describe_bounds", "summarize", "styled", "runs_summary",
            "describe_trajectory", "describe_limiting_dimension", "describe_layers", "describe_budget",
            "describe_context", "describe_sample_choice", "paper_comparison", "verdict_table", "number"]
 
@@ -108,8 +109,15 @@ def describe_runs(runs: pd.DataFrame) -> str:
     return text
 
 
+def trials(lr: pd.DataFrame) -> pd.DataFrame:
+    """The rate-fit rows without the full-length check rows (``check``)."""
+    return lr[~lr.check.astype(bool)] if "check" in lr and len(lr) else lr
+
+
 def describe_learning_rates(lr: pd.DataFrame) -> str:
-    """The rate each width kept, and whether the choice sat at the edge of the candidates."""
+    """The rate each width kept, whether the choice sat at the edge of the candidates, and the full-length check."""
+    check = lr_check(lr) if len(lr) else {}
+    lr = trials(lr)
     if lr.empty:
         return "No learning rate was fitted at this profile."
     chosen = lr[lr.chosen.astype(bool)].set_index("width").lr
@@ -124,11 +132,20 @@ def describe_learning_rates(lr: pd.DataFrame) -> str:
         text += " Every kept rate lies inside its width's grid, with a worse rate on either side."
     if len(chosen) > 2 and chosen.is_monotonic_decreasing and chosen.iloc[0] > chosen.iloc[-1]:
         text += " The best rate falls as width grows, as μP-style scaling predicts for Adam."
+    if "steps" in lr and check:
+        losses = ", ".join(f"{rate} gives {loss:.3f}" for rate, loss in check["losses"].items())
+        text += (f" The trials ran {int(lr.steps.iloc[0])} steps each. Checked at full length at N={check['width']}, "
+                 f"the two best short-trial rates give validation losses of: {losses}; "
+                 + ("the short trials' choice also wins at full length."
+                    if check["passed"] else
+                    f"the full-length winner is {check['full_choice']:g}, not {check['short_choice']:g}: the short "
+                    "trials misjudged the rate there, and the comparison is only as fair as that fit."))
     return text
 
 
 def describe_rate_resolution(lr: pd.DataFrame, runs: pd.DataFrame) -> str:
     """Whether one seed can pick the rate: the best rate's lead over the runner-up against the spread over seeds."""
+    lr = trials(lr)
     if lr.empty or runs.empty:
         return ""
     finite = lr[lr.validation_loss.abs() != float("inf")]
@@ -145,6 +162,47 @@ def describe_rate_resolution(lr: pd.DataFrame, runs: pd.DataFrame) -> str:
     if unresolved:
         text += (f" At {', '.join(f'N={w}' for w in unresolved)} the seeds differ more than the two best rates do, so "
                  "the rate fitted on one seed is partly chance there: the comparison is only as fair as that fit.")
+    return text
+
+
+def describe_power(config, trend: pd.DataFrame) -> str:
+    """What the design can detect: the plan it was sized by, and the slope the realized runs detect."""
+    plan = config.power_plan()
+    judged = judged_rows(trend)[("d_align", "late_window")]
+    parts = []
+    if plan:
+        parts.append(
+            f"**Sized to decide.** The design was sized before it ran: with a run's late-window mean of "
+            f"$\\log d_{{\\mathrm{{align}}}}$ scattering by an SD of {plan['run_sd']:.2f} within a width (measured on "
+            f"earlier runs), {plan['seeds']} seeds at each of {plan['widths']} widths give a standard error of "
+            f"{plan['se']:.2f} for the slope, detect slopes of {plan['detectable']:.2f} or more with 80% power, and "
+            f"find the paper's slope (+{PAPER_SLOPE:.2f}) with probability {plan['power']:.0%}; "
+            f"{plan['seeds_needed']} seeds per width would reach 80%.")
+    if judged is not None and judged["label"] != "not run":
+        parts.append(f"The runs themselves scatter by an SD of {float(judged['sigma']):.2f} around the fitted line, "
+                     f"so this table detects slopes of {float(judged['detectable']):.2f} or more.")
+    return " ".join(parts)
+
+
+def describe_redundancy(redundancy: pd.DataFrame) -> str:
+    """Whether the q the claims are judged on is a direction a trained parameter already owns."""
+    if redundancy is None or redundancy.empty:
+        return "No redundancy check was run at this profile."
+    ok = redundancy[redundancy.trained_ok.astype(bool)] if "trained_ok" in redundancy else redundancy
+    parts = []
+    for reduction, part in ok.groupby("reduction", sort=False):
+        fraction = part.fraction.astype(float)
+        exact = part.exact.dropna() if "exact" in part else pd.Series(dtype=str)
+        owner = f"; in {len(exact)} of {len(part)} runs it is exactly the gradient of `{exact.iloc[0]}`" \
+            if len(exact) else ""
+        parts.append(f"the {reduction} q: trained parameters' gradients explain {fraction.median():.0%} of its "
+                     f"variance (median over {len(part)} runs, range {fraction.min():.0%}–{fraction.max():.0%})"
+                     f"{owner}")
+    text = "At the insertion point, on held-out examples, " + "; ".join(parts) + "."
+    flagged = ok[ok.fraction.astype(float) > 0.9].reduction.unique()
+    if len(flagged):
+        text += (f" Above 90%, a q is a direction training already optimizes: its mean is driven toward zero at "
+                 f"every width, so its $d_{{\\mathrm{{align}}}}$ says nothing about width ({', '.join(flagged)}).")
     return text
 
 

@@ -53,5 +53,12 @@ def test_smoke_sweep_writes_both_regimes_with_a_depth_column(tmp_path, monkeypat
     assert set(geometry[geometry.depth == 3].layer) == {f"gpt_neox.layers.{i}" for i in range(3)}
     assert set(misalignment[misalignment.depth == 2].layer) == {"gpt_neox.layers.0"}
     assert set(misalignment[misalignment.depth == 3].layer) == {"gpt_neox.layers.1"}
-    assert (geometry.d == geometry.width).all()  # shared reduction: q has the model's width
+    shared, full = geometry[geometry.reduction == "shared"], geometry[geometry.reduction == "full"]
+    assert (shared.d == shared.width).all()  # shared reduction: q has the model's width
+    assert (full.d == full.width * config.context).all() and len(full) == len(shared)  # full: every position
+    redundancy = pd.read_csv(out / "pythia_redundancy.csv")
+    # the literal q is the trained output bias's gradient; the judged, per-position one is not
+    assert (redundancy[redundancy.reduction == "shared"].exact.str.endswith("dense_4h_to_h.bias")
+            | redundancy[redundancy.reduction == "shared"].exact.str.endswith("attention.dense.bias")).all()
+    assert (redundancy[redundancy.reduction == "full"].fraction < 0.5).all()
     assert not (out / "partial").exists() or not any((out / "partial").iterdir())

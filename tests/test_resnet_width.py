@@ -134,10 +134,16 @@ def test_smoke_sweep_on_synthetic_images(tmp_path, monkeypatch):
     assert {"dataset", "test_accuracy"} <= set(runs.columns) and {"dataset", "test_accuracy"} <= set(geometry.columns)
     assert set(runs.dataset) == {"synthetic"} and len(runs) == 3 * config.seeds
     assert set(geometry.layer) == {f"layer{s}.{b}" for s in (1, 2, 3) for b in range(3)}
-    # the q dimension at a block is its stage's channel count
+    # the shared q at a block has its stage's channel count; the judged, per-position q every pixel's too
     final = geometry[(geometry.step == 10) & (geometry.width == 8)]
-    assert dict(final.groupby("layer").d.first()) == {f"layer{s}.{b}": 8 * 2 ** (s - 1) for s in (1, 2, 3)
-                                                      for b in range(3)}
+    shared, full = final[final.reduction == "shared"], final[final.reduction == "full"]
+    assert dict(shared.groupby("layer").d.first()) == {f"layer{s}.{b}": 8 * 2 ** (s - 1) for s in (1, 2, 3)
+                                                       for b in range(3)}
+    side = {1: 32, 2: 16, 3: 8}  # synthetic 32x32 images, halved by each stage after the first
+    assert dict(full.groupby("layer").d.first()) == {f"layer{s}.{b}": 8 * 2 ** (s - 1) * side[s] ** 2
+                                                     for s in (1, 2, 3) for b in range(3)}
+    redundancy = pd.read_csv(out / "resnet_redundancy.csv")
+    assert set(redundancy.reduction) == {"full", "shared"} and (redundancy.layer == config.insertion_block).all()
     assert runs.test_accuracy.between(0, 1).all()
     failed = runs[~runs.trained_ok]
     assert all(isinstance(f, str) and f for f in failed.failure)
