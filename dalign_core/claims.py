@@ -26,6 +26,7 @@ import pandas as pd
 
 from dalign_core import intervention_report
 from dalign_core.intervention_report import FAMILY_NAMES
+from dalign_core.misalignment import wilson_interval
 from dalign_core.report import width_verdicts
 from dalign_core.results import read_table
 
@@ -39,6 +40,11 @@ NUMBER_TOLERANCE = 0.25
 TRACKING = {"reproduced": 0.7, "partly": 0.3}
 """Rank correlation of B_exact with the empirical misalignment rate: tracks (≥ 0.7), partly (≥ 0.3)."""
 
+COVERAGE = 0.8
+"""A certificate covers the rate on fresh examples when p̂ ≤ B_exact in at least this share of informative cells."""
+UNINFORMATIVE = 0.5
+"""A certificate of 0.5 or more certifies nothing (a coin flip): such cells are counted apart, never as support."""
+
 
 RULES = {
     "d_align rises with width (matched steps)":
@@ -50,10 +56,14 @@ RULES = {
         "the same test on logit p̂ at the judged (M, K): reproduced below 0, contradicted above −0.50 (the fall "
         "the paper's d_align rise implies for logit B_align)",
     "d_align from N = 512 to 3072": f"both within {NUMBER_TOLERANCE:.0%} of the paper's; partly when d_align rises",
-    "empirical ≤ B_exact ≤ B_align": "every (model, budget): B_exact ≥ the lower end of p̂'s interval, and ≤ B_align",
+    "empirical ≤ B_exact ≤ B_align":
+        f"out of sample: B_exact from the held-out pool covers p̂ resampled from disjoint evaluation examples in "
+        f"≥ {COVERAGE:.0%} of the (model, budget) cells whose B_exact is below {UNINFORMATIVE} (the Wilson interval "
+        f"of that share above {COVERAGE:.0%}: reproduced; below: not reproduced; else inconclusive). B_exact ≤ "
+        "B_align is an identity and is not tested",
     "certificates track the empirical rate":
-        f"rank correlation across models, median over budgets, ≥ {TRACKING['reproduced']} (partly "
-        f"≥ {TRACKING['partly']})",
+        f"rank correlation across models of B_exact with p̂ on fresh examples, median over budgets, "
+        f"≥ {TRACKING['reproduced']} (partly ≥ {TRACKING['partly']})",
     "misalignment falls with M and K": "every model: the largest budget's interval of p̂ below the smallest's",
     "positive alignment predicts a decrease":
         f"≥ {intervention_report.SIGN_BANDS['reproduced']:.0%} of the draws with μ_Mᵀg_K > 0 lower the held-out "
@@ -171,27 +181,45 @@ def _certificate_rows(results: Path) -> list[Row]:
     for family, column, chapter in _FAMILIES:
         table = _read(results, f"{family}_misalignment")
         same = None if table is None else table[(table.setting == "heldout/heldout") & table.trained_ok.astype(bool)]
+        fresh_all = None if table is None else table[(table.setting == "evaluation/evaluation")
+                                                     & table.trained_ok.astype(bool)]
         for value in _regimes(same, column) or [None]:
             scope = _scope(family, column, value)
             part = _part(same, column, value) if same is not None else None
+            fresh = _part(fresh_all, column, value) if fresh_all is not None else None
             if part is None or part.empty:
                 for claim, paper in (("empirical ≤ B_exact ≤ B_align", "ordered (§2)"),
                                      ("certificates track the empirical rate", "track (§2)"),
                                      ("misalignment falls with M and K", "falls (§2)")):
                     rows.append(Row(claim, scope, paper, "—", NOT_RUN, chapter))
                 continue
-            ordered = int(((part.p_misalign_lo <= part.b_exact + 1e-12) & (part.b_exact <= part.b_align + 1e-12)).sum())
-            rows.append(Row("empirical ≤ B_exact ≤ B_align", scope, "ordered (§2)",
-                            f"{ordered} of {len(part)} (model, budget) cells", _label(ordered, len(part)), chapter))
+            # Out of sample: the held-out pool's B_exact against p̂ resampled from disjoint evaluation examples.
+            # (On the pool that gave B_exact, p̂ ≤ B_exact is Cantelli's inequality on that pool's own law.)
+            if fresh is None or fresh.empty:
+                rows.append(Row("empirical ≤ B_exact ≤ B_align", scope, "ordered (§2)",
+                                "no p̂ on fresh examples in these results", NOT_RUN, chapter))
+                fresh = part.iloc[0:0]
+            else:
+                informative = fresh[fresh.b_exact < UNINFORMATIVE]
+                covered = int((informative.p_misalign <= informative.b_exact + 1e-12).sum())
+                n = len(informative)
+                lo, hi = wilson_interval(covered, n) if n else (math.nan, math.nan)
+                label = ("inconclusive" if n == 0 else "reproduced" if lo >= COVERAGE else
+                         "not reproduced" if hi < COVERAGE else "inconclusive")
+                ours = (f"p̂ on fresh examples ≤ B_exact in {covered} of {n} informative cells "
+                        f"({covered / n:.0%}, Wilson [{lo:.0%}, {hi:.0%}])" if n else "no informative cell")
+                ours += f"; {len(fresh) - n} cells with B_exact ≥ {UNINFORMATIVE} left out as uninformative"
+                rows.append(Row("empirical ≤ B_exact ≤ B_align", scope, "ordered (§2)", ours, label, chapter))
             # Within one budget, across models: does the certificate follow the differences between models? (Across
-            # budgets both fall with M + K, which would make any certificate look as if it tracked.)
-            per_budget = [g.b_exact.rank().corr(g.p_misalign.rank()) for _, g in part.groupby(["M", "K"]) if len(g) > 2]
+            # budgets both fall with M + K, which would make any certificate look as if it tracked.) p̂ comes from
+            # fresh examples, so a shared estimation error cannot make the two agree.
+            per_budget = [g.b_exact.rank().corr(g.p_misalign.rank()) for _, g in fresh.groupby(["M", "K"]) if len(g) > 2]
             rho = float(np.nanmedian(per_budget)) if np.isfinite(per_budget).any() else math.nan
             tracks = ("not reproduced" if not rho >= TRACKING["partly"] else
                       "reproduced" if rho >= TRACKING["reproduced"] else "partly")
             rows.append(Row("certificates track the empirical rate", scope, "track (§2)",
-                            f"rank correlation {rho:.2f} of B_exact with p̂ across models (median over budgets)"
-                            if np.isfinite(rho) else "—",
+                            f"rank correlation {rho:.2f} of B_exact with p̂ on fresh examples across models (median "
+                            "over budgets)" if np.isfinite(rho) else "—",
                             tracks if np.isfinite(rho) else NOT_RUN, chapter))
             holds = total = 0
             for _, model in part.groupby(["model", "seed"]):

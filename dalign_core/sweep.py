@@ -291,25 +291,42 @@ def _measure(config, family, model, result, splits, pools, base, device):
                                  **accumulator.result(config.confidence).to_row()})
                 if step == config.steps and reduction == family.reductions[0]:
                     final[pool] = accumulators[primary]
+        if step == config.steps:  # fresh examples for the out-of-sample check of the certificates
+            final["evaluation"] = accumulate_geometry(model, primary, family.batches(evaluation, config.capture_batch),
+                                                      reduction=family.reductions[0], device=device)
     return rows, final, heldout_loss, quality
 
 
 def _misalignment(config, final, base, layer, reduction) -> list[dict]:
-    """Resampled misalignment at the final checkpoint; bounds only where the theorem covers the setting."""
-    heldout, train_pool = final["heldout"], final["train"]
+    """Resampled misalignment at the final checkpoint; bounds only where the theorem covers the setting.
+
+    Settings (M's pool / K's pool) and where the certificate comes from:
+
+    * ``heldout/heldout``: p̂ resampled from the held-out pool whose U-statistics give B_exact and
+      B_align (``estimate_pool`` = ``resample_pool``): Cantelli's inequality on the pool's own law, so
+      "p̂ ≤ B_exact" there is algebra, not evidence;
+    * ``evaluation/evaluation``: the same certificates, p̂ resampled from the evaluation examples, which
+      are disjoint from the held-out pool: the out-of-sample check (budgets with 4(M + K) ≤ its size);
+    * ``train/heldout``: M from the train pool: the growth method's question, outside the theorem.
+    """
+    heldout, train_pool, evaluation = final["heldout"], final["train"], final["evaluation"]
     geometry = heldout.result(config.confidence)
     d_align_lo = geometry.intervals["d_align"].lo
-    grams = {"heldout/heldout": (heldout.gram(), True),
-             "train/heldout": (cross_gram(train_pool.rows(), heldout.rows()), False)}
+    grams = {"heldout/heldout": (heldout.gram(), True, "heldout", "heldout"),
+             "evaluation/evaluation": (evaluation.gram(), True, "heldout", "evaluation"),
+             "train/heldout": (cross_gram(train_pool.rows(), heldout.rows()), False, "", "train+heldout")}
     rows = []
     for M, K in config.budgets:
-        for setting, (C, one_pool) in grams.items():
+        for setting, (C, one_pool, estimate_pool, resample_pool) in grams.items():
+            if one_pool and 4 * (M + K) > C.shape[0]:
+                continue  # the two means would share too much of a small pool
             estimate = misalignment_probability(None, C=C, one_pool=one_pool, M=M, K=K, trials=config.resamples,
                                                 seed=base["seed"], confidence=config.confidence)
             covered = one_pool
             rows.append(dict(
                 family=base["family"], model=base["model"], width=base["width"], seed=base["seed"], lr=base["lr"],
-                layer=layer, reduction=reduction, setting=setting, M=M, K=K, trials=estimate.trials, p_misalign=estimate.p_misalign,
+                layer=layer, reduction=reduction, setting=setting, estimate_pool=estimate_pool,
+                resample_pool=resample_pool, M=M, K=K, trials=estimate.trials, p_misalign=estimate.p_misalign,
                 p_misalign_lo=estimate.p_misalign_lo, p_misalign_hi=estimate.p_misalign_hi,
                 b_exact=geometry.b_exact(M, K) if covered else math.nan,
                 b_align=geometry.b_align(M, K) if covered else math.nan,
@@ -385,6 +402,8 @@ def trend_table(config: SweepConfig, geometry: pd.DataFrame, misalignment: pd.Da
         matched = trend.matched_loss_summaries(at_primary, "d_align", config.matched_loss_offsets, groups)
         add(matched, dict(quantity="d_align", view="matched_loss"), [*groups, "loss_level"])
     ok_mis = trained_only(misalignment)
+    if not ok_mis.empty and "setting" in ok_mis:
+        ok_mis = ok_mis[ok_mis.setting != "evaluation/evaluation"]  # one p̂ per (model, budget, law pair)
     if not ok_mis.empty:
         logits = ok_mis.assign(y=trend.logit_clip(ok_mis.p_misalign, ok_mis.trials))
         add(logits, dict(quantity="p_misalign", view="budget"), ["layer", "setting", "M", "K"],

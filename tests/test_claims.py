@@ -38,9 +38,12 @@ def test_the_committed_cpu_results_are_judged_by_the_chapters_own_verdicts():
     layer = pd.read_csv(CPU / "llama_misalignment.csv").layer.iloc[0]
     step, loss, budget = width_verdicts(trend, layer)
     llama = table[table.scope == "LLaMA"].set_index("claim").verdict
-    assert llama["d_align rises with width (matched steps)"] == step.label
-    assert llama["d_align rises with width (matched loss)"] == loss.label
-    assert llama["misalignment falls with width at fixed (M, K)"] == budget.label
+    def label(judged):
+        return claims.NOT_RUN if judged.label == "not run" else judged.label
+
+    assert llama["d_align rises with width (matched steps)"] == label(step)
+    assert llama["d_align rises with width (matched loss)"] == label(loss)
+    assert llama["misalignment falls with width at fixed (M, K)"] == label(budget)
     assert llama["d_align from N = 512 to 3072"] == claims.NOT_RUN  # the paper's widths are not trained at cpu
 
 

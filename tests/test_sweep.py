@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -133,6 +134,14 @@ def test_a_toy_family_runs_through_every_shared_step(toy_tables):
     assert transfer[["b_exact", "b_align", "b_align_at_lo"]].isna().all().all() and (transfer.bound_note != "").all()
     assert (misalignment.p_misalign_lo <= misalignment.p_misalign).all()
     assert (misalignment.p_misalign <= misalignment.p_misalign_hi).all()
+    # out of sample: the held-out pool's certificates beside a p̂ resampled from the disjoint evaluation examples
+    fresh = misalignment[misalignment.setting == "evaluation/evaluation"]
+    assert len(fresh) == len(same) and (fresh.estimate_pool == "heldout").all()
+    assert (fresh.resample_pool == "evaluation").all() and (same.resample_pool == "heldout").all()
+    keys = ["width", "seed", "M", "K"]
+    pd.testing.assert_frame_equal(fresh[keys + ["b_exact", "b_align"]].reset_index(drop=True),
+                                  same[keys + ["b_exact", "b_align"]].reset_index(drop=True))
+    assert not np.allclose(fresh.p_misalign.to_numpy(), same.p_misalign.to_numpy())
     # slope tests: the late window of three quantities and every checkpoint per (layer, pool), matched loss
     # at the primary layer, every budget; three rows are the judged ones
     trend = tables["toy_trend"]
