@@ -511,10 +511,14 @@ def _reduce(grad: torch.Tensor, reduction: str) -> torch.Tensor:
 
 
 def _take_first(value: Any, batch: int) -> Any:
-    """Example 0 of a batch: tensors with a leading dimension of ``batch`` (also in mappings and sequences) keep
-    their first row; everything else is passed as it is."""
+    """A batch of the same size made of example 0 repeated: tensors with a leading dimension of ``batch`` (also in
+    mappings and sequences) repeat their first row; everything else is passed as it is.
+
+    The same batch size keeps the kernels' arithmetic (a batch of one can take other code paths, whose rounding
+    flips a ReLU at an exact zero and moves q by percents); the other examples change, so batch statistics do."""
     if isinstance(value, torch.Tensor):
-        return value[:1] if value.ndim and value.shape[0] == batch else value
+        return value[torch.zeros(batch, dtype=torch.long, device=value.device)] \
+            if value.ndim and value.shape[0] == batch else value
     if isinstance(value, Mapping):
         return {k: _take_first(v, batch) for k, v in value.items()}
     if isinstance(value, (tuple, list)):
@@ -615,7 +619,7 @@ def _determinism_tolerance(dtype: torch.dtype) -> float:
 
 
 def _check_deterministic(model, modules, inputs, targets, task, loss_fn, grads: dict[str, torch.Tensor]) -> None:
-    """Recompute example 0 of the batch alone and compare its gradient with its row of the batch's.
+    """Recompute example 0 in a batch of copies of itself and compare its gradient with its row of the batch's.
 
     A per-example gradient does not depend on the rest of the batch, nor on the run; a forward that draws random
     numbers (dropout applied with ``training=True`` in an eval-mode model) or normalizes with the batch's statistics
@@ -635,7 +639,7 @@ def _check_deterministic(model, modules, inputs, targets, task, loss_fn, grads: 
             "cannot run for another reason"
         ) from err
     for name, grad in grads.items():
-        first, alone = grad[:1].double(), again[name].double()
+        first, alone = grad[:1].double(), again[name][:1].double()
         if alone.shape != first.shape:
             raise CaptureError(
                 f"could not check that the model is deterministic: example 0 alone gave an output of shape "

@@ -269,12 +269,15 @@ def reductions_compared(geometry: pd.DataFrame, layer: str, steps: Sequence[int]
     fig, axes = plt.subplots(1, max(len(reductions), 1), figsize=(COLUMN_WIDTH, 3.2), squeeze=False)
     for ax, reduction in zip(axes[0], reductions):
         summary = run_summaries(part[(part.reduction == reduction) & _ok(part)], "d_align", steps)
+        ax.set_title(f"{reduction} q ({'per position' if reduction == 'full' else 'summed over positions'})")
+        if summary.empty:
+            _empty(ax)
+            continue
         ax.plot(summary.width, np.exp(summary.y), "o", alpha=0.5, ms=4)
         means = summary.groupby("width").y.mean()
         ax.plot(means.index, np.exp(means.values), "-", color="C0")
         _width_axis(ax, summary.width if len(summary) else [1])
         ax.set_yscale("log")
-        ax.set_title(f"{reduction} q ({'per position' if reduction == 'full' else 'summed over positions'})")
         ax.set_ylabel(f"late-window {LABELS['d_align']}")
     return fig
 

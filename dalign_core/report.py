@@ -19,7 +19,7 @@ from dalign_core.results import read_table
 from dalign_core.sweep import lr_check
 from dalign_core.trend import PAPER_SLOPE, Verdict, verdict
 
-__all__ = ["by_regime", "describe_accuracy", "describe_runs", "describe_learning_rates", "describe_final_geometry",
+__all__ = ["by_regime", "judged_only", "describe_accuracy", "describe_runs", "describe_learning_rates", "describe_final_geometry",
            "describe_rate_resolution", "width_verdicts", "judged_rows", "WIDTH_CLAIMS", "trials", "describe_power", "describe_redundancy", "describe_bounds", "summarize", "styled", "runs_summary",
            "describe_trajectory", "describe_limiting_dimension", "describe_layers", "describe_budget",
            "describe_context", "describe_sample_choice", "paper_comparison", "verdict_table", "number"]
@@ -65,6 +65,13 @@ def by_regime(tables: dict[str, pd.DataFrame], column: str) -> dict:
     values = sorted(tables["runs"][column].unique()) if column in tables["runs"] else []
     return {value: {name: (frame[frame[column] == value] if column in frame else frame)
                     for name, frame in tables.items()} for value in values}
+
+
+def judged_only(tables: dict[str, pd.DataFrame], reduction: str) -> dict[str, pd.DataFrame]:
+    """``tables`` with the geometry cut to the judged q reduction; the full geometry kept as ``geometry_all``."""
+    geometry = tables["geometry"]
+    judged = geometry[geometry.reduction == reduction] if "reduction" in geometry and len(geometry) else geometry
+    return {**tables, "geometry": judged, "geometry_all": geometry}
 
 
 def _reason(failure) -> str:
@@ -189,6 +196,8 @@ def describe_redundancy(redundancy: pd.DataFrame) -> str:
     if redundancy is None or redundancy.empty:
         return "No redundancy check was run at this profile."
     ok = redundancy[redundancy.trained_ok.astype(bool)] if "trained_ok" in redundancy else redundancy
+    if ok.empty:
+        return "No trained run was checked for redundancy at this profile."
     parts = []
     for reduction, part in ok.groupby("reduction", sort=False):
         fraction = part.fraction.astype(float)
@@ -238,6 +247,8 @@ def width_verdicts(trend: pd.DataFrame, layer: str | None = None, pool: str = "h
     for key, claim, quantity in WIDTH_CLAIMS:
         row = rows[key]
         fields = dict(layer=layer if row is None else row["layer"], pool=pool, M="M", K="K")
+        if row is None and key[0] == "p_misalign":
+            claim = "The misalignment probability falls with width at fixed (M, K)"
         if row is not None and key[0] == "p_misalign":
             fields.update(M=int(row["M"]), K=int(row["K"]))
         verdicts.append(verdict(row, claim.format(**fields), quantity=quantity))

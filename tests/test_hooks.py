@@ -620,7 +620,7 @@ def test_refuses_a_forward_that_is_random_or_couples_examples_in_eval_mode(post)
     assert activation_gradients(model, "block", x, y, check_determinism=False).shape == (8, 8)
 
 
-def test_determinism_check_costs_one_example_of_the_first_batch_only():
+def test_determinism_check_costs_one_more_pass_of_the_first_batch_only():
     sizes = []
 
     class Counting(_Head):
@@ -631,7 +631,7 @@ def test_determinism_check_costs_one_example_of_the_first_batch_only():
     x, y = _xy(8)
     model = Counting(lambda self, h: torch.tanh(h)).eval()
     acc = accumulate_geometry(model, "block", [(x, y)] * 3)
-    assert sizes == [8, 1, 8, 8] and acc.n == 24
+    assert sizes == [8, 8, 8, 8] and acc.n == 24  # example 0 recomputed among copies of itself, same batch size
     sizes.clear()
     unchecked = accumulate_geometry(model, "block", [(x, y)] * 3, check_determinism=False)
     assert sizes == [8, 8, 8]
