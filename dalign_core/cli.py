@@ -25,6 +25,17 @@ already own (above 0.9, training drives ‖μ‖² to zero at any width and d_al
 says little about width). ``dalign estimate`` checks the q it measured the same way,
 on up to ``--redundancy-examples`` of its examples, warns above 0.9 and writes the
 fraction to the CSV (``redundancy``, ``redundant_with``).
+
+``dalign rank --model MODEL --data DATA`` orders the insertion points by each predictor of
+where to grow (:mod:`dalign_core.growth`): d_align, d_∥, d_2, ‖μ‖², μ_Mᵀg_K and B_align at
+``--budgets``, and the plain baseline, the norm of the gradient of a zero-output block
+inserted there; each with its interval, and the redundancy warning above 0.9. The first
+half of the examples gives the train mean and the block gradient, the second half the
+geometry and the held-out mean. Besides a causal LM folder and text, it takes any
+``nn.Module`` built by ``--arch module:callable`` (``--arch torchvision.models:resnet18``,
+``--arch-kwargs '{"num_classes": 10}'``) with ``--model`` a state dict (``.pt`` or
+``.safetensors``) and ``--data`` a ``.pt`` file of ``{"inputs": …, "targets": …}``.
+``--csv`` writes every number.
 """
 
 from __future__ import annotations
@@ -41,7 +52,7 @@ import torch
 
 from dalign_core._tensor import resolve_device
 
-__all__ = ["main", "build_parser", "estimate", "format_table", "format_redundancy"]
+__all__ = ["main", "build_parser", "estimate", "rank", "format_table", "format_redundancy", "format_ranking"]
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
@@ -93,6 +104,34 @@ def build_parser() -> argparse.ArgumentParser:
     _add_data_options(lay, required=False)
     lay.add_argument("--redundancy-examples", type=int, default=64,
                      help="with --data: examples for each block's redundancy fraction (default: 64)")
+    rank = sub.add_parser(
+        "rank", help="order the insertion points by each predictor of where to grow",
+        description=("Order a model's insertion points (residual blocks) by each predictor of where an inserted "
+                     "zero-output block would help held-out loss most: d_align, d_par, d_2, ||mu||^2, mu_M.g_K and "
+                     "B_align at the budgets, and the norm of the inserted block's gradient, with intervals."))
+    rank.add_argument("--model", required=True,
+                      help="local checkpoint folder or Hugging Face id of a causal LM; with --arch, a state dict "
+                           "file (.pt or .safetensors) for the model --arch builds")
+    rank.add_argument("--revision", default=None, help="checkpoint revision (Hub branch or local subfolder)")
+    rank.add_argument("--arch", default=None, metavar="MODULE:CALLABLE",
+                      help="build the model by calling this (e.g. torchvision.models:resnet18); --data is then a .pt "
+                           "file holding {'inputs': tensor, 'targets': tensor}")
+    rank.add_argument("--arch-kwargs", default="{}", metavar="JSON",
+                      help="keyword arguments of --arch as JSON (e.g. '{\"num_classes\": 10}')")
+    _add_data_options(rank, required=True)
+    rank.add_argument("--layer", default="all", help="insertion points, separated by commas (default: all blocks)")
+    rank.add_argument("--examples", "-n", type=int, default=64,
+                      help="examples: the first half train, the second held out (default: 64; at least 8)")
+    rank.add_argument("--budgets", default=None,
+                      help="budgets M = K of mu_M.g_K and B_align, separated by commas (default: n/8 and n/2)")
+    rank.add_argument("--reduction", choices=("shared", "full"), default="shared",
+                      help="shared: sum q over positions (default); full: keep positions")
+    rank.add_argument("--hidden", type=int, default=None, help="width of the inserted block (default: the layer's)")
+    rank.add_argument("--seed", type=int, default=0, help="seed of the inserted block's W1 (default: 0)")
+    rank.add_argument("--confidence", type=float, default=0.95, help="level of the intervals (default: 0.95)")
+    rank.add_argument("--redundancy-examples", type=int, default=64,
+                      help="examples of the redundancy check (warns above 0.9; 0: skip; default: 64)")
+    rank.add_argument("--csv", type=Path, default=None, help="write every number to this CSV file (atomically)")
     return parser
 
 
@@ -504,6 +543,218 @@ def _layers(args: argparse.Namespace) -> None:
     print(format_redundancy(names, owned, len(sequences)))
 
 
+# ---------------------------------------------------------------------------
+# dalign rank
+
+
+RANK_LABELS = {"d_align": "d_align", "d_par": "d_par", "d_2": "d_2", "mean_sq": "||mu||^2", "grad_norm": "|grad|"}
+
+
+def _rank_label(name: str) -> str:
+    if name.startswith("alignment_"):
+        return f"mu.g@{name.split('_')[1]}"
+    if name.startswith("b_align_"):
+        return f"B_align@{name.split('_')[2]}"
+    return RANK_LABELS.get(name, name)
+
+
+def _load_arch(args: argparse.Namespace, device):
+    """The model ``--arch`` builds, with the state dict ``--model`` loaded into it (strictly), in eval mode."""
+    import importlib
+    import json
+
+    from dalign_core.loading import LoadError
+
+    module_name, _, attr = args.arch.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"--arch must read module:callable (e.g. torchvision.models:resnet18), got {args.arch!r}")
+    try:
+        kwargs = json.loads(args.arch_kwargs)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"--arch-kwargs is not JSON ({err}): write e.g. '{{\"num_classes\": 10}}'") from err
+    if not isinstance(kwargs, dict):
+        raise ValueError(f"--arch-kwargs must be a JSON object, got {args.arch_kwargs!r}")
+    try:
+        builder = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"--arch {args.arch!r} cannot be imported: {err}") from err
+    model = builder(**kwargs)
+    path = Path(args.model).expanduser()
+    if not path.is_file():
+        raise LoadError(f"--model {args.model!r} does not exist or is not a file; with --arch it is the state dict "
+                        "(torch.save(model.state_dict(), 'weights.pt') or a .safetensors file)")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        state = load_file(str(path))
+    else:
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:  # noqa: BLE001  (a pickle that is more than tensors, or a damaged file)
+            raise LoadError(f"--model {args.model!r} could not be read as a state dict of tensors: "
+                            f"{str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}") from err
+    if not isinstance(state, dict):
+        raise LoadError(f"--model {args.model!r} holds a {type(state).__name__}, not a state dict; save "
+                        "model.state_dict()")
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as err:
+        raise LoadError(f"--model {args.model!r} does not match the model {args.arch} builds "
+                        f"({str(err).splitlines()[0]}); check --arch-kwargs") from err
+    return model.to(device).eval()
+
+
+def _tensor_examples(spec: str, examples: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(inputs, targets)`` from a ``.pt`` file holding a dict with those keys (or a pair), at most ``examples``."""
+    from dalign_core.loading import LoadError
+
+    path = Path(spec).expanduser()
+    if not path.is_file():
+        raise LoadError(f"--data {spec!r} does not exist; with --arch it is a .pt file of "
+                        "{'inputs': tensor, 'targets': tensor} (torch.save)")
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001
+        raise LoadError(f"--data {spec!r} could not be read as tensors: {type(err).__name__}") from err
+    pair = (data.get("inputs"), data.get("targets")) if isinstance(data, dict) else \
+        tuple(data) if isinstance(data, (tuple, list)) and len(data) == 2 else (None, None)
+    if not all(isinstance(t, torch.Tensor) for t in pair) or pair[0].shape[0] != pair[1].shape[0]:
+        raise LoadError(f"--data {spec!r} must hold {{'inputs': tensor, 'targets': tensor}} (or a pair) with one "
+                        "example per row of each")
+    return pair[0][:examples], pair[1][:examples]
+
+
+def format_ranking(rows: list[dict], names: list[str], owned: dict, n: int, reduction: str, confidence: float,
+                   width: int = 80) -> str:
+    """The ``dalign rank`` report: the points (with redundancy), the main predictors with intervals, the orders."""
+    import textwrap
+
+    from dalign_core.redundancy import REDUNDANT
+
+    pct = f"{confidence * 100:g}%"
+    half = n // 2
+    header = (f"{len(rows)} insertion points, n={n} examples ({half} train: the train mean and the block gradient; "
+              f"{n - half} held out: the geometry and the held-out mean), {reduction} q, {pct} intervals. "
+              f"red.: the share of q that trained parameters' gradients already own (above {REDUNDANT}: *).")
+    legend = []
+    for i, row in enumerate(rows):
+        check = owned.get(row["layer"])
+        legend.append([str(i), row["layer"], f"{check['fraction']:.2f}" if check else "-",
+                       "*" if check and _is_redundant(check) else ""])
+    used = max(4, *(len(r[1]) for r in legend))
+    for r in legend:
+        r[1] = _clip(r[1], min(used, width - 16))
+    points = _render(["#", "layer", "red.", ""], legend, ["r", "l", "r", "l"])
+
+    def pm(row, name):
+        lo, hi = row[f"{name}_lo"], row[f"{name}_hi"]
+        if lo is None or hi is None or math.isnan(lo) or math.isnan(hi):
+            return f"{row[name]:.3g}"
+        return f"{row[name]:.3g} ± {(hi - lo) / 2:.2g}"
+
+    alignment = next(name for name in names if name.startswith("alignment_"))
+    shown = [("d_align", "d_align"), ("mean_sq", "||mu||^2"), (alignment, _rank_label(alignment)),
+             ("grad_norm", "|grad|")]
+    values = _render(["#"] + [label for _, label in shown],
+                     [[str(i)] + [pm(row, name) for name, _ in shown] for i, row in enumerate(rows)],
+                     ["r"] + ["r"] * len(shown))
+    index = {row["layer"]: i for i, row in enumerate(rows)}
+    lines = ["order by each predictor (best first, by #; B_align: lowest first):"]
+    for name in names:
+        ranked = sorted(rows, key=lambda r: r[f"rank_{name}"])
+        label = f"{_rank_label(name):<11} "
+        parts = textwrap.wrap(" > ".join(str(index[r["layer"]]) for r in ranked), width=width - len(label),
+                              break_on_hyphens=False)
+        lines += [(label if k == 0 else " " * len(label)) + part for k, part in enumerate(parts)]
+    return "\n".join(textwrap.wrap(header, width)) + "\n" + points + "\n\n" + values + "\n\n" + "\n".join(lines)
+
+
+def rank(args: argparse.Namespace) -> list[dict]:
+    """Run ``dalign rank``; return one record per insertion point (also printed and optionally written)."""
+    from dalign_core import growth
+    from dalign_core.hooks import insertion_points, resolve_layers
+    from dalign_core.redundancy import redundancy_rows
+
+    if args.examples < 8:
+        raise ValueError(f"--examples must be at least 8 (two halves of at least 4), got {args.examples}")
+    if args.redundancy_examples != 0 and args.redundancy_examples < 4:
+        raise ValueError(f"--redundancy-examples must be 0 (skip) or at least 4, got {args.redundancy_examples}")
+    if not 0 < args.confidence < 1:
+        raise ValueError(f"--confidence must lie strictly between 0 and 1, got {args.confidence}")
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.csv is not None:
+        _check_out(args.csv)
+    device = resolve_device(args.device)
+    if args.arch is not None:
+        model = _load_arch(args, device)
+        inputs, targets = _tensor_examples(args.data, args.examples)
+        n = len(targets)
+        batches = lambda lo, hi: [(inputs[i:min(i + args.batch_size, hi)], targets[i:min(i + args.batch_size, hi)])  # noqa: E731
+                                  for i in range(lo, hi, args.batch_size)]
+    else:
+        from dalign_core.loading import (check_data_file, check_seq_len, check_tokenizer_fits, load_model,
+                                         load_tokenizer, make_batches, resolve_model_source)
+
+        source = resolve_model_source(args.model, revision=args.revision)
+        data_path = Path(args.data).expanduser() if _is_local_data(args.data) else None
+        if data_path is not None:
+            check_data_file(data_path)
+        tokenizer = load_tokenizer(args.tokenizer if args.tokenizer else source)
+        model = load_model(source, device=device)
+        check_tokenizer_fits(tokenizer, model)
+        check_seq_len(model, args.seq_len)
+        sequences = _read_sequences(args, tokenizer, args.examples, data_path)
+        n = len(sequences)
+        batches = lambda lo, hi: make_batches(sequences[lo:hi], args.batch_size, pad_id=0)  # noqa: E731
+    if n < 8:
+        raise ValueError(f"{args.data} gives only {n} example(s); at least 8 are needed (two halves of 4)")
+    layers = list(resolve_layers(model, args.layer if args.layer == "all" else
+                                 [s.strip() for s in args.layer.split(",") if s.strip()]))
+    if len(layers) < 2:
+        print("note: one insertion point: there is nothing to order", file=sys.stderr)
+    half = n // 2
+    try:
+        budgets = (sorted({int(b) for b in args.budgets.split(",") if b.strip()}) if args.budgets else
+                   sorted({max(2, half // 4), half}))
+    except ValueError as err:
+        raise ValueError(f"--budgets must be whole numbers separated by commas, got {args.budgets!r}") from err
+    if not budgets or budgets[0] < 2 or budgets[-1] > min(half, n - half):
+        raise ValueError(f"--budgets {budgets} must lie in [2, {min(half, n - half)}] (half of the {n} examples)")
+    measured = growth.predictors(model, layers, batches(half, n), batches(0, half), reduction=args.reduction,
+                                 budgets=budgets, hidden=args.hidden, block_seed=args.seed,
+                                 confidence=args.confidence, random_key=args.seed)
+    names = [name for name in growth.predictor_names(budgets) if name != "random"]
+    rows = growth.point_rows(measured, names)
+    owned = {}
+    if args.redundancy_examples:
+        checked = redundancy_rows(model, layers, batches(0, min(n, args.redundancy_examples)),
+                                  reductions=(args.reduction,))
+        owned = {row["layer"]: row for row in checked}
+    block_index = {name: i for i, name in enumerate(insertion_points(model))} if args.layer == "all" else {}
+    for row in rows:
+        check = owned.get(row["layer"])
+        row.update(model=args.model, data=args.data, n=n, reduction=args.reduction, confidence=args.confidence,
+                   layer_index=block_index.get(row["layer"]),
+                   redundancy=check["fraction"] if check else None,
+                   redundant_with=_owner(check) if check and _is_redundant(check) else None)
+    print(format_ranking(rows, names, owned, n, args.reduction, args.confidence))
+    for layer in layers:
+        check = owned.get(layer)
+        if check and _is_redundant(check):
+            print(_redundancy_warning(check), file=sys.stderr)
+    if args.csv is not None:
+        import pandas as pd
+
+        from dalign_core.atomic import atomic_write_text
+
+        buffer = io.StringIO()
+        pd.DataFrame(rows).to_csv(buffer, index=False)
+        atomic_write_text(args.csv, buffer.getvalue())
+        print(f"wrote {args.csv}")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``dalign`` console script; returns the exit status."""
     from dalign_core.hooks import CaptureError
@@ -519,6 +770,8 @@ def main(argv: list[str] | None = None) -> int:
             estimate(args)
         elif args.command == "layers":
             _layers(args)
+        elif args.command == "rank":
+            rank(args)
     except (LoadError, CaptureError, ValueError, OSError) as err:
         one_line = re.sub(r"\s*\n\s*", " ", str(err).strip())  # a message quoted from a library may span lines
         print(f"dalign: error: {one_line}", file=sys.stderr)

@@ -250,3 +250,77 @@ def test_layers_with_data_shows_each_blocks_redundancy(pythia_checkpoint, checkp
     assert len(rows) == 3 and all(float(r[1]) < 0.9 and r[-1] == "-" for r in rows)
     assert main(["layers", "--model", str(folder), "--all-modules", "--data", str(data)]) == 1
     assert "--all-modules" in capsys.readouterr().err
+
+
+def _rank_lines(printed: str) -> dict[str, list[str]]:
+    """The ``dalign rank`` orders: predictor label -> point numbers, best first (wrapped lines joined)."""
+    orders, label = {}, None
+    for line in printed.split("order by each predictor", 1)[1].splitlines()[1:]:
+        if not line.strip() or line.startswith("wrote"):
+            continue
+        if not line.startswith(" "):
+            label, line = line.split()[0], line[len(line.split()[0]):]
+            orders[label] = []
+        orders[label] += [cell for cell in line.replace(">", " ").split()]
+    return orders
+
+
+def test_rank_orders_the_blocks_of_a_saved_model(checkpoint, tmp_path, capsys):
+    folder, data = checkpoint
+    out = tmp_path / "rank.csv"
+    rc = main(["rank", "--model", str(folder), "--data", str(data), "--examples", "16", "--seq-len", "12",
+               "--batch-size", "8", "--budgets", "2,8", "--redundancy-examples", "8", "--csv", str(out)])
+    printed, err = capsys.readouterr()
+    assert rc == 0, err
+    assert all(len(line) <= 80 for line in printed.splitlines()), printed
+    orders = _rank_lines(printed)
+    assert set(orders) == {"d_align", "d_par", "d_2", "||mu||^2", "mu.g@2", "mu.g@8", "B_align@2", "B_align@8",
+                           "|grad|"}
+    assert all(sorted(o) == ["0", "1", "2"] for o in orders.values())
+    assert orders["d_align"] == orders["B_align@2"] == orders["B_align@8"]
+    table = pd.read_csv(out)
+    assert list(table.layer) == ["model.layers.0", "model.layers.1", "model.layers.2"]
+    for name in ("d_align", "grad_norm", "alignment_8", "b_align_8"):
+        assert {name, f"{name}_lo", f"{name}_hi", f"rank_{name}"} <= set(table.columns)
+        assert sorted(table[f"rank_{name}"]) == [1, 2, 3]
+    assert (table.grad_norm_lo <= table.grad_norm).all() and (table.grad_norm <= table.grad_norm_hi).all()
+    best = table.sort_values("rank_d_align").layer.tolist()
+    assert [f"model.layers.{i}" for i in map(int, orders["d_align"])] == best
+    assert table.redundancy.between(0, 0.9).all() and "warning:" not in err
+    assert main(["rank", "--model", str(folder), "--data", str(data), "--examples", "16", "--seq-len", "12",
+                 "--budgets", "9"]) == 1
+    assert "--budgets" in capsys.readouterr().err
+
+
+def test_rank_warns_where_q_is_a_trained_bias_gradient(pythia_checkpoint, checkpoint, capsys):
+    _, data = checkpoint
+    assert main(["rank", "--model", str(pythia_checkpoint), "--data", str(data), "--examples", "16",
+                 "--seq-len", "12", "--batch-size", "8", "--redundancy-examples", "16"]) == 0
+    printed, err = capsys.readouterr()
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 2 and all("dense_4h_to_h.bias" in w for w in warnings)
+    assert printed.count("*") >= 2
+
+
+def test_rank_takes_a_torchvision_resnet(tmp_path, capsys):
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=5).eval()
+    torch.save(model.state_dict(), tmp_path / "weights.pt")
+    images = torch.randn(16, 3, 16, 16)
+    torch.save({"inputs": images, "targets": torch.randint(0, 5, (16,))}, tmp_path / "images.pt")
+    out = tmp_path / "resnet.csv"
+    base = ["rank", "--arch", "torchvision.models:resnet18", "--model", str(tmp_path / "weights.pt"),
+            "--data", str(tmp_path / "images.pt"), "--examples", "16", "--batch-size", "8", "--device", "cpu",
+            "--redundancy-examples", "8"]
+    assert main(base + ["--arch-kwargs", '{"num_classes": 5}', "--csv", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert all(len(line) <= 80 for line in printed.splitlines()), printed
+    table = pd.read_csv(out)
+    assert list(table.layer) == [f"layer{s}.{b}" for s in range(1, 5) for b in range(2)]
+    assert sorted(table.rank_grad_norm) == list(range(1, 9))
+    assert all(len(order) == 8 for order in _rank_lines(printed).values())
+    # a state dict that does not fit what --arch builds is refused with one line
+    assert main(base) == 1
+    err = capsys.readouterr().err
+    assert "does not match" in err and "--arch-kwargs" in err

@@ -1,0 +1,308 @@
+"""Where to grow: do d_align and B_align rank the insertion points of a trained model by the held-out gain?
+
+For each family (LLaMA, Pythia at both depths, ResNet-20) this takes the models its width
+sweep trained (the first ``runs_per_width`` trained seeds of every width, loaded from the
+sweep's checkpoints) and, at every insertion point (each block output; at most
+``max_points`` of them, evenly spaced, first and last included):
+
+1. reads the predictors of :func:`dalign_core.growth.predictors` before growing: d_align,
+   d_∥, d_2 and ‖μ‖² of the family's judged q on ``examples`` held-out pool examples;
+   μ_Mᵀg_K and B_align at the budgets ``budgets``; the norm of the zero-output block's
+   gradient on as many train-pool examples; a random ranking;
+2. grows there (:func:`dalign_core.growth.grow`): a zero-output residual block, only its
+   parameters trained with Adam for ``steps`` steps (read after each budget), at the rate of
+   ``rates`` with the largest validation gain at the model's middle point, ``repeats``
+   times (W₁ and the batches drawn anew, the same draws at every point: paired);
+3. records the realized gain (the loss on ``eval_examples`` of the sweep's evaluation pool,
+   disjoint from the q pool, before minus after) with a t interval over the repeats.
+
+One table, ``growth``: one row per (model, insertion point, budget_steps). The chapter
+(``notebooks/08_growth.ipynb``) scores the rankings with :func:`dalign_core.growth.score`
+and judges the claim with :func:`dalign_core.growth.verdict`.
+
+A family whose sweep has no current results at the profile is reported ``not run`` in
+the provenance (its sweep is the long part: see its chapter), except where
+``run_sweeps`` is set (smoke and lab: seconds), which runs it first. A model whose
+checkpoints are gone is likewise left out, not trained again.
+
+Run without Jupyter: ``python -m dalign_core.experiments.growth --profile cpu``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from scipy import stats
+
+from dalign_core import growth
+from dalign_core._tensor import derived_seed, resolve_device
+from dalign_core.config import ExperimentConfig, default_results_dir
+from dalign_core.distributed import Job, run_jobs
+from dalign_core.experiments._runner import main, run_experiment
+from dalign_core.experiments.interventions import SOURCES
+from dalign_core.family import Family, SweepConfig, count, take
+from dalign_core.results import results_current
+from dalign_core.sweep import _train_config, prepare, trained_model
+
+__all__ = ["Config", "TABLES", "COLUMNS", "run", "compute", "model_rows", "choose_points", "sweep_status"]
+
+log = logging.getLogger("dalign")
+
+TABLES = ("growth",)
+
+
+@dataclass(frozen=True)
+class Config(ExperimentConfig):
+    """The growth study (defaults: the ``cpu`` profile, sized for at most 30 minutes on 2 cores)."""
+
+    profile: str = "cpu"
+    seed: int = 0
+    families: tuple[str, ...] = ("llama", "pythia", "resnet")
+    runs_per_width: int = 2
+    """Trained seeds per width that are grown (the first ones)."""
+    run_sweeps: bool = False
+    """Run a family's sweep first where its results are missing (False: report the family "not run")."""
+    failed_runs: bool = False
+    """Grow also the runs that did not beat their baseline (smoke and lab, whose few steps train no model that
+    does: there the point is to exercise the code)."""
+    max_points: int | None = 6
+    """Insertion points per model, evenly spaced with the first and last (None: every block output)."""
+    examples: int = 256
+    """Held-out pool examples of the geometry, and train pool examples of the block gradient and μ_M."""
+    budgets: tuple[int, ...] = (16, 64)
+    """M = K of μ_Mᵀg_K and B_align."""
+    steps: tuple[int, ...] = (20, 100)
+    """Adam steps of the inserted block after which the gain is read (one run per repeat, read along the way)."""
+    batch_size: int = 8
+    """Training examples per step of the inserted block."""
+    rates: tuple[float, ...] = (3e-3, 1e-2)
+    """Adam rates tried at each model's middle point; the largest validation gain after the longest budget wins."""
+    repeats: int = 2
+    """Growth runs per point (W₁ and batches drawn anew); the gain's interval is a t interval over them."""
+    eval_examples: int = 256
+    """Examples of the sweep's evaluation pool (and of its validation pool, for the rate) that score a gain."""
+    hidden: int | None = None
+    """Width of the inserted block (None: the insertion point's width)."""
+    confidence: float = 0.95
+    device: str = "auto"
+
+    PROFILES = {
+        "smoke": dict(run_sweeps=True, failed_runs=True, max_points=None, examples=32, budgets=(4, 8), steps=(3, 8), batch_size=8,
+                      rates=(1e-3, 1e-2), repeats=2, eval_examples=32),
+        "lab": dict(run_sweeps=True, failed_runs=True, max_points=None, examples=32, budgets=(4, 8), steps=(5, 15), batch_size=8,
+                    rates=(1e-3, 1e-2), repeats=2, eval_examples=32),
+        "cpu": {},
+        "gpu": dict(max_points=None, examples=512, budgets=(16, 64), steps=(50, 300), batch_size=16,
+                    rates=(1e-3, 3e-3, 1e-2), repeats=3, eval_examples=1024),
+        "paper": dict(runs_per_width=3, max_points=None, examples=1024, budgets=(16, 64), steps=(50, 300),
+                      batch_size=32, rates=(1e-3, 3e-3, 1e-2), repeats=5, eval_examples=2048),
+    }
+
+    def __post_init__(self):
+        unknown = sorted(set(self.families) - set(SOURCES))
+        if unknown or not self.families:
+            raise ValueError(f"families {self.families} must be a non-empty selection of {sorted(SOURCES)}")
+        if self.runs_per_width < 1 or self.repeats < 1 or self.batch_size < 1:
+            raise ValueError("runs_per_width, repeats and batch_size must be at least 1")
+        if not self.steps or min(self.steps) < 1 or not self.rates or min(self.rates) <= 0:
+            raise ValueError(f"steps {self.steps} must be positive step counts and rates {self.rates} positive")
+        if not self.budgets or min(self.budgets) < 2 or max(self.budgets) > self.examples:
+            raise ValueError(f"budgets {self.budgets} must lie in [2, examples={self.examples}]")
+        if self.max_points is not None and self.max_points < 2:
+            raise ValueError("max_points must be at least 2 (a ranking needs two points) or None")
+
+
+COLUMNS = ["family", "model", "width", "seed", "layer"]
+"""The leading columns of the table; then the predictors (:func:`dalign_core.growth.predictor_names`), then
+``budget_steps, gain, gain_lo, gain_hi`` and the rest (layer_index, lr, repeats, loss_before, d_align_lo, ...)."""
+
+
+def choose_points(points: list[str], most: int | None) -> list[str]:
+    """At most ``most`` of ``points``, evenly spaced, the first and the last always among them."""
+    if most is None or len(points) <= most:
+        return list(points)
+    index = sorted({round(i * (len(points) - 1) / (most - 1)) for i in range(most)})
+    return [points[i] for i in index]
+
+
+def _t_interval(values: list[float], confidence: float) -> tuple[float, float, float]:
+    values = np.asarray(values, dtype=float)
+    mean = float(values.mean())
+    if len(values) < 2:
+        return mean, math.nan, math.nan
+    half = float(stats.t.ppf(1 - (1 - confidence) / 2, len(values) - 1)) * float(values.std(ddof=1)) / \
+        math.sqrt(len(values))
+    return mean, mean - half, mean + half
+
+
+def model_rows(config: Config, sweep_config: SweepConfig, family: Family, model, splits, pools, base: dict
+               ) -> tuple[list[dict], dict]:
+    """The growth rows of one trained model, and what its provenance records (the rate chosen, the seconds)."""
+    points = choose_points(family.insertion_points(sweep_config, model), config.max_points)
+    batches = lambda examples: family.batches(examples, sweep_config.capture_batch)  # noqa: E731
+    first = lambda index, n: index[:min(n, len(index))]  # noqa: E731
+    heldout = batches(take(splits.test, first(pools.heldout, config.examples)))
+    train = batches(take(splits.train, first(pools.train, config.examples)))
+    evaluation = batches(take(splits.test, first(pools.evaluation, config.eval_examples)))
+    validation = batches(take(splits.validation, first(pools.validation, config.eval_examples)))
+    n_train = count(splits.train)
+    make = lambda index: family.batches(take(splits.train, index), config.batch_size)[0]  # noqa: E731
+    block_seed = lambda r: derived_seed("growth-block", config.seed, r)  # noqa: E731
+    model_key = (config.seed, base["family"], base["model"], base["seed"], base.get("dataset", ""))
+    measured = growth.predictors(model, points, heldout, train, reduction=family.reductions[0],
+                                 budgets=config.budgets, hidden=config.hidden, block_seed=block_seed(0),
+                                 confidence=config.confidence, random_key=model_key)
+    longest = max(config.steps)
+    middle = points[len(points) // 2]
+    trials = {}
+    for lr in config.rates:
+        stream = growth.seeded_batches(make, n_train, config.batch_size, (config.seed, "rate"))
+        trials[lr] = growth.grow(model, middle, stream, validation, [longest], lr=lr, hidden=config.hidden,
+                                 seed=block_seed(0))["gain"][longest]
+    lr = max(config.rates, key=lambda r: (trials[r] if math.isfinite(trials[r]) else -math.inf, -r))
+    rows = []
+    for index, layer in enumerate(points):
+        runs = [growth.grow(model, layer, growth.seeded_batches(make, n_train, config.batch_size,
+                                                                (config.seed, "repeat", r)),
+                            evaluation, config.steps, lr=lr, hidden=config.hidden, seed=block_seed(r))
+                for r in range(config.repeats)]
+        stats_ = measured[layer]
+        for steps in sorted(config.steps):
+            gain, lo, hi = _t_interval([run["gain"][steps] for run in runs], config.confidence)
+            row = {**base, "layer": layer, **stats_.values, "budget_steps": steps, "gain": gain, "gain_lo": lo,
+                   "gain_hi": hi, "layer_index": family.insertion_points(sweep_config, model).index(layer),
+                   "lr": lr, "repeats": config.repeats, "loss_before": runs[0]["before"],
+                   "reduction": family.reductions[0]}
+            for name in ("d_align", "grad_norm"):
+                row[f"{name}_lo"], row[f"{name}_hi"] = stats_.intervals[name]
+            rows.append(row)
+    return rows, {"lr": lr, "rate_trials": {f"{r:g}": trials[r] for r in config.rates}, "middle": middle,
+                  "points": points}
+
+
+def sweep_status(config: Config, name: str, out_dir: Path) -> tuple[Any, str]:
+    """``(sweep experiment config, "")`` where the family's sweep results are current at the profile, else the
+    reason it is not run (after running the sweep first where ``run_sweeps`` is set)."""
+    source = SOURCES[name]
+    experiment_config = source.config(config.profile)
+    if config.run_sweeps:
+        source.run(experiment_config, out_dir=out_dir)  # skipped when its tables are current
+        return experiment_config, ""
+    if not results_current(out_dir, (f"{name}_runs",), experiment_config):
+        return experiment_config, (f"the {name} sweep has no current results in {out_dir} at profile "
+                                   f"{config.profile!r}; run its chapter (or python -m dalign_core.experiments."
+                                   f"{'resnet' if name == 'resnet' else name}_width --profile {config.profile}) first")
+    return experiment_config, ""
+
+
+def _chosen(config: Config, runs: pd.DataFrame, columns: dict) -> pd.DataFrame:
+    mine = runs
+    for column, value in columns.items():
+        mine = mine[mine[column] == value]
+    if not config.failed_runs:
+        mine = mine[mine.trained_ok.astype(bool)]
+    return mine.sort_values(["width", "seed"]).groupby("width").head(
+        config.runs_per_width)
+
+
+def _checkpoints_present(sweep_config: SweepConfig, family: Family, width: int, seed: int, lr: float) -> bool:
+    folder = Path(_train_config(sweep_config, family, width, seed, lr).checkpoint_dir)
+    return folder.is_dir() and any(folder.iterdir())
+
+
+def compute(config: Config, out_dir: Path) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    device = resolve_device(config.device)
+    out_dir = Path(out_dir)
+    provenance: dict[str, Any] = {}
+    jobs, contexts = [], {}
+    for name in config.families:
+        experiment_config, reason = sweep_status(config, name, out_dir)
+        facts: dict[str, Any] = {"sweep_config_hash": experiment_config.config_hash()}
+        provenance[name] = facts
+        if reason:
+            facts.update(status="not run", reason=reason)
+            log.info("growth: %s not run: %s", name, reason)
+            continue
+        facts.update(status="run", models=[])
+        runs = pd.read_csv(out_dir / f"{name}_runs.csv")
+        source = SOURCES[name]
+        for sweep_config in source.sweeps(experiment_config):
+            family = source.family(sweep_config)
+            columns = family.columns(sweep_config)
+            chosen = _chosen(config, runs, columns)
+            splits, _, pools = prepare(sweep_config, family)
+            for run in chosen.itertuples():
+                width, seed, lr = int(run.width), int(run.seed), float(run.lr)
+                base = dict(family=name, **columns, model=run.model, width=width, seed=seed,
+                            heldout_loss=float(run.heldout_loss))
+                if not config.run_sweeps and not _checkpoints_present(sweep_config, family, width, seed, lr):
+                    facts["models"].append({**base, "left_out": "checkpoints gone (not trained again)"})
+                    continue
+                job_name = "_".join(str(v) for v in (name, *columns.values(), run.model, f"seed{seed}"))
+                contexts[job_name] = (sweep_config, family, splits, pools, base, lr)
+                jobs.append(Job(job_name, cost=float(width), payload=name))
+
+    def work(job: Job, _group) -> dict:
+        sweep_config, family, splits, pools, base, lr = contexts[job.name]
+        started = time.perf_counter()
+        model = trained_model(sweep_config, family, splits, base["width"], base["seed"], lr, device)
+        rows, facts = model_rows(config, sweep_config, family, model, splits, pools, base)
+        seconds = round(time.perf_counter() - started, 1)
+        log.info("growth: %s done in %.0f s", job.name, seconds)
+        return {"rows": rows, "facts": {**base, **facts, "sweep_lr": lr, "seconds": seconds}}
+
+    results = run_jobs(None, jobs, work) if jobs else {}
+    rows = []
+    for job in jobs:
+        result = results[job.name]
+        rows += result["rows"]
+        provenance[job.payload]["models"].append(result["facts"])
+    table = pd.DataFrame(rows)
+    if len(table):
+        names = growth.predictor_names(config.budgets)
+        ordered = COLUMNS + names + ["budget_steps", "gain", "gain_lo", "gain_hi"]
+        table = table[ordered + [c for c in table.columns if c not in ordered]]
+    else:
+        table = pd.DataFrame(columns=COLUMNS + growth.predictor_names(config.budgets) +
+                             ["budget_steps", "gain", "gain_lo", "gain_hi"])
+    return {"growth": table}, {"families": provenance, "device": str(device)}
+
+
+def run(config: Config, out_dir: str | Path | None = None, force: bool = False) -> Path:
+    """Grow every family's trained models at every insertion point (skipped when current, unless ``force``)."""
+    out_dir = Path(out_dir) if out_dir is not None else default_results_dir(config.profile)
+    return run_experiment("growth", TABLES, config, compute, out_dir=out_dir,
+                          force=force or _sweeps_changed(config, out_dir))
+
+
+def _sweeps_changed(config: Config, out_dir: Path) -> bool:
+    """Whether a family's sweep config, or its availability, differs from what the existing table used."""
+    import json
+
+    path = out_dir / "growth.json"
+    if not path.is_file():
+        return False
+    families = json.loads(path.read_text()).get("families", {})
+    for name in config.families:
+        used = families.get(name, {})
+        experiment_config = SOURCES[name].config(config.profile)
+        if used.get("sweep_config_hash") != experiment_config.config_hash():
+            log.info("growth: the %s sweep changed since the table was computed; recomputing", name)
+            return True
+        if used.get("status") == "not run" and results_current(out_dir, (f"{name}_runs",), experiment_config):
+            log.info("growth: the %s sweep has results now; recomputing", name)
+            return True
+    return False
+
+
+if __name__ == "__main__":
+    main(Config, run, description=__doc__.splitlines()[0])
