@@ -66,9 +66,14 @@ RULES = {
         f"≥ {TRACKING['reproduced']} (partly ≥ {TRACKING['partly']})",
     "misalignment falls with M and K": "every model: the largest budget's interval of p̂ below the smallest's",
     "positive alignment predicts a decrease":
-        f"≥ {intervention_report.SIGN_BANDS['reproduced']:.0%} of the draws with μ_Mᵀg_K > 0 lower the held-out "
-        f"loss (partly ≥ {intervention_report.SIGN_BANDS['partly']:.0%})",
-    "retention at small steps": "median retention at the small step within 4% of 1 (partly: 10%)",
+        f"judged on evaluation examples the step never saw, at the judged single step: "
+        f"P(ΔL_E < 0 | μ_Mᵀg_K > 0) ≥ {intervention_report.SIGN_BANDS['reproduced']:.0%} reproduced, "
+        f"≥ {intervention_report.SIGN_BANDS['partly']:.0%} partly, inconclusive while its Wilson interval holds both; "
+        f"{intervention_report.FAILS['sign']}",
+    "retention at small steps":
+        "on draws that predict a decrease, the median retention along δ: reproduced when it lies within 96–99% at "
+        "some δ and within 4% of 1 at every smaller δ, partly when within 10% of 1 at the smallest δ only; "
+        f"{intervention_report.FAILS['retention']}",
 }
 """Each claim's rule, as the chapter states it."""
 
@@ -237,23 +242,27 @@ def _certificate_rows(results: Path) -> list[Row]:
 
 def _intervention_rows(results: Path) -> list[Row]:
     table, chapter = _read(results, "interventions"), "05_interventions"
-    if table is None or table.empty:
-        return [Row(claim, name, paper, "—", NOT_RUN, chapter)
-                for claim, paper in (("positive alignment predicts a decrease", "consistently (§3)"),
-                                     ("retention at small steps", "96–99% (§3)"))
+    claims = (("positive alignment predicts a decrease", "consistently (§3)"), ("retention at small steps", "96–99% (§3)"))
+    if table is None or table.empty or "eval_observed" not in table:  # an older table: no change on fresh examples
+        return [Row(claim, name, paper, "—", NOT_RUN, chapter) for claim, paper in claims
                 for name in FAMILY_NAMES.values()]
     _, provenance = read_table(results, "interventions")
-    step = provenance["config"]["small_step"]
+    step = provenance["config"]["sign_step"]
     rows = []
-    for family, (label, share) in intervention_report.sign_verdict(table).items():
-        rows.append(Row("positive alignment predicts a decrease", FAMILY_NAMES.get(family, family),
-                        "consistently (§3)",
-                        f"{share['agree']:.1%} [{share['agree_lo']:.1%}, {share['agree_hi']:.1%}] of "
-                        f"{share['draws']} draws", label, chapter))
-    for family, (label, median) in intervention_report.retention_verdict(table, step).items():
-        rows.append(Row("retention at small steps", FAMILY_NAMES.get(family, family), "96–99% (§3)",
-                        f"median {median:.1%} at δ = {step:g}",
-                        label, chapter))
+    for family, (label, r) in intervention_report.sign_verdict(table, step).items():
+        rows.append(Row(claims[0][0], FAMILY_NAMES.get(family, family), claims[0][1],
+                        f"on fresh examples at δ = {step:g}: {r['p_pos']:.1%} [{r['p_pos_lo']:.1%}, "
+                        f"{r['p_pos_hi']:.1%}] of {r['n_pos']} draws with μ_Mᵀg_K > 0 lowered the loss "
+                        f"({r['p_nonpos']:.1%} of {r['n_nonpos']} with ≤ 0); positive alignment in "
+                        f"{r['share_positive']:.1%} of {r['draws']} draws; {r['ties']} ties left out", label, chapter))
+    for family, v in intervention_report.retention_verdict(table).items():
+        band = (f"within 96–99% at δ = {v['band'][0]:g}" + (f" to {v['band'][-1]:g}" if len(v["band"]) > 1 else "")
+                if v["band"] else "never within 96–99%")
+        breaks = f"first order breaks at δ = {v['breaks_at']:g}" if math.isfinite(v["breaks_at"]) else \
+            "first order holds over the grid"
+        rows.append(Row(claims[1][0], FAMILY_NAMES.get(family, family), claims[1][1],
+                        f"{v['draws']} of {v['of']} draws predict a decrease; median {band}; {breaks}"
+                        if v["draws"] else "no retention draw predicted a decrease", v["label"], chapter))
     return rows
 
 

@@ -24,6 +24,24 @@ features as well as on q. The step ``W₂ = −η G_M`` (G: mean gradients) pred
 ``ΔL_K ≈ −η ⟨G_M, G_K⟩``; how much of it the shared-bias statistic explains is the
 question the chapter asks.
 
+**Measured where the step never looked.** ``ΔL_K`` is computed on the K examples that
+formed ``g_K``: at a small step it equals ``−η μ_Mᵀg_K`` by Taylor's theorem, so its sign
+agreeing with the alignment's is algebra, not evidence. With ``eval_batches`` (an
+evaluation set E disjoint from the M and K examples), each step also records ``ΔL_E``
+(``eval_observed``) and its own first-order value ``−η ⟨G_M, G_E⟩`` (``eval_predicted``):
+whether a positive ``μ_Mᵀg_K`` comes with a lower loss on *fresh* examples is the
+out-of-sample question. ``G_E`` and ``L_E`` are computed once per insertion point. Where a
+float32 model's ``|ΔL_E|`` is within roundoff of the loss (``16 ε₃₂ |L_E|``) the change is
+recomputed on a float64 copy of the model (``eval_float64``); if it is still below
+``1e-8 max(1, |L_E|)`` (transformers' RMSNorm computes in float32 whatever the dtype) the
+step is marked a tie (``eval_tie``) for the caller to leave out and count.
+
+**Optimizer steps.** ``optimizer_steps=(10, 100)`` also trains the inserted parameter alone
+by full-batch gradient descent on the M training examples, every step at the first step's
+η, and records the changes on K and E after each count of steps (``optimizer_steps``).
+The model's own parameters are never part of the optimization: only the inserted tensor is
+differentiated, so the model is restored bit for bit as for a single step.
+
 **Step sizes.** :func:`train_decrease_steps` sizes each step by the first-order decrease
 δ it brings to the M training examples' own loss, ``η = δ / ‖G_M‖²``; the held-out
 prediction is then ``−δ ⟨G_M, G_K⟩ / ‖G_M‖²``, and one grid of δ (nats) serves models
@@ -40,6 +58,7 @@ dropout, an unknown insertion point.
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
@@ -52,9 +71,13 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from dalign_core.hooks import _call, _primary, _split_batch, _to, check_capturable, per_example_loss, resolve_layers
 
 __all__ = ["Intervention", "shared_bias_step", "residual_block_step", "train_decrease_steps",
-           "train_decrease_draws", "KINDS"]
+           "train_decrease_draws", "KINDS", "ROUNDOFF_FLOAT32", "ROUNDOFF_FLOAT64"]
 
 KINDS = ("bias", "block")
+ROUNDOFF_FLOAT32 = 16 * torch.finfo(torch.float32).eps
+"""A float32 loss change below this times ``|L|`` is recomputed in float64."""
+ROUNDOFF_FLOAT64 = 1e-8
+"""A float64 loss change below this times ``max(1, |L|)`` is a tie (transformers' RMSNorm computes in float32)."""
 
 
 @dataclass(frozen=True)
@@ -65,7 +88,7 @@ class Intervention:
     """``"bias"`` (shared bias) or ``"block"`` (zero-output residual block)."""
     eta: float
     predicted: float
-    """First-order change ``−η ⟨train mean, held-out mean⟩`` of the held-out loss."""
+    """First-order change ``−η ⟨train mean, held-out mean⟩`` of the held-out loss (NaN after optimizer steps)."""
     observed: float
     """The held-out loss with the step minus without it."""
     second_order: float
@@ -74,11 +97,23 @@ class Intervention:
     """``⟨train mean, held-out mean⟩`` (for the bias: ``μ_Mᵀ g_K``)."""
     train_decrease: float = math.nan
     """``η ‖train mean‖²``: the first-order decrease of the M training examples' own loss (nats)."""
+    eval_observed: float = math.nan
+    """The loss on the evaluation set E (disjoint from the M and K examples) with the step minus without it."""
+    eval_predicted: float = math.nan
+    """First-order change ``−η ⟨train mean, E mean⟩`` of the loss on E (after one step)."""
+    eval_n: int = 0
+    """Examples in E (0: no evaluation set)."""
+    optimizer_steps: int = 0
+    """Gradient-descent steps on the inserted parameter (0: the single step ``−η G_M``)."""
+    eval_float64: bool = False
+    """``eval_observed`` was recomputed on a float64 copy of the model (the float32 change was within roundoff)."""
+    eval_tie: bool = False
+    """``eval_observed`` is within roundoff of zero even in float64: its sign is not measured."""
 
     @property
     def retention(self) -> float:
-        """observed / predicted (NaN when nothing was predicted)."""
-        return self.observed / self.predicted if self.predicted else math.nan
+        """observed / predicted (NaN when nothing was predicted, or after optimizer steps)."""
+        return self.observed / self.predicted if self.predicted and not math.isnan(self.predicted) else math.nan
 
 
 def _feature_dim(z: torch.Tensor) -> int:
@@ -111,10 +146,12 @@ def _added(module: nn.Module, add: Callable[[torch.Tensor], torch.Tensor]) -> It
         handle.remove()
 
 
-def _mean_loss(model: nn.Module, batches: Iterable[Any], device: torch.device) -> torch.Tensor:
+def _mean_loss(model: nn.Module, batches: Iterable[Any], device: torch.device, counted: list | None = None
+               ) -> torch.Tensor:
     """Mean per-example loss over every example of ``batches`` (a differentiable scalar).
 
-    Floating inputs (images) take the model's dtype, so a float64 copy of a model takes the same batches."""
+    Floating inputs (images) take the model's dtype, so a float64 copy of a model takes the same batches.
+    ``counted``, if given, receives the number of examples."""
     dtype = next(model.parameters()).dtype
     total, count = 0.0, 0
     for batch in batches:
@@ -125,6 +162,8 @@ def _mean_loss(model: nn.Module, batches: Iterable[Any], device: torch.device) -
         count += losses.numel()
     if not count:
         raise ValueError("no examples: pass at least one non-empty batch")
+    if counted is not None:
+        counted.append(count)
     return total / count
 
 
@@ -191,11 +230,44 @@ class _Insertions:
     """The two zero-initialized insertions at one module: a shared bias and a zero-output block (both exact no-ops)."""
 
     def __init__(self, model: nn.Module, layer: str, probe_batch, hidden: int | None, seed: int):
-        self.model = model
+        self.model, self.layer = model, layer
         self.module, self.device = _setup(model, layer)
         self.dtype = next(model.parameters()).dtype  # gradients in the model's own precision
         width = _insertion_width(model, self.module, probe_batch, self.device)
         self.block = _ZeroBlock(width, hidden or width, torch.Generator().manual_seed(seed))
+        self._eval: tuple[list, dict, float, int] | None = None  # (E's batches, G_E, L_E, |E|)
+        self._twin: _Insertions | None = None
+        self._twin_base: float | None = None
+
+    def evaluation(self, batches, kinds) -> tuple[dict[str, torch.Tensor], float, int]:
+        """``G_E`` per kind, ``L_E`` and ``|E|`` of the evaluation set (computed once per set of batches)."""
+        if self._eval is None or self._eval[0] is not batches:
+            counted: list[int] = []
+            with torch.no_grad(), _added(self.module, _no_change):
+                base = float(_mean_loss(self.model, batches, self.device, counted))
+            self._eval = (batches, self.gradients(batches, KINDS), base, counted[0])
+            self._twin_base = None
+        _, grads, base, n = self._eval
+        return {kind: grads[kind] for kind in kinds}, base, n
+
+    def eval_change(self, batches, kind: str, parameter: torch.Tensor) -> tuple[float, bool, bool]:
+        """``L_E`` with the insertion at ``parameter`` minus without; (change, recomputed in float64, tie)."""
+        base = self._eval[2]
+        change = self.loss(batches, kind, parameter) - base
+        if self.dtype == torch.float64:
+            return change, False, abs(change) <= ROUNDOFF_FLOAT64 * max(1.0, abs(base))
+        if abs(change) > ROUNDOFF_FLOAT32 * abs(base):
+            return change, False, False
+        if self._twin is None:  # a float64 copy of the model, made only when a change is within float32 roundoff
+            twin = copy.deepcopy(self.model).double()
+            self._twin = object.__new__(_Insertions)
+            self._twin.__dict__.update(self.__dict__)
+            self._twin.model, self._twin.dtype, self._twin._twin = twin, torch.float64, None
+            self._twin.module = _setup(twin, self.layer)[0]
+        if self._twin_base is None:
+            self._twin_base = self._twin.loss(batches)
+        change = self._twin.loss(batches, kind, parameter) - self._twin_base
+        return change, True, abs(change) <= ROUNDOFF_FLOAT64 * max(1.0, abs(self._twin_base))
 
     def add(self, kind: str, parameter: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
         """What the insertion ``kind`` adds to the output z, at parameter value ``parameter`` (bias or W₂)."""
@@ -203,10 +275,16 @@ class _Insertions:
             return lambda z: _along_features(z, parameter)
         return lambda z: self.block.output(z, parameter)
 
-    def gradients(self, batches, kinds: tuple[str, ...]) -> dict[str, torch.Tensor]:
-        """Mean-loss gradients (float64) w.r.t. each insertion's zero parameter, from one backward pass."""
-        zeros = {"bias": torch.zeros(self.block.w2.shape[0]), "block": self.block.w2}
-        params = {kind: zeros[kind].to(device=self.device, dtype=self.dtype).requires_grad_(True) for kind in kinds}
+    def gradients(self, batches, kinds: tuple[str, ...], at: dict[str, torch.Tensor] | None = None
+                  ) -> dict[str, torch.Tensor]:
+        """Mean-loss gradients (float64) w.r.t. each insertion's parameter, from one backward pass.
+
+        ``at`` gives a kind's parameter value (default: zero, where the insertion is a no-op). Only the inserted
+        tensors are differentiated: the model's parameters get no ``.grad``."""
+        zeros = {"bias": torch.zeros(self.block.w2.shape[0], dtype=torch.float64), "block": self.block.w2}
+        values = {kind: (at or {}).get(kind, zeros[kind]) for kind in kinds}
+        params = {kind: values[kind].to(device=self.device, dtype=self.dtype).detach().requires_grad_(True)
+                  for kind in kinds}
         adds = [self.add(kind, p) for kind, p in params.items()]
         with torch.enable_grad(), _added(self.module, lambda z: sum(add(z) for add in adds)):
             grads = torch.autograd.grad(_mean_loss(self.model, batches, self.device), list(params.values()))
@@ -224,22 +302,49 @@ class _Insertions:
                           lambda z, t: self.add(kind, t * direction)(z))
 
 
-def _steps(insertions: _Insertions, train_batches, heldout_batches, kinds, etas_of, curvature: bool = True
+def _steps(insertions: _Insertions, train_batches, heldout_batches, kinds, etas_of, curvature: bool = True,
+           eval_batches=None, optimizer_steps: tuple[int, ...] = (), optimizer_decrease: float | None = None
            ) -> list[Intervention]:
-    """Each kind's steps ``−η G_M``, (η, δ) from ``etas_of(‖G_M‖²)``: predicted, observed, curvature."""
+    """Each kind's steps ``−η G_M``, (η, δ) from ``etas_of(‖G_M‖²)``: predicted, observed, curvature; with
+    ``eval_batches`` the change on E too; with ``optimizer_steps`` gradient descent on the inserted parameter alone
+    (η from ``optimizer_decrease``), read after each count of steps."""
     train = insertions.gradients(train_batches, kinds)
     heldout = insertions.gradients(heldout_batches, kinds)
     base = insertions.loss(heldout_batches)
+    evaluation, eval_n = (insertions.evaluation(eval_batches, kinds)[::2] if eval_batches is not None
+                          else ({}, 0))
     out = []
+
+    def record(kind, eta, decrease, parameter, alignment, second_order, steps):
+        observed = insertions.loss(heldout_batches, kind, parameter) - base
+        extra = {}
+        if eval_batches is not None:
+            change, float64, tie = insertions.eval_change(eval_batches, kind, parameter)
+            extra = dict(eval_observed=change, eval_n=eval_n, eval_float64=float64, eval_tie=tie,
+                         eval_predicted=-float(eta) * float((train[kind] * evaluation[kind]).sum()) if not steps
+                         else math.nan)
+        # After optimizer steps there is no first-order prediction of one step: predicted (and retention) are NaN.
+        predicted = -float(eta) * alignment if not steps else math.nan
+        out.append(Intervention(kind, float(eta), predicted, observed, second_order, alignment,
+                                float(decrease), optimizer_steps=steps, **extra))
+
     for kind in kinds:
         alignment = float((train[kind] * heldout[kind]).sum())
         norm_sq = float((train[kind] ** 2).sum())
         direction = -train[kind]
         curve = insertions.curvature(heldout_batches, kind, direction) if curvature else math.nan
         for eta, decrease in etas_of(norm_sq):
-            observed = insertions.loss(heldout_batches, kind, eta * direction) - base
-            out.append(Intervention(kind, float(eta), -float(eta) * alignment, observed,
-                                    0.5 * float(eta) ** 2 * curve, alignment, float(decrease)))
+            record(kind, eta, decrease, eta * direction, alignment, 0.5 * float(eta) ** 2 * curve, 0)
+        if optimizer_steps:
+            eta = optimizer_decrease / norm_sq if norm_sq > 0 else 0.0
+            parameter, done = torch.zeros_like(direction), 0
+            for target in sorted(set(optimizer_steps)):
+                while done < target:  # full-batch gradient descent on the M examples, the inserted tensor alone
+                    gradient = train[kind] if done == 0 else insertions.gradients(train_batches, (kind,),
+                                                                                    {kind: parameter})[kind]
+                    parameter = parameter - eta * gradient
+                    done += 1
+                record(kind, eta, optimizer_decrease, parameter, alignment, math.nan, target)
     return out
 
 
@@ -278,7 +383,9 @@ def residual_block_step(model: nn.Module, layer: str, train_batches: list, heldo
 
 def train_decrease_steps(model: nn.Module, layer: str, train_batches: list, heldout_batches: list,
                          decreases: Iterable[float], kinds: Iterable[str] = KINDS, hidden: int | None = None,
-                         seed: int = 0, curvature: bool = True) -> list[Intervention]:
+                         seed: int = 0, curvature: bool = True, eval_batches: list | None = None,
+                         optimizer_steps: Iterable[int] = (), optimizer_decrease: float = 1e-2
+                         ) -> list[Intervention]:
     """Both insertions on the same examples, each step sized by the train loss it removes at first order.
 
     For each kind and each δ in ``decreases`` (nats), ``η = δ / ‖G_M‖²``, so the step
@@ -288,21 +395,31 @@ def train_decrease_steps(model: nn.Module, layer: str, train_batches: list, held
     example set gives both kinds' gradients. ``curvature=False`` skips the
     second-order term (NaN), the costly part, when only signs are wanted.
 
+    ``eval_batches``: an evaluation set E, disjoint from the M and K examples (the caller's
+    guarantee), on which every step's change is measured too (``eval_observed``).
+    ``optimizer_steps``: after each of these counts of full-batch gradient-descent steps on
+    the M examples that train the inserted parameter alone (η from ``optimizer_decrease``:
+    the first step lowers the M examples' loss by that much at first order), one more row.
+
     Returns:
-        One :class:`Intervention` per (kind, δ), kinds in the order given.
+        Per kind (in the order given): one :class:`Intervention` per δ, then one per optimizer-step count.
     """
     return next(train_decrease_draws(model, layer, [(train_batches, heldout_batches)], decreases, kinds=kinds,
-                                     hidden=hidden, seed=seed, curvature=curvature))
+                                     hidden=hidden, seed=seed, curvature=curvature, eval_batches=eval_batches,
+                                     optimizer_steps=optimizer_steps, optimizer_decrease=optimizer_decrease))
 
 
 def train_decrease_draws(model: nn.Module, layer: str, draws: Iterable[tuple[list, list]],
                          decreases: Iterable[float], kinds: Iterable[str] = KINDS, hidden: int | None = None,
-                         seed: int = 0, curvature: bool = True) -> Iterator[list[Intervention]]:
+                         seed: int = 0, curvature: bool = True, eval_batches: list | None = None,
+                         optimizer_steps: Iterable[int] = (), optimizer_decrease: float = 1e-2
+                         ) -> Iterator[list[Intervention]]:
     """:func:`train_decrease_steps` for each ``(train_batches, heldout_batches)`` of ``draws``, in order.
 
     The insertion point is resolved, the model checked and the block's ``W₁`` drawn once
-    for all draws (the same block in every draw), so many resamples of (M, K) cost only
-    their own passes. Yields one list of :class:`Intervention` per draw.
+    for all draws (the same block in every draw), and ``G_E``, ``L_E`` of the evaluation set
+    computed once, so many resamples of (M, K) cost only their own passes. Yields one list
+    of :class:`Intervention` per draw.
     """
     kinds = tuple(kinds)
     unknown = sorted(set(kinds) - set(KINDS))
@@ -311,13 +428,23 @@ def train_decrease_draws(model: nn.Module, layer: str, draws: Iterable[tuple[lis
     decreases = [float(d) for d in decreases]
     if not decreases or min(decreases) <= 0:
         raise ValueError(f"decreases {decreases} must be positive losses in nats")
+    optimizer_steps = tuple(int(n) for n in optimizer_steps)
+    if any(n < 1 for n in optimizer_steps) or not optimizer_decrease > 0:
+        raise ValueError(f"optimizer_steps {optimizer_steps} must be positive counts and optimizer_decrease "
+                         f"{optimizer_decrease} a positive loss in nats")
+    if eval_batches is not None and not eval_batches:
+        raise ValueError("eval_batches is empty: pass None for no evaluation set")
     return _each_draw(model, layer, draws, kinds, hidden, seed, curvature,
-                      lambda norm_sq: [(d / norm_sq if norm_sq > 0 else 0.0, d) for d in decreases])
+                      lambda norm_sq: [(d / norm_sq if norm_sq > 0 else 0.0, d) for d in decreases],
+                      eval_batches, optimizer_steps, float(optimizer_decrease))
 
 
-def _each_draw(model, layer, draws, kinds, hidden, seed, curvature, etas_of) -> Iterator[list[Intervention]]:
+def _each_draw(model, layer, draws, kinds, hidden, seed, curvature, etas_of, eval_batches=None,
+               optimizer_steps=(), optimizer_decrease=None) -> Iterator[list[Intervention]]:
     insertions = None
     for train_batches, heldout_batches in draws:
         if insertions is None:  # the block's width is the insertion point's, known from the first forward pass
             insertions = _Insertions(model, layer, heldout_batches[0], hidden, seed)
-        yield _steps(insertions, train_batches, heldout_batches, kinds, etas_of, curvature=curvature)
+        yield _steps(insertions, train_batches, heldout_batches, kinds, etas_of, curvature=curvature,
+                     eval_batches=eval_batches, optimizer_steps=optimizer_steps,
+                     optimizer_decrease=optimizer_decrease)

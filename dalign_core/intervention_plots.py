@@ -11,10 +11,11 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from dalign_core.intervention_report import FAMILY_NAMES, PAPER_RETENTION, Z_BINS
+from dalign_core.intervention_report import FAMILY_NAMES, PAPER_RETENTION, Z_BINS, retention_curve
 from dalign_core.plots import COLUMN_WIDTH, _empty, _legend_below, log_ticks
 
-__all__ = ["retention_curves", "curvature_check", "sign_by_size", "rates_beside_certificates"]
+__all__ = ["retention_curves", "conditional_by_step", "curvature_check", "sign_by_size",
+           "rates_beside_certificates"]
 
 KIND_NAMES = {"bias": "shared bias", "block": "zero-output block"}
 
@@ -25,32 +26,70 @@ def _family_colors(families) -> dict:
 
 
 def retention_curves(table: pd.DataFrame, low: float = -0.5) -> plt.Figure:
-    """Retention (observed / predicted) against the step δ, one line per model; a panel per insertion.
+    """Retention (observed / predicted on K) against the step δ over the draws that predict a decrease: the median
+    per family with its middle half shaded; a panel per insertion.
 
-    The paper's 96-99 % band is shaded; retentions below ``low`` (curvature has long
+    The paper's 96-99 % band is shaded grey; medians below ``low`` (curvature has long
     taken over) sit on the panel's floor.
     """
-    study = table[table.study == "retention"] if len(table) else table
     fig, axes = plt.subplots(1, 2, figsize=(COLUMN_WIDTH, 3.3), sharey=True)
-    if study.empty:
+    curves = {kind: retention_curve(table, kind) for kind in ("bias", "block")}
+    if all(c.empty or not c.draws.any() for c in curves.values()):
         for ax in axes:
-            _empty(ax, "no trained model")
+            _empty(ax, "no draw predicted a decrease")
         return fig
-    colors = _family_colors(study.family)
+    colors = _family_colors(pd.concat(curves.values()).family)
     for ax, kind in zip(axes, ("bias", "block")):
         ax.axhspan(*PAPER_RETENTION, color="0.85", zorder=0, label="paper: 96–99%")
         ax.axhline(1.0, color="0.4", lw=0.8)
-        for (family, model), curve in study[study.kind == kind].groupby(["family", "model"]):
-            curve = curve.sort_values("train_decrease")
-            ax.plot(curve.train_decrease, curve.retention.clip(lower=low), marker="o", ms=3, lw=1.2,
-                    color=colors[family], alpha=0.8, label=FAMILY_NAMES.get(family, family))
+        for family, curve in (curves[kind].groupby("family") if len(curves[kind]) else ()):
+            curve = curve[curve.draws > 0].sort_values("train_decrease")
+            ax.fill_between(curve.train_decrease, curve.q25.clip(lower=low), curve.q75.clip(lower=low),
+                            color=colors[family], alpha=0.2, lw=0)
+            ax.plot(curve.train_decrease, curve["median"].clip(lower=low), marker="o", ms=3, lw=1.2,
+                    color=colors[family], label=FAMILY_NAMES.get(family, family))
         ax.set_xscale("log")
-        log_ticks(ax.xaxis, study.train_decrease)
+        if len(curves[kind]):
+            log_ticks(ax.xaxis, curves[kind].train_decrease)
         ax.set_ylim(low, 1.5)
         ax.set_title(KIND_NAMES[kind])
         ax.set_xlabel(r"step $\delta$ (train-loss decrease, nats)")
     axes[0].set_ylabel(r"retention $\Delta L_K / (-\eta\,\langle G_M, G_K\rangle)$")
     _legend_below(fig, axes, ncols=4)
+    return fig
+
+
+def conditional_by_step(cond: pd.DataFrame, kind: str = "bias") -> plt.Figure:
+    """P(ΔL_E < 0 | μ_Mᵀg_K > 0) (filled) and P(ΔL_E < 0 | μ_Mᵀg_K ≤ 0) (open) with Wilson intervals, along the
+    single steps δ and the optimizer steps, per family (``cond``: :func:`conditional_decrease`)."""
+    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH, 3.3))
+    part = cond[cond.kind == kind] if len(cond) else cond
+    if part.empty:
+        _empty(ax, "no draw")
+        return fig
+    single = sorted(part[part.optimizer_steps == 0].train_decrease.unique())
+    trained = sorted(part[part.optimizer_steps > 0].optimizer_steps.unique())
+    labels = [f"δ={d:g}" for d in single] + [f"{n} steps" for n in trained]
+    position = {("single", d): i for i, d in enumerate(single)}
+    position.update({("trained", n): len(single) + i for i, n in enumerate(trained)})
+    colors = _family_colors(part.family)
+    families = sorted(part.family.unique())
+    offsets = np.linspace(-0.15, 0.15, len(families)) if len(families) > 1 else [0.0]
+    for offset, family in zip(offsets, families):
+        rows = part[part.family == family]
+        x = np.array([position[("trained", r.optimizer_steps) if r.optimizer_steps else ("single", r.train_decrease)]
+                      for r in rows.itertuples()]) + offset
+        for name, fill, shift in (("pos", colors[family], 0.0), ("nonpos", "none", 0.06)):
+            p, lo, hi = rows[f"p_{name}"], rows[f"p_{name}_lo"], rows[f"p_{name}_hi"]
+            ax.errorbar(x + shift, p, yerr=[p - lo, hi - p], fmt="o", mfc=fill, color=colors[family], capsize=3,
+                        label=f"{FAMILY_NAMES.get(family, family)}, " + (r"$\mu_M^\top g_K > 0$" if name == "pos"
+                                                                         else r"$\leq 0$"))
+    ax.axhline(0.5, color="0.5", lw=0.8, ls=":")
+    ax.axvline(len(single) - 0.5, color="0.7", lw=0.8)
+    ax.set_xticks(range(len(labels)), labels)
+    ax.set_ylim(-0.02, 1.05)
+    ax.set_ylabel(r"share with $\Delta L_E < 0$")
+    _legend_below(fig, ax, ncols=3)
     return fig
 
 
@@ -110,8 +149,9 @@ def sign_by_size(agreement: pd.DataFrame) -> plt.Figure:
 
 
 def rates_beside_certificates(frame: pd.DataFrame) -> plt.Figure:
-    """Left: how often the step raised the held-out loss against how often μ_Mᵀg_K ≤ 0. Right: the certificates
-    B_exact and B_align against that misalignment rate (held-out/held-out draws, where they apply)."""
+    """Left: how often the step raised the loss on E against how often μ_Mᵀg_K ≤ 0. Right: the share of draws
+    with μ_Mᵀg_K > 0 against the lower bound 1 − B_align it must clear (held-out/held-out draws, where it applies):
+    the certificate holds where a point is on or above the diagonal."""
     fig, axes = plt.subplots(1, 2, figsize=(COLUMN_WIDTH, 3.4))
     if frame.empty:
         for ax in axes:
@@ -122,18 +162,20 @@ def rates_beside_certificates(frame: pd.DataFrame) -> plt.Figure:
         filled = setting == "heldout/heldout"
         axes[0].scatter(part.p_misaligned, part.p_raised, s=22, color=colors[family] if filled else "none",
                         edgecolors=colors[family], label=f"{FAMILY_NAMES.get(family, family)}, {setting}")
-    covered = frame[frame.setting == "heldout/heldout"].dropna(subset=["b_exact"])
-    for name, marker in (("b_exact", "o"), ("b_align", "s")):
-        for family, part in covered.groupby("family"):
-            axes[1].scatter(part.p_misaligned, part[name], s=22, marker=marker, color=colors[family], alpha=0.8,
-                            label=rf"$B_{{\mathrm{{{name[2:]}}}}}$" if family == covered.family.min() else None)
+    covered = frame[frame.setting == "heldout/heldout"].dropna(subset=["b_align"])
+    for family, part in covered.groupby("family"):
+        axes[1].errorbar(part.one_minus_b_align, part.share_positive,
+                         yerr=[part.share_positive - part.share_positive_lo,
+                               part.share_positive_hi - part.share_positive],
+                         fmt="o", color=colors[family], capsize=2, label=FAMILY_NAMES.get(family, family))
     for ax in axes:
         ax.plot([0, 1], [0, 1], color="0.3", lw=0.8, ls="--")
         ax.set_xlim(-0.02, 1.02)
         ax.set_ylim(-0.02, 1.02)
-        ax.set_xlabel(r"share of draws with $\mu_M^\top g_K \leq 0$")
-    axes[0].set_ylabel("share of steps that raised $L_K$")
-    axes[1].set_ylabel("certificate")
+    axes[0].set_xlabel(r"share of draws with $\mu_M^\top g_K \leq 0$")
+    axes[0].set_ylabel("share of steps that raised $L_E$")
+    axes[1].set_xlabel(r"$1 - B_{\mathrm{align}}$")
+    axes[1].set_ylabel(r"share with $\mu_M^\top g_K > 0$")
     axes[0].legend(fontsize=8.5, loc="upper left")
     if len(covered):
         axes[1].legend(loc="lower right")

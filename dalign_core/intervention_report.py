@@ -1,20 +1,36 @@
 """What the intervention table says, and how it compares with the paper: every number and verdict computed.
 
 The input is ``interventions.csv`` (:mod:`dalign_core.experiments.interventions`) and,
-for the certificates, each family's ``<family>_geometry.csv``. Agreement and rates
-carry Wilson intervals, so a rate of 0 or 1 still has an honest width.
+for the certificates, each family's ``<family>_geometry.csv``. Rates carry Wilson
+intervals (:func:`dalign_core.misalignment.wilson_interval`), so a rate of 0 or 1 still
+has an honest width.
+
+**Two checks of one sign.** Each step is measured twice: on the K examples whose mean
+gradient g_K gave the alignment ``μ_Mᵀg_K`` (``observed``), and on the evaluation set E,
+examples the step never saw (``eval_observed``). On K, at a small step,
+``ΔL_K = −η μ_Mᵀg_K + O(η²)``: the sign agrees with the alignment by Taylor's theorem
+(the *same-sample check*, algebra; a disagreement there is roundoff or curvature). On E
+the sign agrees only if what M and K share is also what fresh examples share (the
+*out-of-sample check*, evidence). The sign claim is judged on E.
+
+**Sign** (paper: positive alignment consistently predicted a decrease). At the judged step
+δ = ``sign_step`` (a single step), among the draws with ``μ_Mᵀg_K > 0``, the share whose
+step lowered the loss on E, ``P(ΔL_E < 0 | μ_Mᵀg_K > 0)``: *reproduced* when at least
+95 %, *partly* at least 80 %, *not reproduced* below, *inconclusive* when the Wilson
+interval holds both 80 % and 95 %. Beside it: ``P(ΔL_E < 0 | μ_Mᵀg_K ≤ 0)`` (how much the
+sign tells at all) and the share of draws with positive alignment, the informative number,
+set beside ``1 − B_align`` of the same (M, K). Draws whose change on E is within roundoff
+even in float64 (``eval_tie``) are left out and counted.
 
 **Retention** (paper: at small steps the observed change kept 96-99 % of the predicted
-one: first order was accurate to 4 % or better). We read the retention at the config's
-``small_step`` on every trained model and call the claim *reproduced* for a family when
-the median departs from 1 by at most 4 % (either side: curvature along the step can
-add to the decrease as well as take from it), *partly* by at most 10 %, *not
-reproduced* otherwise. Beside it, the largest step at which first order still holds to
-10 % says how small "small" must be.
-
-**Sign** (paper: positive alignment consistently predicted a decrease). Among the
-shared-bias draws with ``μ_Mᵀg_K > 0``, the share whose step lowered the held-out
-loss: *reproduced* when at least 95 %, *partly* at least 80 %.
+one). Retention ``ΔL_K / (−η μ_Mᵀg_K)`` is read, as the paper reads it, on draws that
+predict a decrease (``μ_Mᵀg_K > 0``) only, as a curve over δ (median over those draws and
+the models). *Reproduced* when the median lies within 96-99 % at some δ and within 4 % of 1
+at every smaller δ; *partly* when it is within 10 % of 1 at the smallest δ but never inside
+96-99 % (the curvature along the step is negative, or the grid steps over the band); *not
+reproduced* otherwise; *inconclusive* when no draw predicted a decrease. The verdict names
+the δ where retention lies within 96-99 % and the first δ where first order breaks (beyond
+10 %).
 """
 
 from __future__ import annotations
@@ -28,13 +44,14 @@ from dalign_core.bounds import b_align, b_exact_from_moments
 from dalign_core.misalignment import wilson_interval
 from dalign_core.report import _num
 
-__all__ = ["PAPER_RETENTION", "Z_BINS", "agreement", "sign_agreement", "retention_at", "first_order_range",
-           "block_explained", "theory_vs_observation", "retention_verdict", "sign_verdict", "describe_retention",
-           "describe_sign", "describe_lowest_bin", "FAMILY_NAMES"]
+__all__ = ["PAPER_RETENTION", "Z_BINS", "SIGN_BANDS", "FIRST_ORDER_TOLERANCE", "FAILS", "single_steps",
+           "conditional_decrease", "agreement", "sign_agreement", "retention_curve", "retention_verdict",
+           "sign_verdict", "block_explained", "theory_vs_observation", "describe_retention", "describe_sign",
+           "describe_steps", "describe_lowest_bin", "describe_positive_share", "FAMILY_NAMES"]
 
 PAPER_RETENTION = (0.96, 0.99)
-RETENTION_BANDS = {"reproduced": (0.96, 1.04), "partly": (0.90, 1.10)}
-"""Median retention at the small step: within 4 % of 1 (the paper's largest departure), or within 10 %."""
+CLOSE_TO_ONE = 0.04
+"""Below the band, first order within 4 % (the paper's largest departure) at every smaller step."""
 SIGN_BANDS = {"reproduced": 0.95, "partly": 0.80}
 FIRST_ORDER_TOLERANCE = 0.10
 Z_BINS = (0.0, 0.25, 0.5, 1.0, 2.0, math.inf)
@@ -43,27 +60,101 @@ Z_BINS = (0.0, 0.25, 0.5, 1.0, 2.0, math.inf)
 FAMILY_NAMES = {"llama": "LLaMA", "pythia": "Pythia", "resnet": "ResNet-20"}
 """How a family is named in a sentence."""
 
+FAILS = {
+    "sign": "fails if fewer than 80% of the draws with μ_Mᵀg_K > 0 lower the loss on evaluation examples the step "
+            "never saw (what M and K share is then not what fresh examples share)",
+    "retention": "fails if, on draws that predict a decrease, the median retention leaves 1 by more than 10% at the "
+                 "smallest step (roundoff, kinks of ReLU, or a model that is not smooth there), or never enters 96–99% "
+                 "(curvature along the step negative, or the grid steps over the band)",
+}
+"""What could have made each claim fail, as the claims table and the chapter state it."""
+
 _DRAW = ["family", "model", "width", "seed", "layer", "setting", "kind", "M", "K"]
 
 
+def _rate(successes: int, trials: int, confidence: float = 0.95) -> tuple[float, float, float]:
+    """(share, Wilson low, Wilson high); NaN for no trials."""
+    if not trials:
+        return math.nan, math.nan, math.nan
+    lo, hi = wilson_interval(successes, trials, confidence)
+    return successes / trials, lo, hi
+
+
 def _with_interval(successes: int, trials: int, confidence: float = 0.95) -> dict:
-    lo, hi = wilson_interval(successes, trials, confidence) if trials else (math.nan, math.nan)
-    return {"agree": successes / trials if trials else math.nan, "agree_lo": lo, "agree_hi": hi, "draws": trials}
+    share, lo, hi = _rate(successes, trials, confidence)
+    return {"agree": share, "agree_lo": lo, "agree_hi": hi, "draws": trials}
 
 
-def agreement(frame: pd.DataFrame) -> pd.Series:
-    """Whether each step moved the held-out loss the way first order said (strict signs; 0 counts as not)."""
-    return (np.sign(frame.observed) == np.sign(frame.predicted)) & (frame.predicted != 0)
+def _column(frame: pd.DataFrame, name: str, default) -> pd.Series:
+    return frame[name] if name in frame else pd.Series(default, index=frame.index)
 
 
-def sign_agreement(table: pd.DataFrame, by: tuple[str, ...] = ("family", "kind")) -> pd.DataFrame:
-    """Sign agreement per group and per bin of ``z = |alignment| / sd`` (sd over the draws of one model,
-    layer, setting and budget), with Wilson intervals. ``z_bin`` "all" pools the bins."""
-    sign = table[table.study == "sign"].copy()
+def single_steps(table: pd.DataFrame, step: float | None = None) -> pd.DataFrame:
+    """The sign study's single steps (no optimizer steps), at ``train_decrease == step`` when given."""
+    if table.empty:
+        return table
+    sign = table[(table.study == "sign") & (_column(table, "optimizer_steps", 0) == 0)]
+    return sign if step is None else sign[np.isclose(sign.train_decrease, step, rtol=1e-9)]
+
+
+def _changes(frame: pd.DataFrame, on: str) -> tuple[pd.DataFrame, pd.Series, int]:
+    """(rows whose sign is measured, their change, ties left out) on ``"eval"`` (E) or ``"heldout"`` (K)."""
+    if on == "eval":
+        tie = _column(frame, "eval_tie", False).astype(bool) | _column(frame, "eval_observed", math.nan).isna()
+        kept = frame[~tie]
+        return kept, kept.eval_observed, int(tie.sum())
+    tie = frame.observed == 0
+    kept = frame[~tie]
+    return kept, kept.observed, int(tie.sum())
+
+
+def conditional_decrease(table: pd.DataFrame, by: tuple[str, ...] = ("family", "kind", "train_decrease",
+                                                                     "optimizer_steps"),
+                         on: str = "eval", confidence: float = 0.95) -> pd.DataFrame:
+    """Per group of sign-study rows: ``P(ΔL < 0 | μ_Mᵀg_K > 0)`` and ``P(ΔL < 0 | μ_Mᵀg_K ≤ 0)`` with Wilson
+    intervals (``on="eval"``: ΔL_E, the loss on E; ``"heldout"``: ΔL_K, the same-sample check), the share of draws
+    with positive alignment (ties included: the alignment is measured whatever the change), and the ties left out.
+
+    Columns ``p_pos, p_pos_lo, p_pos_hi, n_pos`` (decrease given positive alignment), ``p_nonpos, ...,
+    n_nonpos``, ``share_positive, share_positive_lo, share_positive_hi, draws``, ``ties``."""
+    sign = table[table.study == "sign"] if len(table) else table
+    rows = []
+    if sign.empty:
+        return pd.DataFrame(rows)
+    for keys, group in sign.groupby(list(by)):
+        keys = dict(zip(by, keys if isinstance(keys, tuple) else (keys,)))
+        kept, change, ties = _changes(group, on)
+        positive = kept.alignment > 0
+        row = {**keys}
+        for name, mask in (("pos", positive), ("nonpos", ~positive)):
+            n, k = int(mask.sum()), int((change[mask] < 0).sum())
+            row[f"p_{name}"], row[f"p_{name}_lo"], row[f"p_{name}_hi"] = _rate(k, n, confidence)
+            row[f"n_{name}"] = n
+        share = _rate(int((group.alignment > 0).sum()), len(group), confidence)
+        row.update(share_positive=share[0], share_positive_lo=share[1], share_positive_hi=share[2],
+                   draws=len(group), ties=ties)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def agreement(frame: pd.DataFrame, on: str = "eval") -> pd.Series:
+    """Whether each step moved the loss (on E, or on K) the way first order from μ_Mᵀg_K said (strict signs)."""
+    change = frame.eval_observed if on == "eval" else frame.observed
+    return (np.sign(change) == np.sign(frame.predicted)) & (frame.predicted != 0)
+
+
+def sign_agreement(table: pd.DataFrame, step: float, by: tuple[str, ...] = ("family", "kind"),
+                   on: str = "eval") -> pd.DataFrame:
+    """Sign agreement at the single step ``step``, per group and per bin of ``z = |alignment| / sd`` (sd over the
+    draws of one model, layer, setting and budget), with Wilson intervals; ties left out. ``z_bin`` "all" pools."""
+    sign, _, _ = _changes(single_steps(table, step), on)
+    sign = sign.copy()
+    if sign.empty:
+        return pd.DataFrame()
     spread = sign.groupby(_DRAW).alignment.transform("std")
     sign["z"] = sign.alignment.abs() / spread
     sign["z_bin"] = pd.cut(sign.z, Z_BINS, right=False).astype(str)
-    sign["agrees"] = agreement(sign)
+    sign["agrees"] = agreement(sign, on)
     rows = []
     for keys, group in sign.groupby(list(by)):
         keys = dict(zip(by, keys if isinstance(keys, tuple) else (keys,)))
@@ -73,128 +164,218 @@ def sign_agreement(table: pd.DataFrame, by: tuple[str, ...] = ("family", "kind")
     return pd.DataFrame(rows)
 
 
-def retention_at(table: pd.DataFrame, step: float) -> pd.DataFrame:
-    """The retention study's rows at ``train_decrease == step`` (one per model and kind)."""
-    study = table[table.study == "retention"]
-    return study[np.isclose(study.train_decrease, step, rtol=1e-9)]
-
-
-def first_order_range(table: pd.DataFrame, tolerance: float = FIRST_ORDER_TOLERANCE) -> pd.DataFrame:
-    """Per model and kind, the largest step δ up to which every retention lies within ``1 ± tolerance``."""
+def retention_curve(table: pd.DataFrame, kind: str = "bias") -> pd.DataFrame:
+    """Per family and δ: the retention ``ΔL_K / (−η μ_Mᵀg_K)`` over the retention draws that predict a decrease
+    (median, quartiles), with ``draws`` (those kept) of ``of`` (all draws at that δ)."""
+    study = table[(table.study == "retention") & (table.kind == kind)] if len(table) else table
     rows = []
-    for keys, curve in table[table.study == "retention"].groupby(["family", "model", "kind"]):
-        curve = curve.sort_values("train_decrease")
-        inside = (curve.retention - 1).abs() <= tolerance
-        held = curve.train_decrease[inside.cumprod().astype(bool)]
-        rows.append(dict(zip(["family", "model", "kind"], keys), largest_step=held.max() if len(held) else math.nan))
+    for (family, step), group in (study.groupby(["family", "train_decrease"]) if len(study) else ()):
+        kept = group[group.predicted < 0]
+        rows.append({"family": family, "train_decrease": step, "median": kept.retention.median(),
+                     "q25": kept.retention.quantile(0.25), "q75": kept.retention.quantile(0.75),
+                     "draws": len(kept), "of": len(group)})
     return pd.DataFrame(rows)
 
 
-def block_explained(table: pd.DataFrame) -> pd.DataFrame:
-    """How far the shared-bias statistic explains the block: per family, the share of block steps whose held-out
-    change has the sign ``−sign(μ_Mᵀg_K)`` of the same draw, and the rank correlation of the two alignments."""
-    block = table[(table.study == "sign") & (table.kind == "block")]
+def retention_verdict(table: pd.DataFrame, kind: str = "bias") -> dict[str, dict]:
+    """Family → ``label``, ``band`` (the δ where the median retention lies within 96-99 %), ``breaks_at`` (the
+    first δ where it leaves 1 by more than 10 %, NaN if never), ``smallest`` (δ, median) and ``draws``/``of``
+    (draws predicting a decrease, of all); see the module docstring."""
+    out = {}
+    curve = retention_curve(table, kind)
+    for family, part in (curve.groupby("family") if len(curve) else ()):
+        part = part.sort_values("train_decrease")
+        draws, of = int(part.draws.max()), int(part.of.max())
+        facts = {"draws": draws, "of": of, "band": [], "breaks_at": math.nan, "smallest": (math.nan, math.nan)}
+        if not draws:
+            out[family] = {**facts, "label": "inconclusive"}
+            continue
+        steps, median = part.train_decrease.to_numpy(), part["median"].to_numpy()
+        band = (median >= PAPER_RETENTION[0]) & (median <= PAPER_RETENTION[1])
+        broken = np.abs(median - 1) > FIRST_ORDER_TOLERANCE
+        close = np.abs(median - 1) <= CLOSE_TO_ONE
+        facts.update(band=[float(s) for s in steps[band]], smallest=(float(steps[0]), float(median[0])),
+                     breaks_at=float(steps[broken][0]) if broken.any() else math.nan)
+        first = int(np.argmax(band)) if band.any() else -1
+        if first >= 0 and close[:first].all():
+            label = "reproduced"
+        elif not broken[0]:
+            label = "partly"
+        else:
+            label = "not reproduced"
+        out[family] = {**facts, "label": label}
+    return out
+
+
+def _sign_label(share: float, lo: float, hi: float) -> str:
+    if not np.isfinite(share):
+        return "inconclusive"
+    if lo < SIGN_BANDS["partly"] <= SIGN_BANDS["reproduced"] <= hi:
+        return "inconclusive"
+    return ("reproduced" if share >= SIGN_BANDS["reproduced"] else
+            "partly" if share >= SIGN_BANDS["partly"] else "not reproduced")
+
+
+def sign_verdict(table: pd.DataFrame, step: float, kind: str = "bias", on: str = "eval") -> dict[str, tuple[str, dict]]:
+    """Family → (verdict, facts) at the single step ``step``, judged on E (``on="eval"``) by default: the facts are
+    a :func:`conditional_decrease` row (``p_pos`` is P(ΔL < 0 | μ_Mᵀg_K > 0)); see the module docstring."""
+    rows = single_steps(table, step)
+    rows = rows[rows.kind == kind] if len(rows) else rows
+    cond = conditional_decrease(rows, by=("family",), on=on)
+    return {r["family"]: (_sign_label(r["p_pos"], r["p_pos_lo"], r["p_pos_hi"]), r)
+            for r in cond.to_dict("records")}
+
+
+def block_explained(table: pd.DataFrame, step: float, on: str = "eval") -> pd.DataFrame:
+    """How far the shared-bias statistic explains the block: per family, the share of block steps (single, at
+    ``step``) whose change on E has the sign ``−sign(μ_Mᵀg_K)`` of the same draw, and the rank correlation of the
+    two alignments."""
+    block = single_steps(table, step)
+    block, change, _ = _changes(block[block.kind == "block"] if len(block) else block, on)
     rows = []
-    for family, group in block.groupby("family"):
-        agrees = np.sign(group.observed) == -np.sign(group.bias_alignment)
+    for family, group in (block.groupby("family") if len(block) else ()):
+        agrees = np.sign(change[group.index]) == -np.sign(group.bias_alignment)
         rows.append({"family": family, **_with_interval(int(agrees.sum()), len(group)),
                      "rank_correlation": group.alignment.rank().corr(group.bias_alignment.rank())})
     return pd.DataFrame(rows)
 
 
-def theory_vs_observation(table: pd.DataFrame, geometry: pd.DataFrame) -> pd.DataFrame:
-    """Per model, layer, setting and budget: how often μ_Mᵀg_K ≤ 0 (the misalignment the certificates bound), how
-    often the step raised the held-out loss, and B_exact and B_align from the held-out pool's geometry at the final
+def _final_geometry(geometry: pd.DataFrame) -> pd.DataFrame:
+    """The held-out pool's geometry at each run's final checkpoint, for the shared reduction (the bias's q)."""
+    final = geometry[geometry["pool"] == "heldout"]
+    if "reduction" in final:
+        final = final[final.reduction == "shared"]
+    return final[final.step == final.groupby(["family", "model", "seed"]).step.transform("max")]
+
+
+def theory_vs_observation(table: pd.DataFrame, geometry: pd.DataFrame, step: float) -> pd.DataFrame:
+    """Per model, layer, setting and budget (shared bias, single step ``step``): the share of draws with
+    ``μ_Mᵀg_K > 0`` and with ``≤ 0`` (the misalignment the certificates bound), how often the step raised the loss
+    on E, and B_exact, B_align and ``1 − B_align`` from the held-out pool's shared-q geometry at the final
     checkpoint (``heldout/heldout`` only: the setting the theorem covers)."""
-    sign = table[(table.study == "sign") & (table.kind == "bias")]
-    final = geometry[(geometry["pool"] == "heldout")]
-    final = final[final.step == final.groupby(["family", "model", "seed"]).step.transform("max")]
+    sign = single_steps(table, step)
+    sign = sign[sign.kind == "bias"] if len(sign) else sign
+    final = _final_geometry(geometry) if len(geometry) else geometry
+    keys_of = ["family", "model", "width", "seed", "layer", "setting", "M", "K"]
     rows = []
-    for keys, group in sign.groupby(["family", "model", "width", "seed", "layer", "setting", "M", "K"]):
-        key = dict(zip(["family", "model", "width", "seed", "layer", "setting", "M", "K"], keys))
-        misaligned = _with_interval(int((group.alignment <= 0).sum()), len(group))
-        raised = _with_interval(int((group.observed > 0).sum()), len(group))
+    for keys, group in (sign.groupby(keys_of) if len(sign) else ()):
+        key = dict(zip(keys_of, keys))
+        positive = _rate(int((group.alignment > 0).sum()), len(group))
+        kept, change, ties = _changes(group, "eval")
+        raised = _rate(int((change > 0).sum()), len(kept))
         bound = {"b_exact": math.nan, "b_align": math.nan}
         match = final[(final.model == key["model"]) & (final.seed == key["seed"]) & (final.layer == key["layer"])]
         if key["setting"] == "heldout/heldout" and len(match):
             g = match.iloc[0]
             bound = {"b_exact": b_exact_from_moments(g.mean_sq_sq, g.directional, g.cov_energy, key["M"], key["K"]),
                      "b_align": float(b_align(max(g.d_align, 0.0), key["M"], key["K"]))}
-        rows.append({**key, "p_misaligned": misaligned["agree"], "p_misaligned_lo": misaligned["agree_lo"],
-                     "p_misaligned_hi": misaligned["agree_hi"], "p_raised": raised["agree"],
-                     "p_raised_lo": raised["agree_lo"], "p_raised_hi": raised["agree_hi"], "draws": len(group),
-                     **bound})
+        rows.append({**key, "share_positive": positive[0], "share_positive_lo": positive[1],
+                     "share_positive_hi": positive[2], "p_misaligned": 1 - positive[0],
+                     "p_misaligned_lo": 1 - positive[2], "p_misaligned_hi": 1 - positive[1],
+                     "p_raised": raised[0], "p_raised_lo": raised[1], "p_raised_hi": raised[2],
+                     "draws": len(group), "ties": ties, **bound, "one_minus_b_align": 1 - bound["b_align"]})
     return pd.DataFrame(rows)
 
 
-def _band(value: float, bands: dict[str, tuple[float, float]]) -> str:
-    for label, (lo, hi) in bands.items():
-        if lo <= value <= hi:
-            return label
-    return "not reproduced"
-
-
-def retention_verdict(table: pd.DataFrame, step: float, kind: str = "bias") -> dict[str, tuple[str, float]]:
-    """Family → (verdict, median retention at ``step``) over the trained models; see the module docstring."""
-    rows = retention_at(table, step)
-    rows = rows[rows.kind == kind]
-    return {family: (_band(float(group.retention.median()), RETENTION_BANDS), float(group.retention.median()))
-            for family, group in rows.groupby("family")}
-
-
-def sign_verdict(table: pd.DataFrame, kind: str = "bias") -> dict[str, tuple[str, dict]]:
-    """Family → (verdict, agreement with interval) among draws with positive alignment; see the module docstring."""
-    sign = table[(table.study == "sign") & (table.kind == kind) & (table.alignment > 0)]
-    out = {}
-    for family, group in sign.groupby("family"):
-        share = _with_interval(int((group.observed < 0).sum()), len(group))
-        label = ("reproduced" if share["agree"] >= SIGN_BANDS["reproduced"] else
-                 "partly" if share["agree"] >= SIGN_BANDS["partly"] else "not reproduced")
-        out[family] = (label, share)
-    return out
-
-
 def _percent(value: float) -> str:
-    return f"{100 * value:.1f}%"
+    return f"{100 * value:.1f}%" if np.isfinite(value) else "—"
 
 
-def describe_retention(table: pd.DataFrame, step: float) -> str:
-    """A sentence per family: median retention at ``step`` beside the paper's 96-99 %, and the first-order range."""
-    ranges = first_order_range(table)
+def _interval(p: float, lo: float, hi: float) -> str:
+    return f"{_percent(p)} [{_percent(lo)}, {_percent(hi)}]"
+
+
+def _name(family: str) -> str:
+    return FAMILY_NAMES.get(family, family)
+
+
+def _steps_text(steps: list[float]) -> str:
+    if not steps:
+        return ""
+    return f"δ = {_num(steps[0])}" if len(steps) == 1 else f"δ = {_num(steps[0])} to {_num(steps[-1])}"
+
+
+def describe_retention(table: pd.DataFrame, kind: str = "bias") -> str:
+    """A sentence per family: the draws predicting a decrease, the δ where the median retention lies within the
+    paper's 96-99 %, where first order breaks, and the verdict."""
     lines = []
-    for family, (label, median) in retention_verdict(table, step).items():
-        mine = ranges[(ranges.family == family) & (ranges.kind == "bias")].largest_step
-        reach = (f"first order holds to {int(FIRST_ORDER_TOLERANCE * 100)}% up to δ = {_num(mine.median())} nats "
-                 f"(median over models)" if mine.notna().any() else "no step kept first order within 10%")
-        larger = retention_at(table[table.family == family], step * 100)
-        larger = float(larger[larger.kind == "bias"].retention.median()) if len(larger) else median
-        side = ("less than predicted: the curvature along the step is positive" if larger < 1 else
-                "more than predicted: the curvature along the step is negative")
-        lines.append(f"- **{FAMILY_NAMES.get(family, family)}**: at δ = {_num(step)} nats the held-out change kept a median "
-                     f"{_percent(median)} of the predicted one (paper: {PAPER_RETENTION[0]:.0%}–"
-                     f"{PAPER_RETENTION[1]:.0%}): **{label}**; {reach}; at 100 times the step the loss changes {side}.")
+    for family, v in retention_verdict(table, kind).items():
+        head = (f"- **{_name(family)}**: {v['draws']} of {v['of']} retention draws predicted a decrease "
+                f"($\\mu_M^\\top g_K > 0$)")
+        if not v["draws"]:
+            lines.append(head + ": no retention to read: **inconclusive**.")
+            continue
+        step, median = v["smallest"]
+        band = (f"the median retention lies within {PAPER_RETENTION[0]:.0%}–{PAPER_RETENTION[1]:.0%} at "
+                f"{_steps_text(v['band'])} nats" if v["band"] else
+                f"the median retention never lies within {PAPER_RETENTION[0]:.0%}–{PAPER_RETENTION[1]:.0%}")
+        breaks = (f"first order breaks (beyond {FIRST_ORDER_TOLERANCE:.0%}) at δ = {_num(v['breaks_at'])} nats"
+                  if np.isfinite(v["breaks_at"]) else
+                  f"first order holds within {FIRST_ORDER_TOLERANCE:.0%} over the whole grid")
+        lines.append(f"{head}; at the smallest step (δ = {_num(step)}) the median is {_percent(median)}; {band}; "
+                     f"{breaks}: **{v['label']}**.")
     return "\n".join(lines) if lines else "No trained model was intervened on at this profile."
 
 
-def describe_sign(table: pd.DataFrame) -> str:
-    """A sentence per family: how often positive alignment came with a decrease of the held-out loss."""
+def describe_sign(table: pd.DataFrame, step: float, kind: str = "bias") -> str:
+    """A sentence per family at the judged step: P(ΔL_E < 0 | μ_Mᵀg_K > 0) and P(ΔL_E < 0 | μ_Mᵀg_K ≤ 0) on the
+    evaluation set beside the same-sample share on K, the share of positive alignment, ties, and the verdict."""
+    same = sign_verdict(table, step, kind, on="heldout")
     lines = []
-    for family, (label, share) in sign_verdict(table).items():
-        lines.append(f"- **{FAMILY_NAMES.get(family, family)}**: of {share['draws']} draws with $\\mu_M^\\top g_K > 0$, "
-                     f"{_percent(share['agree'])} [{_percent(share['agree_lo'])}, {_percent(share['agree_hi'])}] "
-                     f"lowered the held-out loss: **{label}**.")
-    return "\n".join(lines) if lines else "No draw with positive alignment at this profile."
+    for family, (label, r) in sign_verdict(table, step, kind).items():
+        k = same.get(family, (None, {}))[1]
+        ties = f"; {r['ties']} ties on E (within roundoff in float64) left out" if r["ties"] else "; no ties on E"
+        lines.append(
+            f"- **{_name(family)}** (δ = {_num(step)}): positive alignment in {_interval(r['share_positive'], r['share_positive_lo'], r['share_positive_hi'])} "
+            f"of {r['draws']} draws. Of the {r['n_pos']} with $\\mu_M^\\top g_K > 0$, "
+            f"{_interval(r['p_pos'], r['p_pos_lo'], r['p_pos_hi'])} lowered the loss on the evaluation examples "
+            f"(on the K examples themselves: {_percent(k.get('p_pos', math.nan))}, the same-sample check); of the "
+            f"{r['n_nonpos']} with $\\mu_M^\\top g_K \\le 0$, {_interval(r['p_nonpos'], r['p_nonpos_lo'], r['p_nonpos_hi'])} "
+            f"did{ties}: **{label}**.")
+    return "\n".join(lines) if lines else "No draw at this profile."
+
+
+def describe_steps(cond: pd.DataFrame, kind: str = "bias") -> str:
+    """One sentence per family: P(ΔL_E < 0 | μ_Mᵀg_K > 0) along the single steps δ and the optimizer steps."""
+    if cond.empty:
+        return ""
+    lines = []
+    for family, part in cond[cond.kind == kind].groupby("family"):
+        single = part[part.optimizer_steps == 0].sort_values("train_decrease")
+        trained = part[part.optimizer_steps > 0].sort_values("optimizer_steps")
+        parts = [f"{_percent(r.p_pos)} at δ = {_num(r.train_decrease)} ({r.n_pos} draws)" for r in single.itertuples()]
+        parts += [f"{_percent(r.p_pos)} after {r.optimizer_steps} optimizer steps ({r.n_pos} draws)"
+                  for r in trained.itertuples()]
+        lines.append(f"- **{_name(family)}**: P(ΔL_E < 0 | $\\mu_M^\\top g_K > 0$) is " + "; ".join(parts) + ".")
+    return "\n".join(lines)
+
+
+def describe_positive_share(rates: pd.DataFrame) -> str:
+    """The share of draws with positive alignment beside 1 − B_align (held-out/held-out, where the bound applies)."""
+    covered = rates[(rates.setting == "heldout/heldout")].dropna(subset=["b_align"]) if len(rates) else rates
+    if covered.empty:
+        return "No held-out/held-out cell has a certificate at this profile."
+    parts = []
+    for family, part in covered.groupby("family"):
+        above = int((part.share_positive_hi + 1e-12 >= part.one_minus_b_align).sum())
+        parts.append(f"{_name(family)}: median share {_percent(part.share_positive.median())} against median "
+                     f"$1 - B_{{\\mathrm{{align}}}}$ = {_percent(part.one_minus_b_align.median())}; the share's interval "
+                     f"reaches $1 - B_{{\\mathrm{{align}}}}$ in {above} of {len(part)} cells")
+    return ("Share of draws with $\\mu_M^\\top g_K > 0$ beside the lower bound $1 - B_{\\mathrm{align}}$ it must "
+            "clear: " + "; ".join(parts) + ".")
 
 
 def describe_lowest_bin(agreement: pd.DataFrame) -> str:
     """Sign agreement where the statistic is smallest against its spread, beside the agreement over all draws."""
+    if agreement.empty:
+        return ""
     first = str(pd.Interval(Z_BINS[0], Z_BINS[1], closed="left"))
     parts = []
     for family, group in agreement.groupby("family"):
         low, overall = group[group.z_bin == first], group[group.z_bin == "all"]
         if len(low) and len(overall):
             low, overall = low.iloc[0], overall.iloc[0]
-            parts.append(f"{FAMILY_NAMES.get(family, family)} {_percent(low.agree)} [{_percent(low.agree_lo)}, "
+            parts.append(f"{_name(family)} {_percent(low.agree)} [{_percent(low.agree_lo)}, "
                          f"{_percent(low.agree_hi)}] of {low.draws} draws (all draws: {_percent(overall.agree)})")
     if not parts:
         return ""

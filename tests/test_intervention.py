@@ -1,10 +1,13 @@
 """Residual interventions: first order holds at small steps, curvature after, and the model is left bit for bit."""
 
+import math
+
 import pytest
 import torch
 
+from dalign_core import intervention
 from dalign_core.hooks import CaptureError, activation_gradients
-from dalign_core.intervention import residual_block_step, shared_bias_step
+from dalign_core.intervention import residual_block_step, shared_bias_step, train_decrease_steps
 from dalign_core.models.llama import LlamaWidthSpec, build_llama
 from dalign_core.models.resnet import resnet20
 
@@ -87,3 +90,66 @@ def test_refusals_and_an_error_midway_leave_the_model_as_it_was():
     with pytest.raises(Exception):
         residual_block_step(model, "layer1.0", bad, batch, etas=(0.1,))
     _unchanged(model, before)
+
+
+def _evaluation():
+    ids = torch.randint(0, SPEC.vocab_size, (16, SPEC.context), generator=torch.Generator().manual_seed(7))
+    return [{"input_ids": ids[:10]}, {"input_ids": ids[10:]}]
+
+
+def test_optimizer_steps_train_the_insertion_alone_and_restore_the_model_bit_for_bit():
+    model, train, heldout = _lm(torch.float32)
+    evaluation = _evaluation()
+    before = _snapshot(model)
+    steps = train_decrease_steps(model, "model.layers.0", train, heldout, (1e-2,), eval_batches=evaluation,
+                                 optimizer_steps=(1, 10, 100), optimizer_decrease=1e-2, curvature=False)
+    _unchanged(model, before)
+    for kind in ("bias", "block"):
+        single, one, ten, hundred = [s for s in steps if s.kind == kind]
+        assert [s.optimizer_steps for s in (single, one, ten, hundred)] == [0, 1, 10, 100]
+        # one optimizer step is the single step of the same δ
+        assert one.eta == single.eta and one.observed == single.observed and one.eval_observed == single.eval_observed
+        assert {s.eval_n for s in (single, one, ten, hundred)} == {16}
+        assert ten.eval_observed != one.eval_observed and hundred.eval_observed != ten.eval_observed
+    # gradient descent on the M examples: their own loss keeps falling (the parameter really is trained)
+    train_losses = []
+    for n in (1, 10, 100):
+        (_, row) = [s for s in train_decrease_steps(model, "model.layers.0", train, train, (1e-2,), kinds=("bias",),
+                                                    optimizer_steps=(n,), curvature=False)]
+        train_losses.append(row.observed)
+    assert train_losses[0] > train_losses[1] > train_losses[2] and train_losses[0] < 0
+    _unchanged(model, before)
+
+
+def test_eval_observed_is_measured_on_the_evaluation_set():
+    model, train, heldout = _lm()
+    on_k = train_decrease_steps(model, "model.layers.0", train, heldout, (1e-3,), eval_batches=heldout,
+                                curvature=False)
+    assert all(s.eval_observed == s.observed and s.eval_n == 12 for s in on_k)  # E = K: the same number
+    on_e = train_decrease_steps(model, "model.layers.0", train, heldout, (1e-3,), eval_batches=_evaluation(),
+                                curvature=False)
+    assert all(s.eval_observed != s.observed and s.eval_n == 16 for s in on_e)
+    # first order on E is E's own gradient: −η⟨G_M, G_E⟩
+    assert all(s.eval_observed == pytest.approx(s.eval_predicted, rel=0.05) for s in on_e)
+    plain = train_decrease_steps(model, "model.layers.0", train, heldout, (1e-3,), curvature=False)
+    assert all(math.isnan(s.eval_observed) and s.eval_n == 0 for s in plain)
+
+
+def test_changes_within_float32_roundoff_are_resolved_in_float64(monkeypatch):
+    model, train, heldout = _lm(torch.float32)
+    evaluation = _evaluation()
+    before = _snapshot(model)
+    plain = train_decrease_steps(model, "model.layers.0", train, heldout, (1e-2,), eval_batches=evaluation,
+                                 curvature=False)
+    assert not any(s.eval_float64 for s in plain)
+    monkeypatch.setattr(intervention, "ROUNDOFF_FLOAT32", 1.0)  # every change counts as within roundoff
+    resolved = train_decrease_steps(model, "model.layers.0", train, heldout, (1e-2,), eval_batches=evaluation,
+                                    curvature=False)
+    _unchanged(model, before)
+    assert all(s.eval_float64 and not s.eval_tie for s in resolved)
+    for a, b in zip(plain, resolved):
+        assert b.eval_observed == pytest.approx(a.eval_observed, abs=1e-5) and b.eval_observed != a.eval_observed
+    monkeypatch.setattr(intervention, "ROUNDOFF_FLOAT64", 1.0)  # and even in float64: a tie
+    tied = train_decrease_steps(model, "model.layers.0", train, heldout, (1e-2,), eval_batches=evaluation,
+                                curvature=False)
+    assert all(s.eval_tie for s in tied)

@@ -7,11 +7,13 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from dalign_core import intervention_report as report
 from dalign_core import sweep
 from dalign_core.experiments import interventions
 from dalign_core.experiments._runner import run_experiment
+from dalign_core.misalignment import wilson_interval
 from dalign_core.results import read_table
 from tests.test_sweep import ToyConfig, ToyFamily
 
@@ -23,8 +25,9 @@ def _run_toy_sweep(config, out_dir):
                           lambda c, out: sweep.run_sweep(c, FAMILY), out_dir=out_dir)
 
 
-TOY = dict(families=("toy",), retention_budget=(8, 8), retention_steps=(1e-6, 1e-4, 1e-2, 1.0), small_step=1e-6,
-           budgets=((4, 4), (8, 8)), resamples=5)
+TOY = dict(families=("toy",), retention_budget=(8, 8), retention_draws=3, retention_steps=(1e-6, 1e-4, 1e-2, 1.0),
+           budgets=((4, 4), (8, 8)), resamples=5, sign_steps=(1e-3, 1e-1), sign_step=1e-3, optimizer_steps=(2, 5),
+           optimizer_resamples=2)
 
 
 @pytest.fixture
@@ -42,27 +45,105 @@ def _config():
 def test_both_studies_cover_every_trained_model_layer_setting_and_budget(toy_source):
     config = _config()
     out = interventions.run(config, out_dir=toy_source)
-    table, _ = read_table(out, "interventions")
+    table, provenance = read_table(out, "interventions")
     required = {"family", "model", "width", "seed", "layer", "kind", "M", "K", "eta", "predicted", "observed",
-                "retention", "alignment"}
+                "retention", "alignment", "eval_observed", "eval_predicted", "eval_n", "optimizer_steps", "eval_tie",
+                "eval_float64"}
     assert required <= set(table.columns)
     widths = ToyConfig().widths
     retention, sign = table[table.study == "retention"], table[table.study == "sign"]
-    assert len(retention) == len(widths) * 2 * len(config.retention_steps)
-    # primary and last insertion points x 2 settings x 2 budgets x resamples x 2 kinds, per width (first seed only)
-    assert len(sign) == len(widths) * 2 * 2 * 2 * config.resamples * 2 and set(sign.seed) == {0}
+    assert len(retention) == len(widths) * 2 * config.retention_draws * len(config.retention_steps)
+    # single steps: primary and last insertion points x 2 settings x 2 budgets x resamples x 2 kinds x steps
+    single = sign[sign.optimizer_steps == 0]
+    assert len(single) == len(widths) * 2 * 2 * 2 * config.resamples * 2 * len(config.sign_steps)
+    assert set(sign.seed) == {0}
+    # optimizer steps: the primary layer only, the first optimizer_resamples draws, each count
+    trained = sign[sign.optimizer_steps > 0]
+    assert len(trained) == len(widths) * 1 * 2 * 2 * config.optimizer_resamples * 2 * len(config.optimizer_steps)
+    assert set(trained.layer) == {"blocks.0"} and set(trained["resample"]) == set(range(config.optimizer_resamples))
+    assert set(trained.optimizer_steps) == set(config.optimizer_steps)
     assert set(sign.layer) == {"blocks.0", "blocks.1"} and set(retention.layer) == {"blocks.0"}
     assert set(retention.train_decrease) == set(config.retention_steps)
-    assert (sign.train_decrease == config.sign_step).all() and (table.eta > 0).all()
+    assert set(single.train_decrease) == set(config.sign_steps) and (table.eta > 0).all()
+    # E: the sweep's evaluation examples, all of them, on every sign row; none in the retention study
+    assert (sign.eval_n == ToyConfig().eval_examples).all() and sign.eval_observed.notna().all()
+    assert (retention.eval_n == 0).all() and retention.eval_observed.isna().all()
+    (facts,) = provenance["families"]["toy"]["evaluation"]["sets"]
+    assert facts == {"examples": ToyConfig().eval_examples, "of": ToyConfig().eval_examples}
+    # E is not K: the change on E differs from the change on K, and first order on E is its own gradient's
+    assert not np.allclose(single.eval_observed, single.observed)
+    small = single[single.train_decrease == 1e-3]
+    assert np.corrcoef(small.eval_observed, small.eval_predicted)[0, 1] > 0.98
+    assert ((small.eval_observed - small.eval_predicted).abs() / small.eval_predicted.abs()).median() < 0.1
+    # an optimizer-step row belongs to the same draw as that draw's single steps (the same alignment)
+    keys = ["width", "layer", "setting", "M", "K", "resample", "kind"]
+    merged = trained.merge(single[single.train_decrease == 1e-3][keys + ["alignment"]], on=keys, suffixes=("", "_1"))
+    assert len(merged) == len(trained) and (merged.alignment == merged.alignment_1).all()
     smallest = retention[retention.train_decrease == 1e-6]
     assert np.allclose(smallest.retention, 1.0, atol=1e-3)  # first order holds at a tiny step (float64)
     # the curvature term explains the gap at a moderate step
     middle = retention[retention.train_decrease == 1e-2]
     assert np.allclose(middle.observed - middle.predicted, middle.second_order, rtol=0.2, atol=1e-7)
     # paired draws: every width sees the same examples, so the bias statistic of a draw differs only by the model
-    assert sign.groupby(["width", "layer", "setting", "M", "K", "resample"]).bias_alignment.nunique().eq(1).all()
+    keys = ["width", "layer", "setting", "M", "K", "resample", "train_decrease", "optimizer_steps"]
+    assert sign.groupby(keys).bias_alignment.nunique().eq(1).all()
     bias = sign[sign.kind == "bias"]
     assert (bias.alignment == bias.bias_alignment).all()
+
+
+def test_the_evaluation_set_is_disjoint_from_the_draws(toy_source):
+    """E is the sweep's evaluation examples: test indices outside the held-out pool, which every K (and the M of
+    heldout/heldout) is drawn from; the M of train/heldout come from the train split."""
+    sweep_config = ToyConfig(beatable=True)
+    splits, _, pools = sweep.prepare(sweep_config, FAMILY)
+    evaluation, index = interventions.evaluation_set(splits, pools, None)
+    assert len(index) == sweep_config.eval_examples
+    assert not set(index.tolist()) & set(pools.heldout.tolist())
+    assert torch.equal(evaluation[0], splits.test[0][index])
+    n_train, n_heldout = len(pools.train), len(pools.heldout)
+    for setting in interventions.SETTINGS:
+        train_idx, heldout_idx, source = interventions._draw(setting, n_train, n_heldout, 8, 8, (0, setting, 8, 8, 1))
+        heldout_examples = set(pools.heldout[heldout_idx].tolist())
+        assert not heldout_examples & set(index.tolist())
+        if source == "heldout":
+            assert not set(pools.heldout[train_idx].tolist()) & (heldout_examples | set(index.tolist()))
+    limited = interventions.evaluation_set(splits, pools, 10)[1]
+    assert torch.equal(limited, index[:10])
+    overlapping = sweep.Pools(train=pools.train, heldout=pools.heldout, evaluation=pools.heldout[:4],
+                              validation=pools.validation)
+    with pytest.raises(RuntimeError, match="shares 4 examples"):
+        interventions.evaluation_set(splits, overlapping, None)
+
+
+def test_eval_observed_is_the_change_of_the_loss_on_the_evaluation_set(toy_source):
+    """Recompute one row's ΔL_E by hand: the model's mean loss on E with the bias −η μ_M added at the layer, minus
+    without."""
+    config = _config()
+    table, _ = read_table(interventions.run(config, out_dir=toy_source), "interventions")
+    row = table[(table.study == "sign") & (table.kind == "bias") & (table.layer == "blocks.0")
+                & (table.setting == "train/heldout") & (table.M == 4) & (table["resample"] == 1)
+                & (table.train_decrease == 1e-1) & (table.optimizer_steps == 0)].iloc[0]
+    sweep_config = ToyConfig(beatable=True)
+    splits, _, pools = sweep.prepare(sweep_config, FAMILY)
+    model = sweep.trained_model(sweep_config, FAMILY, splits, int(row.width), int(row.seed), float(row.lr))
+    train_idx, _, _ = interventions._draw("train/heldout", len(pools.train), len(pools.heldout), 4, 4,
+                                          (config.seed, "train/heldout", 4, 4, 1))
+    x_m, y_m = splits.train[0][pools.train[train_idx]], splits.train[1][pools.train[train_idx]]
+    x_e, y_e = interventions.evaluation_set(splits, pools, None)[0]
+    module = dict(model.named_modules())["blocks.0"]
+    bias = torch.zeros(int(row.width), requires_grad=True)
+    handle = module.register_forward_hook(lambda m, a, out: out + bias)
+    try:
+        loss = torch.nn.functional.cross_entropy(model(x_m), y_m)
+        (mu,) = torch.autograd.grad(loss, bias)
+        with torch.no_grad():
+            before = torch.nn.functional.cross_entropy(model(x_e), y_e)
+            bias.copy_(-row.eta * mu)
+            after = torch.nn.functional.cross_entropy(model(x_e), y_e)
+    finally:
+        handle.remove()
+    assert float(after - before) == pytest.approx(row.eval_observed, rel=1e-3, abs=1e-6)
+    assert row.eval_observed != pytest.approx(row.observed, rel=1e-2)
 
 
 def test_the_study_is_deterministic_and_skipped_when_current(toy_source):
@@ -97,40 +178,103 @@ def test_failed_runs_are_left_out_and_recorded(tmp_path, monkeypatch):
 def test_a_bad_config_is_refused():
     with pytest.raises(ValueError, match="families"):
         interventions.Config(families=("gpt5",))
-    with pytest.raises(ValueError, match="small_step"):
-        interventions.Config(small_step=0.5)
+    with pytest.raises(ValueError, match="sign_step"):
+        interventions.Config(sign_step=0.5)
+    with pytest.raises(ValueError, match="optimizer_steps"):
+        interventions.Config(optimizer_steps=(0,))
+    assert interventions.Config.PROFILES["lab"] == interventions.Config.PROFILES["smoke"]
 
 
-def _sign_rows(alignment, observed, kind="bias", family="f"):
+def _sign_rows(alignment, observed, kind="bias", family="f", eval_observed=None, tie=None, step=1e-3):
     n = len(alignment)
+    eval_observed = observed if eval_observed is None else eval_observed
     return pd.DataFrame(dict(study="sign", family=family, model="m", width=8, seed=0, layer="l", setting="s",
                              kind=kind, M=4, K=4, alignment=alignment, bias_alignment=alignment,
-                             predicted=-1e-4 * np.asarray(alignment), observed=observed, resample=range(n)))
+                             predicted=-1e-4 * np.asarray(alignment), observed=observed, eval_observed=eval_observed,
+                             eval_tie=False if tie is None else tie, train_decrease=step, optimizer_steps=0,
+                             resample=range(n)))
+
+
+def test_sign_is_judged_on_the_evaluation_set_not_on_k():
+    # On K every step agrees with its alignment (Taylor); on E two of three positive draws raised the loss.
+    rows = _sign_rows([1.0, 2.0, 3.0, -1.0], [-1e-4, -2e-4, -3e-4, 1e-4], eval_observed=[-1e-4, 2e-4, 3e-4, 1e-4])
+    label, r = report.sign_verdict(rows, 1e-3)["f"]
+    assert r["n_pos"] == 3 and r["p_pos"] == pytest.approx(1 / 3) and label == "not reproduced"
+    assert report.sign_verdict(rows, 1e-3, on="heldout")["f"][1]["p_pos"] == 1.0
+    assert r["p_nonpos"] == 0.0 and r["n_nonpos"] == 1
+    assert (r["p_pos_lo"], r["p_pos_hi"]) == pytest.approx(wilson_interval(1, 3))
+    assert (r["p_nonpos_lo"], r["p_nonpos_hi"]) == pytest.approx(wilson_interval(0, 1))
+    assert r["share_positive"] == 0.75 and (r["share_positive_lo"], r["share_positive_hi"]) == pytest.approx(
+        wilson_interval(3, 4))
+    text = report.describe_sign(rows, 1e-3)
+    assert "33.3% [" in text and "100.0%, the same-sample check" in text and "**not reproduced**" in text
+    # another step or an optimizer-step row does not enter the judged step's verdict
+    other = _sign_rows([1.0], [-1e-4], eval_observed=[-1e-4], step=1e-2)
+    trained = _sign_rows([1.0], [-1e-4], eval_observed=[-1e-4]).assign(optimizer_steps=10)
+    assert report.sign_verdict(pd.concat([rows, other, trained]), 1e-3)["f"][1]["n_pos"] == 3
+
+
+def test_ties_on_e_are_left_out_and_counted():
+    rows = _sign_rows([1.0, 2.0, 3.0, -1.0], [-1e-4] * 3 + [1e-4], eval_observed=[-1e-4, 0.0, -3e-4, 1e-4],
+                      tie=[False, True, False, False])
+    label, r = report.sign_verdict(rows, 1e-3)["f"]
+    assert r["ties"] == 1 and r["n_pos"] == 2 and r["p_pos"] == 1.0 and r["draws"] == 4
+    assert label == "inconclusive"  # 2 of 2: the Wilson interval holds both 80% and 95%
+    assert "1 ties on E" in report.describe_sign(rows, 1e-3)
+    cond = report.conditional_decrease(rows)
+    assert cond.ties.item() == 1 and cond.share_positive.item() == 0.75
 
 
 def test_sign_verdicts_and_intervals_stay_honest_at_the_edges():
+    many = _sign_rows([1.0] * 100 + [-1.0], [-1e-4] * 100 + [1e-4])
+    label, r = report.sign_verdict(many, 1e-3)["f"]
+    assert label == "reproduced" and r["p_pos"] == 1.0 and r["p_pos_hi"] == 1.0 and r["p_pos_lo"] < 1
+    wrong = _sign_rows([1.0] * 50, [1e-4] * 30 + [-1e-4] * 20)
+    assert report.sign_verdict(wrong, 1e-3)["f"][0] == "not reproduced"
     perfect = _sign_rows([1.0, 2.0, 3.0, -1.0], [-1e-4, -2e-4, -3e-4, 1e-4])
-    label, share = report.sign_verdict(perfect)["f"]
-    assert label == "reproduced" and share["agree"] == 1.0 and share["agree_hi"] == 1.0 and share["agree_lo"] < 1
-    wrong = _sign_rows([1.0, 2.0, 3.0], [1e-4, 2e-4, -3e-4])
-    assert report.sign_verdict(wrong)["f"][0] == "not reproduced"
-    bins = report.sign_agreement(perfect)
+    bins = report.sign_agreement(perfect, 1e-3)
     overall = bins[bins.z_bin == "all"].iloc[0]
     assert overall.agree == 1.0 and overall.draws == 4
-    assert "lowered the held-out loss: **reproduced**" in report.describe_sign(perfect)
     near_zero = _sign_rows([0.01, 2.0, 3.0, -2.0], [1e-6, -2e-4, -3e-4, 2e-4])  # curvature beats a tiny prediction
-    lowest = report.describe_lowest_bin(report.sign_agreement(near_zero))
+    lowest = report.describe_lowest_bin(report.sign_agreement(near_zero, 1e-3))
     assert "0.0% [0.0%, 79.3%] of 1 draws (all draws: 75.0%)" in lowest
 
 
+def _retention_rows(curves, alignment):
+    """One retention row per (draw, δ): ``curves[d]`` the retention of draw d along ``STEPS``."""
+    rows = []
+    for draw, (curve, a) in enumerate(zip(curves, alignment)):
+        for step, value in zip(STEPS, curve):
+            rows.append(dict(study="retention", family="a", model="m", kind="bias", resample=draw,
+                             train_decrease=step, predicted=-step * a, retention=value, observed=-step * a * value))
+    return pd.DataFrame(rows)
+
+
+STEPS = (1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
+
+
+def test_retention_is_read_only_on_draws_that_predict_a_decrease():
+    # The draw with negative alignment has retention 1.0 everywhere; were it read, the median would change.
+    rows = _retention_rows([[1.0, 0.995, 0.97, 0.85, 0.3], [1.0, 0.99, 0.96, 0.8, 0.2], [1.0, 1.0, 1.0, 1.0, 1.0]],
+                           [1.0, 2.0, -1.0])
+    curve = report.retention_curve(rows)
+    assert (curve.draws == 2).all() and (curve.of == 3).all()
+    assert curve.set_index("train_decrease")["median"][1e-3] == pytest.approx(0.965)
+    v = report.retention_verdict(rows)["a"]
+    assert v["label"] == "reproduced" and v["band"] == [1e-3] and v["breaks_at"] == 1e-2 and v["draws"] == 2
+    text = report.describe_retention(rows)
+    assert "2 of 3 retention draws" in text and "at δ = 0.001 nats" in text and "breaks" in text
+    only_negative = _retention_rows([[1.0] * 5], [-1.0])
+    assert report.retention_verdict(only_negative)["a"]["label"] == "inconclusive"
+    assert "no retention to read" in report.describe_retention(only_negative)
+
+
 def test_retention_verdict_bands():
-    def rows(value):
-        return pd.DataFrame(dict(study="retention", family=["a"], model="m", kind="bias", train_decrease=1e-5,
-                                 retention=value))
-    assert report.retention_verdict(rows(0.97), 1e-5)["a"][0] == "reproduced"
-    assert report.retention_verdict(rows(1.02), 1e-5)["a"][0] == "reproduced"  # first order within 4 %, either side
-    assert report.retention_verdict(rows(0.93), 1e-5)["a"][0] == "partly"
-    assert report.retention_verdict(rows(0.5), 1e-5)["a"][0] == "not reproduced"
-    curve = pd.DataFrame(dict(study="retention", family="a", model="m", kind="bias",
-                              train_decrease=[1e-5, 1e-4, 1e-3, 1e-2], retention=[1.0, 0.98, 0.85, 0.95]))
-    assert report.first_order_range(curve).largest_step.item() == 1e-4  # stops at the first step outside 10 %
+    def verdict(curve):
+        return report.retention_verdict(_retention_rows([curve], [1.0]))["a"]
+    assert verdict([1.0, 0.99, 0.97, 0.9, 0.5])["label"] == "reproduced"
+    assert verdict([1.0, 1.01, 1.03, 1.2, 2.0])["label"] == "partly"  # negative curvature: never inside 96-99 %
+    assert verdict([1.0, 0.995, 0.5, 0.2, 0.1])["label"] == "partly"  # the grid steps over the band
+    assert verdict([1.0, 0.93, 0.97, 0.9, 0.5])["label"] == "partly"  # left 1 by more than 4% before the band
+    assert verdict([0.5, 0.6, 0.97, 0.9, 0.5])["label"] == "not reproduced"  # first order off at the smallest step
+    assert np.isnan(verdict([1.0, 1.0, 0.99, 0.98, 0.97])["breaks_at"])

@@ -1,4 +1,4 @@
-"""Residual interventions on the width sweeps' trained models: does μ_Mᵀg_K predict the held-out change?
+"""Residual interventions on the width sweeps' trained models: does μ_Mᵀg_K predict the change on fresh data?
 
 For each family (LLaMA, Pythia, ResNet-20) this takes the models its width sweep
 trained (the first ``runs_per_width`` trained seeds of every width, loaded from the
@@ -8,18 +8,30 @@ and a zero-output block. Each step is sized by the first-order decrease δ of th
 training examples' own loss (``η = δ / ‖G_M‖²``), so one grid of δ serves every
 family, width and layer. Two studies, one table (``interventions``):
 
-* **retention** (``study = "retention"``): one draw of ``retention_budget`` examples at
-  the primary insertion point, δ over the log grid ``retention_steps``; the model in
-  float64, so that the smallest steps are not lost in roundoff. ``second_order`` is the
-  exact curvature term ``½ η² uᵀH_K u`` along the step.
 * **sign** (``study = "sign"``): ``resamples`` draws of (M, K) examples per budget, at
-  the primary and the last insertion point, one step of ``sign_step`` each. In the
-  ``train/heldout`` setting the M examples come from the sweep's train pool (the
-  question a growth method faces); in ``heldout/heldout`` both come from the held-out
-  pool, disjoint (one law: the setting the certificates cover). Draws are seeded by
-  (setting, budget, resample) alone, so every width and layer sees the same
-  examples: a paired comparison. ``bias_alignment`` is the shared-bias statistic of
-  the same draw, beside the block's own.
+  the primary and the last insertion point, one step of each δ in ``sign_steps``
+  (1e-3 to 1e-1 nats: steps that change the loss far above float32 roundoff) and, on the
+  first ``optimizer_resamples`` draws at the primary insertion point, ``optimizer_steps``
+  steps of gradient descent that train the inserted parameter alone on the M examples
+  (``optimizer_decrease`` per step). Every step is measured on the K examples that formed
+  g_K (``observed``: first order there is Taylor's theorem, the same-sample check) and on
+  the evaluation set E (``eval_observed``, ``eval_n``): the sweep's evaluation examples
+  (:attr:`dalign_core.sweep.Pools.evaluation`, at most ``eval_examples`` of them), test
+  examples disjoint from the held-out pool the K (and, in ``heldout/heldout``, the M)
+  examples come from, and from the train split. In the ``train/heldout`` setting the M
+  examples come from the sweep's train pool (the question a growth method faces); in
+  ``heldout/heldout`` both come from the held-out pool, disjoint (one law: the setting the
+  certificates cover). Draws are seeded by (setting, budget, resample) alone, so every
+  width and layer sees the same examples: a paired comparison. ``bias_alignment`` is the
+  shared-bias statistic of the same draw, beside the block's own. A float32 change on E
+  within roundoff is recomputed in float64 (``eval_float64``); one still within roundoff
+  is a tie (``eval_tie``), left out of the sign statistics and counted.
+* **retention** (``study = "retention"``): ``retention_draws`` draws of
+  ``retention_budget`` examples at the primary insertion point, δ over the log grid
+  ``retention_steps``, the model in float64 so that the smallest steps are not lost in
+  roundoff. ``second_order`` is the exact curvature term ``½ η² uᵀH_K u`` along the step.
+  The paper reads retention on steps that predict a decrease: the report keeps the draws
+  with ``μ_Mᵀg_K > 0`` only.
 
 Run without Jupyter: ``python -m dalign_core.experiments.interventions --profile cpu``.
 A family whose sweep has not run at the profile is run first (that is the long part:
@@ -45,10 +57,10 @@ from dalign_core.config import ExperimentConfig, default_results_dir
 from dalign_core.experiments import llama_width, pythia_width, resnet_width
 from dalign_core.experiments._runner import main, run_experiment
 from dalign_core.family import Family, SweepConfig, count, take
-from dalign_core.intervention import train_decrease_draws, train_decrease_steps
+from dalign_core.intervention import train_decrease_draws
 from dalign_core.sweep import prepare, trained_model
 
-__all__ = ["Config", "Source", "SOURCES", "TABLES", "run", "SETTINGS"]
+__all__ = ["Config", "Source", "SOURCES", "TABLES", "run", "SETTINGS", "model_rows", "evaluation_set"]
 
 log = logging.getLogger("dalign")
 
@@ -79,9 +91,13 @@ SOURCES: dict[str, Source] = {
 }
 
 
+SMOKE = dict(retention_budget=(8, 8), retention_draws=4, retention_steps=(1e-5, 1e-3, 1e-1), budgets=((4, 4),),
+             resamples=4, optimizer_steps=(10, 100), optimizer_resamples=2)
+
+
 @dataclass(frozen=True)
 class Config(ExperimentConfig):
-    """The intervention study (defaults: the ``cpu`` profile, about 15 minutes on 2 cores)."""
+    """The intervention study (defaults: the ``cpu`` profile)."""
 
     profile: str = "cpu"
     seed: int = 0
@@ -89,39 +105,55 @@ class Config(ExperimentConfig):
     runs_per_width: int = 1
     """Trained seeds per width that are intervened on (the first ones)."""
     retention_budget: tuple[int, int] = (32, 32)
-    """(M, K) of the retention study's single draw."""
+    """(M, K) of the retention study's draws."""
+    retention_draws: int = 8
+    """Draws of the retention study per model (only those with μ_Mᵀg_K > 0 are read)."""
     retention_steps: tuple[float, ...] = (1e-6, 3e-6, 1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1)
     """First-order train-loss decreases δ (nats) of the retention grid."""
-    small_step: float = 1e-5
-    """The δ at which retention is set beside the paper's 96-99 % ("small steps")."""
     budgets: tuple[tuple[int, int], ...] = ((16, 16),)
     """(M, K) of the sign study; M + K stays small against the pools (512 to 1024 examples)."""
     resamples: int = 30
     """Draws per (model, layer, setting, budget) in the sign study."""
-    sign_step: float = 1e-4
-    """δ of the sign study's step: first order holds to a few per cent there, and the change stays far above the
-    float32 roundoff of the loss (about 1e-7 nats)."""
+    sign_steps: tuple[float, ...] = (1e-3, 1e-2, 1e-1)
+    """δ (nats) of the sign study's single steps: changes far above float32 roundoff (about 1e-7 nats)."""
+    sign_step: float = 1e-3
+    """The δ the sign claim is judged at (one of ``sign_steps``): the smallest, where first order still holds."""
+    optimizer_steps: tuple[int, ...] = (10, 100)
+    """Counts of gradient-descent steps on the inserted parameter alone after which the change is read."""
+    optimizer_decrease: float = 1e-2
+    """δ of each optimizer step's η (its first step lowers the M examples' loss by this much at first order)."""
+    optimizer_resamples: int = 10
+    """Draws per (model, setting, budget) at the primary insertion point that also take the optimizer steps."""
+    eval_examples: int | None = None
+    """At most this many of the sweep's evaluation examples form E (None: all of them)."""
     hidden: int | None = None
     """Width of the zero-output block (None: the insertion point's width)."""
     confidence: float = 0.95
     device: str = "auto"
 
     PROFILES = {
-        "smoke": dict(retention_budget=(8, 8), retention_steps=(1e-5, 1e-3, 0.1), budgets=((4, 4),), resamples=4),
+        "smoke": SMOKE,
+        "lab": SMOKE,  # the classroom profile: smoke-sized, minutes on a laptop on top of the lab sweeps
         "cpu": {},
-        "gpu": dict(runs_per_width=3, retention_budget=(64, 64), budgets=((16, 16), (64, 64)), resamples=200),
-        "paper": dict(runs_per_width=3, retention_budget=(128, 128), budgets=((16, 16), (64, 64), (128, 128)),
-                      resamples=1000),
+        "gpu": dict(runs_per_width=3, retention_budget=(64, 64), retention_draws=16, budgets=((16, 16), (64, 64)),
+                    resamples=200, optimizer_resamples=50),
+        "paper": dict(runs_per_width=3, retention_budget=(128, 128), retention_draws=32,
+                      budgets=((16, 16), (64, 64), (128, 128)), resamples=1000, optimizer_resamples=100),
     }
 
     def __post_init__(self):
         unknown = sorted(set(self.families) - set(SOURCES))
         if unknown or not self.families:
             raise ValueError(f"families {self.families} must be a non-empty selection of {sorted(SOURCES)}")
-        if self.runs_per_width < 1 or self.resamples < 1:
-            raise ValueError("runs_per_width and resamples must be at least 1")
-        if self.small_step not in self.retention_steps:
-            raise ValueError(f"small_step {self.small_step} must be one of retention_steps {self.retention_steps}")
+        if self.runs_per_width < 1 or self.resamples < 1 or self.retention_draws < 1:
+            raise ValueError("runs_per_width, resamples and retention_draws must be at least 1")
+        if self.sign_step not in self.sign_steps:
+            raise ValueError(f"sign_step {self.sign_step} must be one of sign_steps {self.sign_steps}")
+        if any(n < 1 for n in self.optimizer_steps) or self.optimizer_resamples < 0:
+            raise ValueError(f"optimizer_steps {self.optimizer_steps} must be positive counts and "
+                             f"optimizer_resamples {self.optimizer_resamples} not negative")
+        if self.eval_examples is not None and self.eval_examples < 1:
+            raise ValueError(f"eval_examples {self.eval_examples} must be positive or None")
 
 
 def _draw(setting: str, n_train: int, n_heldout: int, M: int, K: int, key) -> tuple[torch.Tensor, torch.Tensor, str]:
@@ -135,42 +167,67 @@ def _draw(setting: str, n_train: int, n_heldout: int, M: int, K: int, key) -> tu
 
 def _rows(steps, base: dict, **extra) -> list[dict]:
     bias_alignment = next((s.alignment for s in steps if s.kind == "bias"), float("nan"))
-    return [{**base, **extra, "kind": s.kind, "train_decrease": s.train_decrease, "eta": s.eta,
-             "predicted": s.predicted, "observed": s.observed, "retention": s.retention,
-             "second_order": s.second_order, "alignment": s.alignment, "bias_alignment": bias_alignment}
+    return [{**base, **extra, "kind": s.kind, "train_decrease": s.train_decrease, "optimizer_steps": s.optimizer_steps,
+             "eta": s.eta, "predicted": s.predicted, "observed": s.observed, "retention": s.retention,
+             "second_order": s.second_order, "alignment": s.alignment, "bias_alignment": bias_alignment,
+             "eval_observed": s.eval_observed, "eval_predicted": s.eval_predicted, "eval_n": s.eval_n,
+             "eval_float64": s.eval_float64, "eval_tie": s.eval_tie}
             for s in steps]
 
 
 def model_rows(config: Config, sweep_config: SweepConfig, family: Family, model, pools: dict, base: dict
                ) -> list[dict]:
-    """Both studies on one trained model; ``pools`` holds its sweep's ``train`` and ``heldout`` examples."""
+    """Both studies on one trained model; ``pools`` holds its sweep's ``train`` and ``heldout`` pool examples and
+    the ``evaluation`` examples E (disjoint from both: the caller's guarantee, checked by :func:`evaluation_set`)."""
     points = family.insertion_points(sweep_config, model)
     primary = family.primary_layer(sweep_config)
     layers = [primary] + [points[-1]] * (points[-1] != primary)
     batches = lambda examples: family.batches(examples, sweep_config.capture_batch)  # noqa: E731
     n_train, n_heldout = count(pools["train"]), count(pools["heldout"])
     block_seed = derived_seed("interventions-block", config.seed)
+    evaluation = batches(pools["evaluation"])
     rows = []
-    M, K = config.retention_budget
-    train_idx, heldout_idx, source = _draw("train/heldout", n_train, n_heldout, M, K, (config.seed, "retention"))
-    steps = train_decrease_steps(copy.deepcopy(model).double(), primary, batches(take(pools[source], train_idx)),
-                                 batches(take(pools["heldout"], heldout_idx)), config.retention_steps,
-                                 hidden=config.hidden, seed=block_seed)
-    rows += _rows(steps, base, study="retention", setting="train/heldout", layer=primary, M=M, K=K, resample=0)
 
-    def draws(setting, M, K):
-        for r in range(config.resamples):
-            train_idx, heldout_idx, source = _draw(setting, n_train, n_heldout, M, K, (config.seed, setting, M, K, r))
+    def draws(setting, M, K, resamples, *key):
+        for r in resamples:
+            train_idx, heldout_idx, source = _draw(setting, n_train, n_heldout, M, K, (config.seed, *key, r))
             yield batches(take(pools[source], train_idx)), batches(take(pools["heldout"], heldout_idx))
+
+    M, K = config.retention_budget
+    retained = train_decrease_draws(copy.deepcopy(model).double(), primary,
+                                    draws("train/heldout", M, K, range(config.retention_draws), "retention"),
+                                    config.retention_steps, hidden=config.hidden, seed=block_seed)
+    for r, steps in enumerate(retained):
+        rows += _rows(steps, base, study="retention", setting="train/heldout", layer=primary, M=M, K=K, resample=r)
 
     for layer in layers:
         for setting in SETTINGS:
             for M, K in config.budgets:
-                resampled = train_decrease_draws(model, layer, draws(setting, M, K), [config.sign_step],
-                                                 hidden=config.hidden, seed=block_seed, curvature=False)
-                for r, steps in enumerate(resampled):
+                n_opt = min(config.optimizer_resamples, config.resamples) if layer == primary else 0
+                common = dict(hidden=config.hidden, seed=block_seed, curvature=False, eval_batches=evaluation)
+                # The first n_opt draws also take the optimizer steps; every draw takes the single steps.
+                trained = train_decrease_draws(model, layer, draws(setting, M, K, range(n_opt), setting, M, K),
+                                               config.sign_steps, optimizer_steps=config.optimizer_steps,
+                                               optimizer_decrease=config.optimizer_decrease, **common)
+                plain = train_decrease_draws(model, layer, draws(setting, M, K, range(n_opt, config.resamples),
+                                                                 setting, M, K), config.sign_steps, **common)
+                for r, steps in enumerate(trained):
+                    rows += _rows(steps, base, study="sign", setting=setting, layer=layer, M=M, K=K, resample=r)
+                for r, steps in enumerate(plain, start=n_opt):
                     rows += _rows(steps, base, study="sign", setting=setting, layer=layer, M=M, K=K, resample=r)
     return rows
+
+
+def evaluation_set(splits, pools, limit: int | None) -> tuple[Any, torch.Tensor]:
+    """E: the sweep's evaluation examples (the first ``limit``), test-split indices disjoint from the held-out pool.
+
+    Raises ``RuntimeError`` if E shares an example with the held-out pool (the M and K examples are drawn from that
+    pool and from the train split, so E disjoint from it is disjoint from every draw)."""
+    index = pools.evaluation[:limit] if limit is not None else pools.evaluation
+    shared = set(index.tolist()) & set(pools.heldout.tolist())
+    if shared:
+        raise RuntimeError(f"the evaluation set shares {len(shared)} examples with the held-out pool")
+    return take(splits.test, index), index
 
 
 def _family_rows(config: Config, name: str, out_dir: Path, device: torch.device) -> tuple[list[dict], dict]:
@@ -179,7 +236,7 @@ def _family_rows(config: Config, name: str, out_dir: Path, device: torch.device)
     experiment_config = source.config(config.profile)
     source.run(experiment_config, out_dir=out_dir)  # skipped when its tables are current
     runs = pd.read_csv(out_dir / f"{name}_runs.csv")
-    rows, used = [], []
+    rows, used, evaluations = [], [], []
     for sweep_config in source.sweeps(experiment_config):
         family = source.family(sweep_config)
         columns = family.columns(sweep_config)
@@ -189,7 +246,11 @@ def _family_rows(config: Config, name: str, out_dir: Path, device: torch.device)
         chosen = mine[mine.trained_ok.astype(bool)].sort_values(["width", "seed"]).groupby("width").head(
             config.runs_per_width)
         splits, _, pools = prepare(sweep_config, family)
-        examples = {"train": take(splits.train, pools.train), "heldout": take(splits.test, pools.heldout)}
+        evaluation, eval_index = evaluation_set(splits, pools, config.eval_examples)
+        evaluations.append({**family.columns(sweep_config), "examples": int(len(eval_index)),
+                            "of": int(len(pools.evaluation))})
+        examples = {"train": take(splits.train, pools.train), "heldout": take(splits.test, pools.heldout),
+                    "evaluation": evaluation}
         for run in chosen.itertuples():
             started = time.perf_counter()
             model = trained_model(sweep_config, family, splits, int(run.width), int(run.seed), float(run.lr), device)
@@ -205,7 +266,10 @@ def _family_rows(config: Config, name: str, out_dir: Path, device: torch.device)
         left_out = failed[failed.seed < failed.width.map(last).fillna(float("inf"))]
         used += [dict(family=name, **columns, model=r.model, width=int(r.width), seed=int(r.seed),
                       left_out=f"failed run: {r.failure}") for r in left_out.itertuples()]
-    return rows, {"sweep_config_hash": experiment_config.config_hash(), "models": used}
+    return rows, {"sweep_config_hash": experiment_config.config_hash(), "models": used,
+                  "evaluation": {"source": "the sweep's evaluation examples (Pools.evaluation), test split",
+                                 "disjoint_from": "the held-out pool (K, and M in heldout/heldout) and the train split",
+                                 "sets": evaluations}}
 
 
 def compute(config: Config, out_dir: Path) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
