@@ -94,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "gradient (warns above a fraction of 0.9; 0: skip; default: 256)")
     est.add_argument("--dtype", choices=("float32", "bfloat16", "float16", "float64"), default="float32",
                      help="model dtype (default: float32)")
-    est.add_argument("--out", type=Path, default=None, help="write the results as CSV (atomically)")
+    est.add_argument("--out", type=_out_file, default=None,
+                     help="write the results to this CSV file (atomically; never over an input or a non-CSV file)")
     est.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
 
     lay = sub.add_parser("layers", help="list a model's residual blocks (insertion points)")
@@ -322,11 +323,32 @@ def _is_local_data(spec: str) -> bool:
         spec.startswith((".", "/", "~"))
 
 
-def _check_out(path: Path) -> None:
-    """Refuse an ``--out`` that cannot be written (a folder, a path under a file, no write access), before any work."""
+def _out_file(text: str) -> Path:
+    """``--out``'s value as a path; an empty one (it would name the current folder) is a usage error."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty; give a file name, e.g. --out geometry.csv")
+    return Path(text)
+
+
+def _check_out(path: Path, inputs: tuple = (), flag: str = "--out") -> None:
+    """Refuse an ``--out`` that cannot be written, or should not be, before any work.
+
+    Refused: an empty name, a folder, a path under a file, a folder without write access,
+    an existing file that is read-only or not a CSV (``.csv``), and any of ``inputs``
+    (``(what, path)`` pairs: the --data file, the model folder, the tokenizer; a folder
+    protects every file in it).
+    """
+    import os
     import tempfile
 
+    if not str(path).strip():
+        raise ValueError(f"{flag} is empty; give a file name, e.g. {flag} geometry.csv")
     path = path.expanduser()
+    for what, given in inputs:
+        if _same_or_inside(path, Path(given).expanduser()):
+            where = "is" if Path(given).expanduser().is_file() else "is a file in"
+            raise ValueError(f"{flag} {str(path)!r} {where} {what} {str(given)!r}, an input of this command: writing "
+                             f"the results there would destroy it; choose another file, e.g. {flag} geometry.csv")
     if path.is_dir():
         raise ValueError(f"--out {str(path)!r} is a directory; give a file name, e.g. --out {path / 'geometry.csv'}")
     folder = path.parent
@@ -335,12 +357,87 @@ def _check_out(path: Path) -> None:
     if not folder.is_dir():
         raise ValueError(f"--out {str(path)!r} cannot be created: {str(folder)!r} is a file, not a folder; "
                          "choose a path inside a folder")
+    if path.exists():
+        if not path.is_file() or path.suffix.lower() != ".csv":
+            raise ValueError(f"{flag} {str(path)!r} exists and is not a CSV file (.csv); it would be replaced: choose "
+                             "a new file name or a .csv file")
+        if not path.stat().st_mode & 0o222 or not os.access(path, os.W_OK):
+            raise ValueError(f"{flag} {str(path)!r} is read-only; choose another file name, or make it writable "
+                             f"(chmod u+w {str(path)!r})")
     try:
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as err:
-        raise ValueError(f"--out {str(path)!r} cannot be written: no file can be created in {str(folder)!r} "
+        raise ValueError(f"{flag} {str(path)!r} cannot be written: no file can be created in {str(folder)!r} "
                          f"({err.strerror or err}); choose a folder you can write to") from err
+
+
+def _same_or_inside(path: Path, given: Path) -> bool:
+    """True when the existing file ``path`` is ``given`` (a file: the same file, through any link) or lies in the
+    folder ``given`` (or is one of its files, reached by another name)."""
+    import os
+
+    if not path.exists() or not given.exists():
+        return False
+    if given.is_dir():
+        if path.resolve().is_relative_to(given.resolve()):
+            return True
+        others = [child for child in given.iterdir() if child.is_file()]
+    else:
+        others = [given]
+    try:
+        return any(os.path.samefile(path, other) for other in others)
+    except OSError:
+        return False
+
+
+def _input_paths(source, data_path: Path | None, tokenizer: str | None) -> tuple:
+    """The local inputs an ``--out`` must never overwrite: the data file, the model folder (and, for a revision
+    subfolder, its parent, where the tokenizer may be) and a local tokenizer."""
+    inputs = [("the --data file", data_path)] if data_path is not None else []
+    if source is not None and source.local:
+        inputs.append(("the model folder", Path(source.path)))
+        if source.revision:
+            inputs.append(("the model folder", Path(source.path).parent))
+    if tokenizer and Path(tokenizer).expanduser().exists():
+        inputs.append(("the --tokenizer folder", Path(tokenizer)))
+    return tuple(inputs)
+
+
+def _check_device(name: str) -> None:
+    """Refuse a ``--device`` this command cannot compute on, saying which devices exist."""
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    here = "cpu" + (f", cuda, cuda:0 to cuda:{count - 1}" if count > 1 else ", cuda, cuda:0" if count else "")
+    match = re.fullmatch(r"cuda:(\d+)", name)
+    if name in ("auto", "cpu") or (name == "cuda" and count):
+        return
+    if match and int(match.group(1)) < count:
+        return
+    if name == "cuda" or match:
+        what = "CUDA is not available on this machine" if not count else f"this machine has {count} CUDA device(s)"
+        raise ValueError(f"--device {name!r}: {what}; the devices here are: {here} (or auto)")
+    raise ValueError(f"--device {name!r} is not a device this command computes on; give cpu, cuda or cuda:N "
+                     f"(here: {here}; default: auto)")
+
+
+def _check_common(args: argparse.Namespace) -> None:
+    """Checks of the options several commands share (--device, --tokenizer, --seed), before anything is loaded."""
+    if getattr(args, "device", None) is not None:
+        _check_device(args.device)
+    tokenizer = getattr(args, "tokenizer", None)
+    if tokenizer:
+        path = Path(tokenizer).expanduser()
+        if path.is_file():
+            raise ValueError(f"--tokenizer {tokenizer!r} is a file; pass the folder that holds the tokenizer's files "
+                             "(tokenizer.json, tokenizer_config.json: tokenizer.save_pretrained output) or a Hugging "
+                             "Face id")
+        if not path.exists() and tokenizer.startswith((".", "/", "~")):
+            raise ValueError(f"--tokenizer {tokenizer!r} does not exist; pass a tokenizer folder or a Hugging Face id")
+    seed = getattr(args, "seed", None)
+    if seed is not None and not 0 <= seed < 2**63:
+        raise ValueError(f"--seed must be a whole number from 0 to 2**63 - 1, got {seed}")
 
 
 def _write_csv(path: Path, records: list[dict]) -> None:
@@ -375,12 +472,12 @@ def estimate(args: argparse.Namespace) -> list[dict]:
 
     _check_numbers(args)
     device = resolve_device(args.device)
-    if args.out is not None:
-        _check_out(args.out)  # before anything is loaded or computed
     source = resolve_model_source(args.model, revision=args.revision)  # fails fast, loads nothing
     data_path = Path(args.data).expanduser() if _is_local_data(args.data) else None
     if data_path is not None:
         check_data_file(data_path)
+    if args.out is not None:  # before anything is loaded or computed; never over the data, model or tokenizer
+        _check_out(args.out, _input_paths(source, data_path, args.tokenizer))
     start = time.perf_counter()
 
     tokenizer = load_tokenizer(args.tokenizer if args.tokenizer else source)
@@ -757,15 +854,25 @@ def rank(args: argparse.Namespace) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``dalign`` console script; returns the exit status."""
+    try:
+        parser = build_parser()
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as err:  # argparse exits on --help (0) and usage errors (2)
+            return int(err.code or 0)
+        return _run(args)
+    except KeyboardInterrupt:  # Ctrl-C, also while torch and the model are still loading
+        print("dalign: interrupted", file=sys.stderr)
+        return 130
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Run the parsed command; a refused input is one line on stderr and exit status 1."""
     from dalign_core.hooks import CaptureError
     from dalign_core.loading import LoadError
 
-    parser = build_parser()
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as err:  # argparse exits on --help (0) and usage errors (2)
-        return int(err.code or 0)
-    try:
+        _check_common(args)
         if args.command == "estimate":
             estimate(args)
         elif args.command == "layers":
@@ -776,9 +883,6 @@ def main(argv: list[str] | None = None) -> int:
         one_line = re.sub(r"\s*\n\s*", " ", str(err).strip())  # a message quoted from a library may span lines
         print(f"dalign: error: {one_line}", file=sys.stderr)
         return EXIT_ERROR
-    except KeyboardInterrupt:
-        print("dalign: interrupted", file=sys.stderr)
-        return 130
     return EXIT_OK
 
 

@@ -27,9 +27,12 @@ Each finished job's result is written by its first rank as ``<folder>/<name>.jso
 any rank can read every result. A rerun lists the folder again and plans only what is
 missing: after a rank or a node dies (torchrun then stops the others), the same command
 finishes the rest, and since every job is computed from its own seeds alone, the
-tables equal those of an uninterrupted run. The folder (and the training checkpoints)
-must be on a filesystem every rank sees; :func:`check_shared` says so at once when it
-is not.
+tables equal those of an uninterrupted run. A job file that cannot be used (truncated,
+not JSON, emptied to ``{}``, of the wrong shape: :func:`job_result_problem`) is logged
+as ``damaged job file <path>: recomputing`` and its job computed again, never reused.
+The folder (and the training checkpoints) must be on a filesystem every rank sees;
+:func:`check_shared` says so at once when it is not. :func:`remove_jobs` removes the
+folder once the tables are written, and ``<out>/partial`` with it when that is empty.
 
 **Workers.** A world of one on the CPU shares the grid too: :func:`run_jobs` forks one
 worker process of one thread per core (:mod:`dalign_core.workers`; ``DALIGN_WORKERS``),
@@ -62,6 +65,8 @@ import json
 import logging
 import os
 import platform
+import re
+import shutil
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,7 +82,8 @@ from dalign_core.estimators import Geometry, as_rows, gram_product, geometry_fro
 
 __all__ = ["Context", "context", "init", "shutdown", "session", "local_device", "barrier", "broadcast",
            "all_gather", "main_first", "hardware", "check_shared", "Job", "Assignment", "plan", "job_group",
-           "ranks_per_job", "run_jobs", "sharded_geometry", "sharded_cross_gram", "RANKS_PER_JOB_VARIABLE"]
+           "ranks_per_job", "run_jobs", "remove_jobs", "job_result_problem", "sharded_geometry", "sharded_cross_gram",
+           "RANKS_PER_JOB_VARIABLE"]
 
 log = logging.getLogger(__name__)
 
@@ -361,30 +367,105 @@ def ranks_per_job(widths: Sequence[int], world_size: int, spec: str | int | None
     return sizes
 
 
+_RATE_TRIAL = re.compile(r"(lr|full)_N\d+_lr\S+")
+_MEASURED_RUN = re.compile(r"N\d+_seed\d+")
+
+
+def job_result_problem(name: str, result: Any) -> str | None:
+    """What makes ``result`` unusable as job ``name``'s kept result (None when it is usable).
+
+    A result is a non-empty JSON value. The width sweeps' jobs (:mod:`dalign_core.sweep`)
+    have a shape of their own, read from the name: a rate trial (``lr_N<width>_lr<rate>``,
+    ``full_N<width>_lr<rate>``) is an object with a numeric ``validation_loss``; a measured
+    run (``N<width>_seed<seed>``) is an object of table name → list of row objects that
+    includes a non-empty ``runs``. Any object that carries ``validation_loss`` or ``runs``
+    is held to the same shape.
+    """
+    if result is None or (isinstance(result, (dict, list, str)) and not result):
+        return f"it holds {json.dumps(result)}, no result"
+    trial = _RATE_TRIAL.fullmatch(name) or (isinstance(result, dict) and "validation_loss" in result)
+    run = _MEASURED_RUN.fullmatch(name) or (isinstance(result, dict) and "runs" in result)
+    if (trial or run) and not isinstance(result, dict):
+        return f"it holds a {type(result).__name__}, not an object"
+    if trial:
+        loss = result.get("validation_loss", "missing")
+        if isinstance(loss, bool) or not isinstance(loss, (int, float)):
+            return f"a rate trial needs a numeric validation_loss, found {json.dumps(loss)[:40]}"
+    if run:
+        bad = sorted(str(k) for k, rows in result.items()
+                     if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows))
+        if bad:
+            return f"a measured run is table name -> list of rows; {', '.join(bad[:5])} is not"
+        if not result.get("runs"):
+            return "a measured run needs its 'runs' row"
+    return None
+
+
 class _Store:
-    """Finished jobs' results: in ``folder`` (one JSON file each) or, without one, in memory."""
+    """Finished jobs' results: in ``folder`` (one JSON file each) or, without one, in memory.
+
+    A file that is not a usable result (:func:`job_result_problem`: damaged, truncated,
+    emptied to ``{}``, of the wrong shape) is logged with its path and counts as missing,
+    so the job is computed again and the file replaced; it is never reused.
+    """
 
     def __init__(self, folder: Path | None):
         self.folder, self.memory = folder, {}
+        self._reported: set[Path] = set()
 
     def names(self) -> set[str]:
+        """The jobs whose kept result is usable."""
         if self.folder is None:
             return set(self.memory)
-        return {p.stem for p in self.folder.glob("*.json")} if self.folder.is_dir() else set()
+        if not self.folder.is_dir():
+            return set()
+        return {p.stem for p in self.folder.glob("*.json") if self._read(p) is not None}
 
     def get(self, name: str) -> Any:
+        """Job ``name``'s kept result; None when there is none or its file is damaged (logged)."""
         if self.folder is None:
             return self.memory.get(name)
         path = self.folder / f"{name}.json"
-        return json.loads(path.read_text()) if path.is_file() else None
+        return self._read(path) if path.is_file() else None
+
+    def _read(self, path: Path) -> Any:
+        try:
+            result = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            problem = f"{type(err).__name__}: {err}"
+        else:
+            problem = job_result_problem(path.stem, result)
+            if problem is None:
+                return result
+        if path not in self._reported:
+            self._reported.add(path)
+            log.warning("damaged job file %s: recomputing (%s)", path, problem)
+        return None
 
     def put(self, name: str, result: Any) -> Any:
         if self.folder is None:
             self.memory[name] = result
             return result
         text = json.dumps(result, default=float)
+        kept = json.loads(text)  # what any rank reads back: the same on every rank
+        problem = job_result_problem(name, kept)
+        if problem is not None:
+            raise ValueError(f"job {name} computed a result that cannot be kept ({problem})")
         atomic_write_text(self.folder / f"{name}.json", text)
-        return json.loads(text)  # what any rank reads back: the same on every rank
+        self._reported.discard(self.folder / f"{name}.json")
+        return kept
+
+
+def remove_jobs(folder: str | os.PathLike | None) -> None:
+    """Remove a finished experiment's jobs folder, and its parent (``<out>/partial``) when that is left empty."""
+    if folder is None:
+        return
+    folder = Path(folder)
+    shutil.rmtree(folder, ignore_errors=True)
+    with contextlib.suppress(OSError):  # not empty (another experiment's jobs), or gone already
+        folder.parent.rmdir()
 
 
 def run_jobs(folder: str | os.PathLike | None, jobs: Sequence[Job], compute: Callable[[Job, Any], Any], *,

@@ -238,6 +238,50 @@ def _check_batch(model: nn.Module, inputs: Any, targets: Any, loss_fn: LossFn | 
         raise CaptureError(f"targets (or a batch's labels) must be a tensor, got {_describe(targets)}")
 
 
+def _float_dtype(model: nn.Module) -> torch.dtype | None:
+    """The floating dtype of all of the model's floating parameters; None when there are none or several."""
+    dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    return dtypes.pop() if len(dtypes) == 1 else None
+
+
+def _as_long(value: Any) -> Any:
+    """Integer (token ids, class labels) tensors other than int64 as int64, which embeddings and losses take."""
+    if isinstance(value, torch.Tensor) and not value.is_floating_point() and not value.is_complex() \
+            and value.dtype not in (torch.long, torch.bool):
+        return value.long()
+    return value
+
+
+def conform_batch(model: nn.Module, inputs: Any, targets: Any, device: torch.device | None = None) -> tuple[Any, Any]:
+    """``(inputs, targets)`` on the model's device as it takes them: int32 (any integer) token ids and labels as
+    int64, floating inputs in the model's floating dtype (float32 inputs for a float64 model)."""
+    device = _device_of(model) if device is None else device
+    if isinstance(inputs, Mapping):
+        inputs = {k: _as_long(v) if k in ("input_ids", "labels") else v for k, v in inputs.items()}
+    elif _embedding_rows(model) is not None:
+        inputs = _as_long(inputs)
+    return _to(inputs, device, _float_dtype(model)), _to(_as_long(targets), device)
+
+
+def _check_sequence_first(modules: Mapping[str, nn.Module]) -> None:
+    """Refuse an insertion point whose output is sequence-first (recurrent and transformer modules built with
+    ``batch_first=False``): its rows are positions, not examples, and with as many positions as examples the
+    axes would mix without any shape telling."""
+    for name, module in modules.items():
+        probe = module.layers[0] if isinstance(module, (nn.TransformerEncoder, nn.TransformerDecoder)) and \
+            len(module.layers) else module
+        if isinstance(probe, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)):
+            probe = probe.self_attn
+        if isinstance(probe, (nn.RNNBase, nn.MultiheadAttention, nn.Transformer)) and \
+                not getattr(probe, "batch_first", True):
+            raise CaptureError(
+                f"layer {name!r} is an nn.{type(module).__name__} built with batch_first=False: its output is "
+                "(sequence, batch, ...), so its first axis is not the examples and each example's gradient cannot "
+                "be read from it; build it with batch_first=True (and feed it (batch, sequence, ...)), or capture "
+                "a batch-first module around it"
+            )
+
+
 def _targets_from_labels(inputs: Any, targets: Any) -> Any:
     """A batch's ``labels`` entry, which has the transformers meaning, serves as the targets when none are given."""
     if not isinstance(inputs, Mapping) or inputs.get("labels") is None:
@@ -350,6 +394,22 @@ def _at_least_float32(logits: torch.Tensor) -> torch.Tensor:
     return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
 
 
+def _check_label_range(labels: torch.Tensor, classes: int, what: str, ignore: bool) -> None:
+    """Refuse labels outside ``0..classes-1`` (``-100`` allowed where ``ignore``), as token ids are refused."""
+    if labels.is_floating_point() or labels.dtype == torch.bool or labels.numel() == 0:
+        return
+    scored = labels[labels != IGNORE_INDEX] if ignore else labels
+    if scored.numel() == 0:
+        return
+    low, high = int(scored.min()), int(scored.max())
+    if low < 0 or high >= classes:
+        bad = low if low < 0 else high
+        raise CaptureError(
+            f"{what} hold {bad}, outside the model's {classes} outputs (0..{classes - 1}"
+            + (", or -100 where ignored" if ignore else "") + "); pass labels of this model's classes or vocabulary"
+        )
+
+
 def per_example_loss(output: Any, inputs: Any, targets: Any = None, task: str = "auto") -> torch.Tensor:
     """Per-example losses ``(batch,)`` from a model output.
 
@@ -374,7 +434,9 @@ def per_example_loss(output: Any, inputs: Any, targets: Any = None, task: str = 
         logits = _at_least_float32(logits)
         if isinstance(targets, torch.Tensor) and targets.is_floating_point():  # class probabilities
             targets = targets.to(logits.dtype)
-        return F.cross_entropy(logits, targets, reduction="none")
+        elif isinstance(targets, torch.Tensor) and logits.ndim == 2:
+            _check_label_range(targets, logits.shape[-1], "targets (class labels)", ignore=False)
+        return F.cross_entropy(logits, _as_long(targets), reduction="none")
     # causal LM
     mask = inputs.get("attention_mask") if isinstance(inputs, Mapping) else None
     if targets is None:
@@ -386,9 +448,11 @@ def per_example_loss(output: Any, inputs: Any, targets: Any = None, task: str = 
         raise CaptureError(
             f"causal-LM targets (labels) must be an integer tensor of token ids, -100 where ignored; got {_describe(targets)}"
         )
-    labels = targets
+    labels = _as_long(targets)
     if mask is not None:
         labels = labels.masked_fill(mask.to(labels.device) == 0, IGNORE_INDEX)
+    if logits.ndim == 3:
+        _check_label_range(labels, logits.shape[-1], "causal-LM labels", ignore=True)
     if logits.ndim != 3 or labels.shape != logits.shape[:2]:
         raise CaptureError(f"causal-LM targets of shape {tuple(labels.shape)} do not match logits {tuple(logits.shape)}")
     # Position t is scored against token t + 1 and the last position against nothing (IGNORE_INDEX): the labels
@@ -664,10 +728,10 @@ def _capture(model, modules: dict[str, nn.Module], inputs, targets, reduction, t
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
     check_capturable(model)
+    _check_sequence_first(modules)
     targets = _targets_from_labels(inputs, targets)
     _check_batch(model, inputs, targets, loss_fn)
-    device = _device_of(model)
-    inputs, targets = _to(inputs, device), _to(targets, device)
+    inputs, targets = conform_batch(model, inputs, targets)
     grads = _gradients(model, modules, inputs, targets, task, loss_fn)
     out = {}
     for name, grad in grads.items():

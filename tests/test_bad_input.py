@@ -357,3 +357,191 @@ def test_digest_chunk_must_be_a_positive_size(tmp_path, chunk):
     with pytest.raises(ValueError, match="chunk must be a positive number of bytes"):
         sha256_file(data, chunk=chunk)
     assert sha256_file(data, chunk=2) == sha256_file(data)
+
+
+# ---------------------------------------------------------------------------
+# --out never destroys an input, and is checked before anything is computed (issue #24)
+
+
+@pytest.mark.parametrize("target", ["data", "weights", "config", "link"])
+def test_out_over_an_input_is_refused_before_loading(root, tmp_path, capsys, no_model_load, target):
+    folder = _variant(root, "out-over-input")
+    data = tmp_path / "data.csv"  # a .csv name: refused as the input it is, not for its suffix
+    data.write_text(TEXT * 8, encoding="utf-8")
+    link = tmp_path / "weights.csv"
+    link.symlink_to(folder / "model.safetensors")
+    out = {"data": data, "weights": folder / "model.safetensors", "config": folder / ".." / folder.name / "config.json",
+           "link": link}[target]
+    before = {p: p.read_bytes() for p in (data, folder / "model.safetensors", folder / "config.json")}
+    line = _fails(capsys, _argv(folder, data, "--out", str(out)), "an input of this command", "choose another file")
+    assert ("the --data file" if target == "data" else "the model folder") in line
+    assert {p: p.read_bytes() for p in before} == before
+
+
+def test_out_over_the_tokenizer_folder_is_refused(root, tmp_path, capsys, no_model_load):
+    tokenizer = tmp_path / "tok"
+    shutil.copytree(root / "good", tokenizer)
+    _fails(capsys, _argv(root / "good", root / "data.txt", "--tokenizer", str(tokenizer), "--out",
+                         str(tokenizer / "tokenizer.json")), "the --tokenizer folder")
+
+
+def test_an_empty_out_is_a_usage_error(root, capsys, no_model_load):
+    assert main(_argv(root / "good", root / "data.txt", "--out", "")) == 2
+    err = capsys.readouterr().err
+    assert "argument --out: is empty; give a file name" in err and "Traceback" not in err
+
+
+def test_out_over_an_existing_non_csv_or_read_only_file_is_refused_before_loading(root, tmp_path, capsys,
+                                                                                  no_model_load):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("keep me")
+    _fails(capsys, _argv(root / "good", root / "data.txt", "--out", str(notes)), "exists and is not a CSV file")
+    assert notes.read_text() == "keep me"
+    locked = tmp_path / "locked.csv"
+    locked.write_text("a,b\n")
+    locked.chmod(0o444)
+    _fails(capsys, _argv(root / "good", root / "data.txt", "--out", str(locked)), "is read-only")
+    assert locked.read_text() == "a,b\n"
+
+
+def test_out_replaces_an_existing_csv_atomically(root, tmp_path, capsys):
+    out = tmp_path / "geometry.csv"
+    out.write_text("old\n")
+    assert main(_argv(root / "good", root / "data.txt", "--out", str(out))) == 0
+    capsys.readouterr()
+    assert pd.read_csv(out).loc[0, "layer"] == "model.layers.1"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["geometry.csv"]  # no temporary file left
+
+
+# ---------------------------------------------------------------------------
+# Options that raised from deep inside torch: one line each (issue #24)
+
+
+@pytest.mark.parametrize("device", ["gpu0", "mps", "meta", "cuda:99"])
+def test_a_device_that_cannot_be_used_names_the_ones_that_exist(root, capsys, no_model_load, device):
+    line = _fails(capsys, _argv(root / "good", root / "data.txt", "--device", device), f"--device {device!r}")
+    assert "cpu" in line and "Traceback" not in line
+
+
+def test_layers_checks_the_device_too(root, capsys):
+    _fails(capsys, ["layers", "--model", str(root / "good"), "--data", str(root / "data.txt"), "--device", "gpu0"],
+           "--device 'gpu0'", "cuda:N")
+
+
+def test_tokenizer_given_as_a_file_is_named_as_the_tokenizer(root, capsys, no_model_load):
+    line = _fails(capsys, _argv(root / "good", root / "data.txt", "--tokenizer", str(root / "good" / "tokenizer.json")),
+                  "--tokenizer", "is a file", "folder")
+    assert "--model" not in line
+
+
+def test_a_negative_seed_is_one_sentence():
+    from dalign_core.cli import _check_common, build_parser
+
+    args = build_parser().parse_args(["layers", "--model", "m"])
+    args.seed = -1
+    with pytest.raises(ValueError, match="--seed must be a whole number from 0"):
+        _check_common(args)
+
+
+def test_ctrl_c_while_starting_is_interrupted_not_a_traceback(monkeypatch, capsys):
+    import dalign_core.cli as cli
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    assert main(["estimate"]) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == "dalign: interrupted"
+
+
+def test_ctrl_c_while_loading_is_interrupted(root, monkeypatch, capsys):
+    import dalign_core.loading
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dalign_core.loading, "load_model", interrupted)
+    assert main(_argv(root / "good", root / "data.txt")) == 130
+    assert capsys.readouterr().err.strip() == "dalign: interrupted"
+
+
+# ---------------------------------------------------------------------------
+# The API on batches as users build them (issue #24)
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(root):
+    return transformers.AutoModelForCausalLM.from_pretrained(root / "good").eval()
+
+
+def test_int32_input_ids_and_labels_are_token_ids(tiny_lm):
+    from dalign_core.hooks import activation_gradients
+
+    ids = torch.randint(0, 100, (4, 8), generator=torch.Generator().manual_seed(0))
+    want = activation_gradients(tiny_lm, "model.layers.1", {"input_ids": ids})
+    got = activation_gradients(tiny_lm, "model.layers.1", {"input_ids": ids.int(), "labels": ids.int()})
+    assert torch.equal(got, want)
+
+
+def test_labels_outside_the_vocabulary_are_refused_like_ids(tiny_lm):
+    from dalign_core.hooks import CaptureError, activation_gradients
+
+    ids = torch.randint(0, 100, (4, 8), generator=torch.Generator().manual_seed(0))
+    labels = ids.clone()
+    labels[1, 3] = 10**6
+    with pytest.raises(CaptureError, match="causal-LM labels hold 1000000, outside the model's"):
+        activation_gradients(tiny_lm, "model.layers.1", {"input_ids": ids, "labels": labels})
+    labels[1, 3] = -100  # ignored: fine
+    activation_gradients(tiny_lm, "model.layers.1", {"input_ids": ids, "labels": labels})
+
+
+def test_classifier_labels_out_of_range_and_a_float64_model_given_float32_inputs():
+    from torch import nn
+
+    from dalign_core.hooks import CaptureError, accumulate_geometry, activation_gradients
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)).double()
+    x, y = torch.randn(6, 4), torch.randint(0, 3, (6,))
+    want = activation_gradients(net, "0", x.double(), y)
+    assert activation_gradients(net, "0", x, y.int()).dtype == torch.float64  # float32 inputs, int32 labels
+    assert torch.equal(activation_gradients(net, "0", x, y), want)
+    assert accumulate_geometry(net, "0", [(x, y)] * 3).result().n == 18
+    with pytest.raises(CaptureError, match=r"targets \(class labels\) hold [5-7], outside the model.s 3 outputs"):
+        activation_gradients(net, "0", x, y + 5)
+    with pytest.raises(CaptureError, match="hold -100"):  # cross-entropy would ignore it: a loss of 0, silently
+        activation_gradients(net, "0", x, torch.where(torch.arange(6) == 2, -100, y))
+
+
+@pytest.mark.parametrize("kind", ["GRU", "LSTM", "RNN", "encoder", "attention"])
+def test_a_sequence_first_layer_is_refused_even_when_t_equals_the_batch(kind):
+    from torch import nn
+
+    from dalign_core.hooks import CaptureError, activation_gradients
+
+    class SequenceFirst(nn.Module):
+        def __init__(self, batch_first: bool):
+            super().__init__()
+            self.batch_first = batch_first
+            if kind in ("GRU", "LSTM", "RNN"):
+                self.body = getattr(nn, kind)(4, 4, batch_first=batch_first)
+            elif kind == "encoder":
+                layer = nn.TransformerEncoderLayer(4, 2, dim_feedforward=8, dropout=0.0, batch_first=batch_first)
+                self.body = nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
+            else:
+                self.body = nn.MultiheadAttention(4, 2, batch_first=batch_first)
+            self.head = nn.Linear(4, 3)
+
+        def forward(self, x):  # x: (batch, T, 4)
+            h = x if self.batch_first else x.transpose(0, 1)
+            out = self.body(h, h, h) if kind == "attention" else self.body(h)
+            out = out[0] if isinstance(out, tuple) else out
+            out = out if self.batch_first else out.transpose(0, 1)
+            return self.head(out.mean(dim=1))
+
+    torch.manual_seed(0)
+    x, y = torch.randn(5, 5, 4), torch.randint(0, 3, (5,))  # T == batch: no shape tells the axes apart
+    with pytest.raises(CaptureError, match="built with batch_first=False"):
+        activation_gradients(SequenceFirst(False).eval(), "body", x, y)
+    assert activation_gradients(SequenceFirst(True).eval(), "body", x, y, reduction="full").shape[0] == 5

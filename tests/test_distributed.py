@@ -205,3 +205,87 @@ def test_sharded_estimates_in_a_world_of_one_are_the_one_shot_ones():
     assert got.d_align == pytest.approx(want.d_align, rel=1e-12) and got.n == 20 and got.d == 6
     assert got.intervals["d_align"].se == pytest.approx(want.intervals["d_align"].se, rel=1e-10)
     assert torch.allclose(distributed.sharded_cross_gram(Q, test), cross_gram(Q, test), rtol=1e-12, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------- damaged job files
+
+
+def _kept(folder: Path, name: str, text: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.json").write_text(text)
+
+
+TRIAL = {"family": "toy", "width": 8, "lr": 0.01, "validation_loss": 1.5}
+RUN = {"geometry": [{"width": 8}], "redundancy": [], "runs": [{"width": 8, "seed": 0}]}
+
+
+@pytest.mark.parametrize("name,text", [
+    ("N8_seed0", "{}"),  # emptied: was reused, and the run left every table for good
+    ("N8_seed0", '{"geometry": [{"width": 8}], "runs": [{"wid'),  # truncated
+    ("N8_seed0", '{"geometry": [{"width": 8}], "redundancy": []}'),  # no runs row
+    ("N8_seed0", '{"geometry": 3, "runs": [{"width": 8}]}'),  # a table that is not a list of rows
+    ("N8_seed0", "[1, 2]"),
+    ("lr_N8_lr0.01", '{"family": "toy", "width": 8}'),  # a rate trial without its loss
+    ("lr_N8_lr0.01", '{"validation_loss": "low"}'),
+    ("full_N8_lr0.01", "null"),
+    ("j0", "{}"),
+    ("j0", ""),
+])
+def test_a_damaged_job_file_is_named_and_recomputed_never_reused(tmp_path, caplog, name, text):
+    good = {"N8_seed0": RUN, "lr_N8_lr0.01": TRIAL, "full_N8_lr0.01": TRIAL, "j0": {"value": 1}}[name]
+    calls = []
+
+    def compute(job, group):
+        calls.append(job.name)
+        return good
+
+    folder = tmp_path / "jobs"
+    _kept(folder, name, text)
+    store = distributed._Store(folder)
+    with caplog.at_level("WARNING", logger="dalign_core.distributed"):
+        assert store.get(name) is None and store.names() == set()
+        assert distributed.run_jobs(folder, [Job(name)], compute, workers=1) == {name: good}
+    assert calls == [name]
+    assert f"damaged job file {folder / (name + '.json')}: recomputing" in caplog.text
+    assert json.loads((folder / f"{name}.json").read_text()) == good  # replaced by the recomputed result
+    calls.clear()
+    assert distributed.run_jobs(folder, [Job(name)], compute, workers=1) == {name: good} and calls == []
+
+
+def test_damaged_job_files_are_recomputed_by_the_workers_too(tmp_path, caplog):
+    folder = tmp_path / "jobs"
+    jobs = [Job(f"N{w}_seed0", cost=float(w), payload=w) for w in (4, 8, 16)]
+    _kept(folder, "N4_seed0", json.dumps({**RUN, "runs": [{"width": 4}]}))
+    _kept(folder, "N8_seed0", "{}")
+    computed = []
+    with caplog.at_level("WARNING", logger="dalign_core.distributed"):
+        results = distributed.run_jobs(folder, jobs, lambda job, group: {**RUN, "runs": [{"width": job.payload}]},
+                                       workers=2, finished=lambda job, lookup: computed.append(job.name))
+    assert sorted(computed) == ["N16_seed0", "N8_seed0"]  # N4 was reused, the emptied N8 recomputed
+    assert [results[j.name]["runs"][0]["width"] for j in jobs] == [4, 8, 16]
+    assert "damaged job file" in caplog.text and "N8_seed0.json" in caplog.text
+
+
+def test_a_result_that_could_not_be_read_back_is_not_kept(tmp_path):
+    with pytest.raises(ValueError, match="job N8_seed0 computed a result that cannot be kept"):
+        distributed.run_jobs(tmp_path, [Job("N8_seed0")], lambda job, group: {}, workers=1)
+    assert not list(tmp_path.glob("*.json"))
+
+
+def test_job_result_problem_accepts_the_sweeps_results():
+    assert distributed.job_result_problem("lr_N8_lr0.01", {**TRIAL, "validation_loss": float("nan")}) is None
+    assert distributed.job_result_problem("N8_seed0", RUN) is None
+    assert distributed.job_result_problem("pythia-70m@step1000", {"rows": [], "checkpoint": {"path": "x"}}) is None
+    assert distributed.job_result_problem("N8_seed0", {"runs": []}) is not None
+
+
+def test_remove_jobs_leaves_no_empty_partial_folder(tmp_path):
+    partial = tmp_path / "out" / "partial"
+    for name in ("toy-abc", "toy-def"):
+        _kept(partial / name, "N8_seed0", json.dumps(RUN))
+    distributed.remove_jobs(partial / "toy-abc")
+    assert sorted(p.name for p in partial.iterdir()) == ["toy-def"]  # another experiment's jobs stay
+    distributed.remove_jobs(partial / "toy-def")
+    assert not partial.exists() and (tmp_path / "out").is_dir()
+    distributed.remove_jobs(partial / "toy-def")  # already gone: nothing to do
+    distributed.remove_jobs(None)
