@@ -14,7 +14,7 @@ SHELL := /bin/bash
 
 PROFILE ?= cpu
 # The same list as dalign_core.config.PROFILES (tests/test_notebooks.py checks that they agree).
-PROFILES := smoke cpu gpu paper
+PROFILES := smoke lab cpu gpu paper
 ifneq ($(words $(PROFILE)),1)
 $(error PROFILE='$(PROFILE)' must be exactly one of: $(PROFILES))
 endif
@@ -33,6 +33,11 @@ JB := $(PY) -c 'import sys; from jupyter_book.cli.main import main; sys.argv[0] 
 space := $() $()
 ONLY ?=
 FORCE ?=
+# Overrides of the profile's config for the notebooks run, e.g. SET='seeds=2 steps=300' (with ONLY=...:
+# each chapter's config must have the fields). Their results go to results/<profile>+<hash>/.
+SET ?=
+# STRICT=1: make book fails when the chapters were not all executed at one profile (default: each says so).
+STRICT ?=
 PYTEST_ARGS ?=
 BENCH_OUT ?= results/bench
 DATA_DIR ?=
@@ -54,6 +59,8 @@ help: ## list the targets
 		awk -F'\t' '{ printf "  make %-10s %s\n", $$1, $$2 }'
 	@echo
 	@echo "Variables: PROFILE=$(subst $(space),|,$(PROFILES)) (default cpu)  ONLY=<notebook stem>  FORCE=1|0"
+	@echo "           SET='field=value ...' (overrides, e.g. SET='seeds=2 steps=300'; results in results/<profile>+<hash>)"
+	@echo "           STRICT=1 (make book refuses chapters executed at different profiles)"
 	@echo "           PYTEST_ARGS='...'  BENCH_OUT=results/bench  PYTHON_BOOT=python3.11  PORT=8000 (make serve)"
 	@echo "           DATA_DIR=<folder with CIFAR archives or Fashion-MNIST files you already have> (make data)"
 
@@ -72,8 +79,10 @@ $(STAMP): requirements.txt pyproject.toml | $(PY)
 data: $(STAMP) ## fetch and verify the data PROFILE needs (smoke: synthetic images; gpu/paper: CIFAR too; DATA_DIR)
 	$(PY) scripts/fetch_data.py --profile $(PROFILE) $(if $(DATA_DIR),--root $(DATA_DIR))
 
-notebooks: $(STAMP) ## execute notebooks/NN_*.ipynb with papermill into book/chapters/ (PROFILE, ONLY, FORCE)
-	$(PY) scripts/execute_notebooks.py --profile $(PROFILE) $(if $(ONLY),--only $(ONLY)) --force='$(subst ','\'',$(strip $(FORCE)))'
+notebooks: $(STAMP) ## execute notebooks/NN_*.ipynb with papermill into book/chapters/ (PROFILE, ONLY, FORCE, SET)
+	$(PY) scripts/execute_notebooks.py --profile $(PROFILE) $(foreach name,$(ONLY),--only $(name)) \
+		--force='$(subst ','\'',$(strip $(FORCE)))' $(if $(strip $(SET)),--set '$(subst ','\'',$(strip $(SET)))') \
+		$(if $(filter 1 yes true,$(STRICT)),--refuse-mixed)
 
 book: $(STAMP) notebooks ## execute the notebooks, then build the HTML book with warnings as errors
 	$(JB) build book -W -n --keep-going

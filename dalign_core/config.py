@@ -3,9 +3,19 @@
 A profile names a scale at which every experiment runs:
 
 * ``smoke``: seconds, for tests;
+* ``lab``: a classroom's: each chapter in about five minutes on a 2-core laptop, with models that beat their
+  baselines but too few of them to decide a width claim (the verdicts say "inconclusive" and which slope they
+  could have detected);
 * ``cpu``: the default, a faithful small-scale reproduction on a 2-core laptop;
 * ``gpu``: minutes on one GPU (each chapter within a short window);
 * ``paper``: the paper's scales, hours on GPUs.
+
+Any field of a profile's config can be changed without editing the library: ``--set field=value``
+on an experiment's command line, ``make notebooks SET='seeds=2 steps=300'``, or a notebook's
+``overrides`` parameter, all parsed by :func:`parse_overrides` by the field's type. A config that
+differs from its profile's writes its results to a folder of its own,
+``results/<profile>+<hash of the differences>/`` (:func:`default_results_dir`), never over the
+profile's.
 
 This module sits at the bottom of the library (it imports nothing of dalign_core), so
 the data layer, the experiments and the command line share one list of profiles.
@@ -14,17 +24,23 @@ the data layer, the experiments and the command line share one list of profiles.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import json
 import os
+import re
+import shlex
+import types
+import typing
 from pathlib import Path
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Iterable, Mapping
 
-__all__ = ["PROFILES", "REPO_ROOT", "SOURCE_ROOT", "ExperimentConfig", "check_profile", "default_results_dir",
-           "work_root"]
+__all__ = ["PROFILES", "REPO_ROOT", "SOURCE_ROOT", "STEP_SCHEDULES", "ExperimentConfig", "check_profile", "default_results_dir",
+           "overrides_tag", "parse_overrides", "work_root"]
 
-PROFILES = ("smoke", "cpu", "gpu", "paper")
-"""smoke: seconds, for tests; cpu: the default reproduction on a laptop; gpu: minutes on one GPU; paper: the paper's scales."""
+PROFILES = ("smoke", "lab", "cpu", "gpu", "paper")
+"""smoke: seconds, for tests; lab: a classroom's five minutes a chapter; cpu: the default reproduction on a laptop;
+gpu: minutes on one GPU; paper: the paper's scales."""
 
 
 def _source_root() -> Path | None:
@@ -67,11 +83,220 @@ def check_profile(profile: str) -> str:
     return profile
 
 
-def default_results_dir(profile: str) -> Path:
+def default_results_dir(profile: "str | ExperimentConfig", overrides: Mapping[str, Any] | None = None) -> Path:
     """``results/<profile>`` at the repository root, or in the working directory when installed without a
-    source checkout (see :func:`work_root`; override with ``DALIGN_RESULTS``)."""
+    source checkout (see :func:`work_root`; override with ``DALIGN_RESULTS``).
+
+    With ``overrides`` (fields that differ from the profile's), or given a config instead of a profile name
+    (its :meth:`~ExperimentConfig.overrides`), a config changed from its profile gets a folder of its own,
+    ``results/<profile>+<overrides_tag(overrides)>``, so its results never land over the profile's.
+    """
+    if isinstance(profile, ExperimentConfig):
+        if overrides is not None:
+            raise TypeError("default_results_dir: pass a config or a profile with overrides, not both")
+        profile, overrides = profile.profile, profile.overrides()
     root = Path(os.environ.get("DALIGN_RESULTS") or work_root() / "results")
-    return root / check_profile(profile)
+    name = check_profile(profile)
+    if overrides:
+        name = f"{name}+{overrides_tag(overrides)}"
+    return root / name
+
+
+def overrides_tag(overrides: Mapping[str, Any]) -> str:
+    """A short stable hash of ``{field: value}`` overrides (8 hex digits): the suffix of their results folder."""
+    plain = json.loads(json.dumps(dict(overrides), default=str))
+    return hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()[:8]
+
+
+# ---------------------------------------------------------------------------
+# Overrides: ``field=value`` text parsed by the field's type
+
+_NONE_WORDS = ("none", "null")
+_TRUE_WORDS = ("1", "true", "yes", "on")
+_FALSE_WORDS = ("0", "false", "no", "off")
+
+
+def _type_name(kind: Any) -> str:
+    """``tuple[int, ...] | None`` as written in the dataclass."""
+    if isinstance(kind, type) and typing.get_origin(kind) is None:
+        return kind.__name__
+    return str(kind).replace("typing.", "")
+
+
+def _parse_scalar(kind: type, text: str) -> Any:
+    word = text.strip()
+    if kind is bool:
+        if word.lower() in _TRUE_WORDS:
+            return True
+        if word.lower() in _FALSE_WORDS:
+            return False
+        raise ValueError(f"{word!r} is not a bool (true/false, yes/no, 1/0)")
+    if kind is int:
+        try:
+            return int(word)
+        except ValueError:
+            try:
+                number = float(word)
+            except ValueError:
+                number = None
+            if number is not None and number.is_integer():  # 1e3
+                return int(number)
+            raise ValueError(f"{word!r} is not an int") from None
+    if kind is float:
+        try:
+            return float(word)
+        except ValueError:
+            raise ValueError(f"{word!r} is not a float") from None
+    if kind is str:
+        return text
+    raise ValueError(f"values of type {_type_name(kind)} cannot be given as text")
+
+
+def _closing(text: str) -> int:
+    """The index of the bracket that closes ``text[0]`` (-1 if none)."""
+    depth = 0
+    for index, char in enumerate(text):
+        depth += char in "(["
+        depth -= char in ")]"
+        if depth == 0:
+            return index
+    return -1
+
+
+def _split_items(text: str) -> list[str]:
+    """``32,64`` or ``(32, 64)`` or ``[32 64]`` -> ['32', '64']; ``4x4,16x16`` / ``(4,4),(16,16)`` keep their pairs."""
+    body = text.strip()
+    if body[:1] in "([" and _closing(body) == len(body) - 1:  # one bracket around it all
+        body = body[1:-1]
+    items, depth, current = [], 0, ""
+    for char in body:
+        if char in "([":
+            depth += 1
+        elif char in ")]":
+            depth -= 1
+        if char == "," and depth == 0:
+            items.append(current)
+            current = ""
+        else:
+            current += char
+    items.append(current)
+    items = [item.strip() for item in items]
+    return [] if items == [""] else items
+
+
+def _parse_value(kind: Any, text: str) -> Any:
+    """``text`` as a value of the annotated type ``kind``; ValueError saying what was expected."""
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in args if a is not type(None)]
+        if type(None) in args and text.strip().lower() in _NONE_WORDS + ("",):
+            return None
+        errors = []
+        for option in options:
+            try:
+                return _parse_value(option, text)
+            except ValueError as error:
+                errors.append(str(error))
+        raise ValueError("; ".join(errors))
+    if origin is tuple:
+        items = _split_items(text)
+        if len(args) == 2 and args[1] is Ellipsis:
+            element = args[0]
+            if typing.get_origin(element) is tuple:  # pairs: 4x4,16x16 or 4:4,16:16 or (4,4),(16,16)
+                items = [re.sub(r"^\s*(\S+?)\s*[x:]\s*(\S+)\s*$", r"\1,\2", item) if "," not in item else item
+                         for item in items]
+            return tuple(_parse_value(element, item) for item in items)
+        if len(items) != len(args):
+            raise ValueError(f"{text!r} has {len(items)} item(s), not {len(args)}")
+        return tuple(_parse_value(element, item) for element, item in zip(args, items))
+    if isinstance(kind, type):
+        return _parse_scalar(kind, text)
+    raise ValueError(f"values of type {_type_name(kind)} cannot be given as text")
+
+
+def _assignments(text: "str | Iterable[str] | Mapping[str, Any] | None") -> list[tuple[str, Any]]:
+    """``"a=1 b=2,3"`` (shell words; quotes keep spaces), a list of ``"a=1"`` (one each) or a mapping -> [(name, value)]."""
+    if text is None:
+        return []
+    if isinstance(text, Mapping):
+        return list(text.items())
+    # One string: shell words (quotes keep spaces). A list (the repeated --set): one assignment per item.
+    words = shlex.split(text) if isinstance(text, str) else [str(part) for part in text]
+    pairs = []
+    for word in words:
+        name, sep, value = word.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"override {word!r} is not field=value (e.g. steps=300, widths=32,64)")
+        pairs.append((name.strip(), value))
+    return pairs
+
+
+def parse_overrides(config_cls: type["ExperimentConfig"],
+                    text: "str | Iterable[str] | Mapping[str, Any] | None", **defaults: Any) -> dict[str, Any]:
+    """``{field: value}`` from ``field=value`` text, each value parsed by the field's type in ``config_cls``.
+
+    ``text`` is one string of whitespace-separated assignments (``"seeds=2 steps=300 widths=32,64"``,
+    what ``make notebooks SET=...`` and a notebook's ``overrides`` parameter hold), a list of them (the
+    repeated ``--set`` of the command line), or a mapping (values taken as they are when not strings).
+    Types: ``int`` (``300``, ``20_000``, ``1e3``), ``float``, ``bool`` (true/false), ``str``, tuples
+    (``widths=32,64``; pairs as ``budgets=4x4,16x16``), and ``None`` (``none``) where the field allows it.
+    ``defaults`` are returned beneath the parsed values (a notebook's ``seed=seed``).
+
+    The result goes to ``Config.for_profile(profile, **result)``. An unknown field, ``profile`` (chosen with
+    ``--profile``) or a value of the wrong type raises ValueError naming the field and its type.
+    """
+    hints = typing.get_type_hints(config_cls)
+    fields = {f.name: hints.get(f.name, f.type) for f in dataclasses.fields(config_cls)}
+    values = dict(defaults)
+    for name, raw in _assignments(text):
+        if name == "profile":
+            raise ValueError("override profile=...: the profile is chosen on its own (--profile, PROFILE=, the "
+                             "notebook's profile parameter), not as an override")
+        if name not in fields:
+            near = difflib.get_close_matches(name, fields, n=3)
+            hint = f"; did you mean {' or '.join(near)}?" if near else ""
+            raise ValueError(f"{config_cls.__module__}.{config_cls.__qualname__} has no field {name!r}{hint} "
+                             f"Its fields: {', '.join(sorted(f for f in fields if f != 'profile'))}")
+        kind = fields[name]
+        if not isinstance(raw, str):
+            values[name] = raw
+            continue
+        try:
+            values[name] = _parse_value(kind, raw)
+        except ValueError as error:
+            raise ValueError(f"override {name}={raw!r}: {name} is {_type_name(kind)}, and {error}") from None
+    return values
+
+
+STEP_SCHEDULES = ("warmup_steps", "checkpoint_steps", "all_layer_steps", "train_pool_steps")
+"""Fields measured in training steps that follow an override of ``steps`` (:meth:`ExperimentConfig.for_profile`)."""
+
+
+def _rescaled_schedules(cls: type, values: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """The step schedules of ``cls`` at its profile's ``values``, scaled to ``overrides["steps"]`` (see for_profile)."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    if "steps" not in overrides or "steps" not in fields or "checkpoint_steps" not in fields:
+        return {}
+
+    def current(name):
+        if name in values:
+            return values[name]
+        field = fields[name]
+        return field.default if field.default is not dataclasses.MISSING else None
+
+    old, new = current("steps"), overrides["steps"]
+    if not isinstance(old, int) or not isinstance(new, int) or old <= 0 or new <= 0 or old == new:
+        return {}
+    scaled: dict[str, Any] = {}
+    for name in STEP_SCHEDULES:
+        if name not in fields or name in overrides or current(name) is None:
+            continue
+        value = current(name)
+        if isinstance(value, int):
+            scaled[name] = min(round(value * new / old), new)
+        elif isinstance(value, (tuple, list)):
+            scaled[name] = tuple(sorted({min(round(step * new / old), new) for step in value}))
+    return scaled
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,18 +312,36 @@ class ExperimentConfig:
 
     @classmethod
     def for_profile(cls, profile: str = "cpu", **overrides):
-        """The config for ``profile`` (smoke | cpu | gpu | paper), with keyword ``overrides`` applied last."""
+        """The config for ``profile`` (smoke | lab | cpu | gpu | paper), with keyword ``overrides`` applied last.
+
+        Overriding ``steps`` alone moves the profile's step schedules with it (``warmup_steps``,
+        ``checkpoint_steps``, ``all_layer_steps``, ``train_pool_steps``, each scaled by the new over the
+        old number of steps), so ``steps=300`` is a whole config; a schedule given too is taken as given.
+        """
         check_profile(profile)
         if cls.PROFILES and profile not in cls.PROFILES:  # never run one profile's sizes under another's name
             raise ValueError(f"{cls.__qualname__} defines no settings for profile {profile!r} "
                              f"(it has {', '.join(cls.PROFILES)}); add them to its PROFILES")
         values = dict(cls.PROFILES.get(profile, {}))
+        values.update(_rescaled_schedules(cls, values, overrides))
         values.update(overrides)
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - names)
         if unknown:
             raise TypeError(f"{cls.__qualname__} has no field(s) {unknown}; fields are {sorted(names)}")
         return cls(profile=profile, **values)
+
+    def overrides(self) -> dict[str, Any]:
+        """The fields whose values differ from this profile's config, ``{field: value}`` (JSON-ready values).
+
+        Empty for a config built from its profile alone: its results belong in ``results/<profile>``.
+        """
+        mine = self.to_dict()
+        try:
+            base = type(self).for_profile(self.profile).to_dict()
+        except (TypeError, ValueError):  # a subclass whose profiles cannot be built alone: compare nothing
+            return {}
+        return {name: value for name, value in mine.items() if base.get(name) != value}
 
     def to_dict(self) -> dict[str, Any]:
         """The config as plain JSON-ready values."""

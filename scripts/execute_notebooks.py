@@ -21,27 +21,58 @@ with ``profile`` and ``force`` overridden) and the original cell is tagged
 ``remove-cell``, so the book shows one parameters cell holding the values
 that produced the page.
 
+``--set 'seeds=2 steps=300'`` (``make notebooks SET=...``) passes the text as the
+``overrides`` parameter of every notebook run, which parses it into its config
+(:func:`dalign_core.config.parse_overrides`: ``Config.for_profile(profile,
+**parse_overrides(Config, overrides, seed=seed))``); a config changed that way
+writes its results to ``results/<profile>+<hash>/``, never over the profile's.
+A notebook without an ``overrides`` parameter cannot take them: that is an error.
+
+A notebook is executed again only when something it depends on changed: its
+source, its parameters (profile, seed, force, overrides), the library's code
+(``dalign_core/**/*.py``), the pins, this script, or a results table's
+provenance (``results/*/*.json``). Otherwise the executed copy in ``book/chapters/``
+is kept (``--no-cache`` or ``--force`` executes anyway). The digests are kept in
+``book/chapters/.executed.json``.
+
+One profile per book: every executed chapter records the profile and overrides it
+ran with (papermill's parameters in its metadata). When the chapters in
+``book/chapters/`` were not all executed alike (``make book PROFILE=smoke
+ONLY=02_llama_width`` after a cpu build), each chapter that differs from the
+rest gets a warning at its top naming its profile and the book's, and the
+warning goes again once they agree; ``--refuse-mixed`` (``make book STRICT=1``)
+fails instead.
+
+Kernels log errors only and read no user IPython profile (:func:`quiet_kernel`): no
+"Kernel is running over TCP without encryption" warning on the terminal for every chapter.
+
 Usage::
 
     python scripts/execute_notebooks.py --profile cpu
     python scripts/execute_notebooks.py --profile smoke --only 01_theory
     python scripts/execute_notebooks.py --profile cpu --force
     python scripts/execute_notebooks.py --profile cpu --force=0   # what `make notebooks FORCE=0` runs
+    python scripts/execute_notebooks.py --profile lab --only 02_llama_width --set 'seeds=3 steps=400'
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import collections
+import contextlib
+import hashlib
+import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 try:
-    from dalign_core.atomic import atomic_path
-    from dalign_core.config import PROFILES, REPO_ROOT
+    from dalign_core.atomic import atomic_path, atomic_write_text
+    from dalign_core.config import PROFILES, REPO_ROOT, SOURCE_ROOT, default_results_dir
 except ImportError:  # run with some other interpreter than the venv's
     sys.exit(f"{sys.executable} cannot import dalign_core; run `make notebooks` or use .venv/bin/python")
 
@@ -51,6 +82,10 @@ NOTEBOOK_GLOB = "[0-9][0-9]_*.ipynb"
 INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 FORCE_ON = ("1", "yes", "true")
 FORCE_OFF = ("0", "no", "false", "")
+OVERRIDES_PARAMETER = "overrides"
+CACHE_FILE = ".executed.json"
+"""Beside the executed chapters (hidden from the book by _config.yml's ``chapters/.*``): each one's input digest."""
+BANNER_TAG = "dalign-mixed-build"
 
 
 def force_flag(value: str) -> bool:
@@ -104,6 +139,33 @@ def kernel_name() -> str:
     return "dalign"
 
 
+@contextlib.contextmanager
+def quiet_kernel():
+    """Kernels started inside log errors only, and read no user IPython profile.
+
+    ipykernel warns on the terminal, as every kernel starts, that localhost TCP is not encrypted
+    (papermill's kernels listen on 127.0.0.1, for one run). The kernel's own log level comes from its
+    IPython profile: inside this block ``$IPYTHONDIR`` names one of ours whose ``ipython_kernel_config.json``
+    sets it to ERROR (and no startup file of the user's runs in a chapter). Passing the level as a kernel
+    argument through papermill instead makes kernels report a KeyboardInterrupt as they shut down.
+    """
+    folder = Path(tempfile.gettempdir()) / f"dalign-ipython-{os.getuid() if hasattr(os, 'getuid') else 'user'}"
+    config = folder / "profile_default" / "ipython_kernel_config.json"
+    wanted = json.dumps({"IPKernelApp": {"log_level": 40}}) + "\n"
+    if not config.is_file() or config.read_text() != wanted:
+        config.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(config, wanted)
+    saved = os.environ.get("IPYTHONDIR")
+    os.environ["IPYTHONDIR"] = str(folder)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("IPYTHONDIR", None)
+        else:
+            os.environ["IPYTHONDIR"] = saved
+
+
 def parameters_cell(nb):
     """The first cell of notebook ``nb`` tagged ``parameters``; ValueError if there is none."""
     for cell in nb.cells:
@@ -137,43 +199,168 @@ def parameter_defaults(nb) -> dict[str, Any]:
     return defaults
 
 
+def run_parameters(nb, profile: str, force: bool, overrides: str = "", where: str = "") -> dict[str, Any]:
+    """The parameters a run of notebook ``nb`` injects: its defaults with profile, force and overrides set."""
+    try:
+        parameters = parameter_defaults(nb)
+    except (ValueError, SyntaxError) as error:
+        raise ValueError(f"{where}: {error}") from None
+    parameters["profile"] = profile
+    if force and "force" in parameters:
+        parameters["force"] = True
+    if overrides.strip():
+        if OVERRIDES_PARAMETER not in parameters:
+            raise ValueError(f"{where}: cannot take SET={overrides!r}: its parameters cell has no "
+                             f"{OVERRIDES_PARAMETER!r} string parameter (add `{OVERRIDES_PARAMETER} = \"\"` and pass "
+                             f"parse_overrides(Config, {OVERRIDES_PARAMETER}, seed=seed) to Config.for_profile)")
+        parameters[OVERRIDES_PARAMETER] = overrides.strip()
+    return parameters
+
+
 def execute(path: Path, profile: str, out_dir: Path, kernel: str, force: bool,
-            cell_timeout_s: float | None = None) -> Path:
+            cell_timeout_s: float | None = None, overrides: str = "") -> Path:
     """Run one notebook with papermill into ``out_dir/<name>``, atomically; return that path.
 
-    ``cell_timeout_s`` bounds each cell (None: no limit).
+    ``cell_timeout_s`` bounds each cell (None: no limit). ``overrides`` (``"seeds=2 steps=300"``) is
+    passed as the notebook's ``overrides`` parameter; a notebook without one refuses them.
     """
     import nbformat
     import papermill as pm
 
     nb = nbformat.read(path, as_version=4)
-    try:
-        parameters = parameter_defaults(nb)
-    except (ValueError, SyntaxError) as error:
-        raise ValueError(f"{path}: {error}") from None
-    parameters["profile"] = profile
-    if force and "force" in parameters:
-        parameters["force"] = True
+    parameters = run_parameters(nb, profile, force, overrides, where=str(path))
     # Papermill's injected cell, placed right after this one, shows every value the run used.
     parameters_cell(nb).metadata.setdefault("tags", []).append("remove-cell")
 
-    executed = pm.execute_notebook(
-        nb,
-        None,  # written below, once it succeeded
-        parameters=parameters,
-        kernel_name=kernel,
-        cwd=str(path.parent),
-        progress_bar=False,
-        log_output=False,
-        request_save_on_cell_execute=False,
-        execution_timeout=cell_timeout_s,
-    )
+    with quiet_kernel():
+        executed = pm.execute_notebook(
+            nb,
+            None,  # written below, once it succeeded
+            parameters=parameters,
+            kernel_name=kernel,
+            cwd=str(path.parent),
+            progress_bar=False,
+            log_output=False,
+            request_save_on_cell_execute=False,
+            execution_timeout=cell_timeout_s,
+        )
     target = out_dir / path.name
     # Papermill was handed the notebook in memory: record its file, not a copy of its cells.
     executed.metadata.papermill.update(input_path=str(path), output_path=str(target))
     with atomic_path(target) as tmp:
         nbformat.write(executed, tmp)
     return target
+
+
+# ---------------------------------------------------------------------------
+# Executing only what changed
+
+
+def _digest_files(paths, root: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(paths):
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue
+        digest.update(str(path.relative_to(root) if path.is_relative_to(root) else path).encode() + b"\0")
+        digest.update(hashlib.sha256(data).digest())
+    return digest.hexdigest()
+
+
+def code_digest() -> str:
+    """The digest of what every chapter runs: the library's code, the pins and this script."""
+    package = Path(__import__("dalign_core").__file__).resolve().parent
+    files = list(package.rglob("*.py")) + [Path(__file__).resolve()]
+    if SOURCE_ROOT is not None:
+        files += [SOURCE_ROOT / "requirements.txt", SOURCE_ROOT / "pyproject.toml"]
+    return _digest_files(files, package.parent)
+
+
+def results_digest() -> str:
+    """The digest of every results table's provenance (``results/*/*.json``; the partial jobs are not read)."""
+    root = default_results_dir("smoke").parent
+    return _digest_files(root.glob("*/*.json"), root)
+
+
+def inputs_digest(path: Path, parameters: dict[str, Any], code: str, results: str) -> str:
+    """What notebook ``path`` run with ``parameters`` depends on, as one digest."""
+    blob = json.dumps({"notebook": hashlib.sha256(path.read_bytes()).hexdigest(), "parameters": parameters,
+                       "code": code, "results": results, "results_root": str(default_results_dir("smoke").parent)},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def read_cache(out_dir: Path) -> dict[str, dict]:
+    try:
+        return json.loads((out_dir / CACHE_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def write_cache(out_dir: Path, cache: dict[str, dict]) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out_dir / CACHE_FILE, json.dumps(cache, indent=1, sort_keys=True) + "\n")
+
+
+# ---------------------------------------------------------------------------
+# One profile per book
+
+
+def chapter_run(nb) -> tuple[str, str] | None:
+    """(profile, overrides) an executed chapter ran with, from papermill's record; None if it has none."""
+    parameters = nb.metadata.get("papermill", {}).get("parameters") or {}
+    if "profile" not in parameters:
+        return None
+    return str(parameters["profile"]), str(parameters.get(OVERRIDES_PARAMETER) or "").strip()
+
+
+def describe_run(run: tuple[str, str]) -> str:
+    profile, overrides = run
+    return f"profile `{profile}`" + (f" with the overrides `{overrides}`" if overrides else "")
+
+
+def mark_mixed_build(out_dir: Path, preferred: tuple[str, str] | None = None) -> dict[str, tuple[str, str]]:
+    """Warn on each chapter of ``out_dir`` that ran otherwise than the rest; return ``{chapter: run}`` of those.
+
+    The book's run is the (profile, overrides) most chapters ran with (ties: ``preferred``, this
+    invocation's). Each chapter that differs gets a ``{warning}`` cell under its title saying how it and
+    the rest of the book ran; chapters that agree lose any such warning left from an earlier build.
+    """
+    import nbformat
+
+    names = {path.name for path in find_notebooks(NOTEBOOKS)}
+    chapters = {path: nbformat.read(path, as_version=4) for path in sorted(out_dir.glob(NOTEBOOK_GLOB))
+                if path.name in names}
+    runs = {path: chapter_run(nb) for path, nb in chapters.items()}
+    counts = collections.Counter(run for run in runs.values() if run is not None)
+    if not counts:
+        return {}
+    top = max(counts.values())
+    leaders = [run for run, count in counts.items() if count == top]
+    book_run = preferred if preferred in leaders else sorted(leaders)[0]
+    differing: dict[str, tuple[str, str]] = {}
+    for path, nb in chapters.items():
+        run = runs[path]
+        kept = [cell for cell in nb.cells if BANNER_TAG not in cell.get("metadata", {}).get("tags", [])]
+        cells = list(kept)
+        if run is not None and run != book_run:
+            differing[path.stem] = run
+            others = ", ".join(f"{describe_run(r)} ({n} chapter{'s' if n > 1 else ''})"
+                               for r, n in sorted(counts.items()) if r != run)
+            banner = nbformat.v4.new_markdown_cell(
+                ":::{warning}\n**Mixed build.** This chapter was executed at "
+                f"{describe_run(run)}; the rest of the book at {others}. Its numbers are not comparable with "
+                f"the other chapters'. Rebuild with one profile (`make book PROFILE={book_run[0]}`"
+                f"{' SET=...' if book_run[1] else ''}) to remove this warning.\n:::",
+                metadata={"tags": [BANNER_TAG]})
+            title = next((i for i, cell in enumerate(cells) if cell.cell_type == "markdown"), -1)
+            cells.insert(title + 1, banner)
+        if [c.source for c in cells] != [c.source for c in nb.cells]:
+            nb.cells = cells
+            with atomic_path(path) as tmp:
+                nbformat.write(nb, tmp)
+    return differing
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,14 +371,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", nargs="?", const="1", default="", type=force_flag, metavar="1|yes|true|0|no|false",
                         help="pass force=True to notebooks that take it, so experiments recompute "
                              "(--force alone or 1/yes/true; 0/no/false/empty: no)")
+    parser.add_argument("--set", action="append", default=[], metavar="'FIELD=VALUE ...'", dest="overrides",
+                        help="overrides of the profile's config, passed as each notebook's `overrides` parameter "
+                             "(make notebooks SET='seeds=2 steps=300'); repeatable. Results go to "
+                             "results/<profile>+<hash>/")
+    parser.add_argument("--no-cache", action="store_true",
+                        help="execute every notebook, even where nothing it depends on changed")
+    parser.add_argument("--refuse-mixed", action="store_true",
+                        help="fail when the chapters in --out were not all executed at one profile and overrides "
+                             "(default: warn on each chapter that differs)")
     parser.add_argument("--out", type=Path, default=CHAPTERS, help="where executed notebooks go (default: book/chapters)")
     args = parser.parse_args(argv)
+    overrides = " ".join(part.strip() for part in args.overrides if part.strip())
 
     # The kernel inherits this process's environment. `make` exports MPLBACKEND=Agg for
     # scripts and tests, but under Agg a notebook's figures never reach its outputs;
     # the inline backend captures them (and needs no display).
     os.environ["MPLBACKEND"] = INLINE_BACKEND
-    notebooks = find_notebooks()
+    notebooks = find_notebooks(NOTEBOOKS)
     if args.only:
         wanted = {Path(name).stem for name in args.only}
         unknown = wanted - {nb.stem for nb in notebooks}
@@ -203,16 +400,40 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no notebooks matching {NOTEBOOK_GLOB} in {NOTEBOOKS}; nothing to do")
         return 0
 
+    import nbformat
+
     kernel = kernel_name()
-    print(f"executing {len(notebooks)} notebook(s) with profile={args.profile} (kernel {kernel}, {sys.executable})",
-          flush=True)
+    with_overrides = f" and overrides {overrides!r}" if overrides else ""
+    print(f"executing {len(notebooks)} notebook(s) with profile={args.profile}{with_overrides} "
+          f"(kernel {kernel}, {sys.executable})", flush=True)
     failures: list[tuple[str, str]] = []
     total = time.perf_counter()
+    code = code_digest()
+    cache = read_cache(args.out)
+    done: dict[str, dict[str, Any]] = {}  # name -> parameters of every chapter now current in args.out
+    skipped = 0
     for path in notebooks:
+        try:
+            parameters = run_parameters(nbformat.read(path, as_version=4), args.profile, args.force, overrides,
+                                        where=str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT)
+                                        else str(path))
+        except ValueError as error:
+            print(f"-> {path.name}: FAILED: {error}", flush=True)
+            failures.append((path.name, str(error)))
+            continue
+        recorded = cache.get(path.name, {})
+        if (not args.no_cache and not args.force and (args.out / path.name).is_file()
+                and recorded.get("inputs") == inputs_digest(path, parameters, code, results_digest())):
+            print(f"-> {path.name}: unchanged since it was executed (notebook, parameters, library and results); "
+                  "kept (--no-cache executes it anyway)", flush=True)
+            done[path.name] = parameters
+            skipped += 1
+            continue
         print(f"-> {path.name} ...", flush=True)
         start = time.perf_counter()
         try:
-            execute(path, args.profile, args.out, kernel, args.force)
+            execute(path, args.profile, args.out, kernel, args.force, overrides=overrides)
+            done[path.name] = parameters
         except Exception as error:  # papermill raises PapermillExecutionError with the cell's traceback
             elapsed = time.perf_counter() - start
             message = str(error).strip().splitlines()
@@ -222,7 +443,28 @@ def main(argv: list[str] | None = None) -> int:
             failures.append((path.name, summary))
             continue
         print(f"   ok in {time.perf_counter() - start:.1f} s -> {args.out.relative_to(REPO_ROOT) if args.out.is_relative_to(REPO_ROOT) else args.out}/{path.name}", flush=True)
-    print(f"done in {time.perf_counter() - total:.1f} s: {len(notebooks) - len(failures)} ok, {len(failures)} failed")
+    # The digests of what each chapter depended on, taken once every chapter ran (a later chapter's results
+    # must not make an earlier one look stale).
+    results = results_digest()
+    for name, parameters in done.items():
+        cache[name] = {"inputs": inputs_digest(NOTEBOOKS / name, parameters, code, results),
+                       "profile": args.profile, OVERRIDES_PARAMETER: overrides}
+    for name, _ in failures:
+        cache.pop(name, None)
+    if done:
+        write_cache(args.out, cache)
+    kept = f" ({skipped} unchanged, kept)" if skipped else ""
+    print(f"done in {time.perf_counter() - total:.1f} s: {len(notebooks) - len(failures)} ok{kept}, "
+          f"{len(failures)} failed")
+    differing = mark_mixed_build(args.out, preferred=(args.profile, overrides))
+    if differing:
+        listing = "; ".join(f"{name}: {describe_run(run)}" for name, run in sorted(differing.items()))
+        print(f"{'error' if args.refuse_mixed else 'warning'}: the chapters in {args.out} were not all executed "
+              f"alike; these differ from the rest: {listing}"
+              + ("" if args.refuse_mixed else " (each says so at its top)"),
+              file=sys.stderr, flush=True)
+        if args.refuse_mixed:
+            return 1
     if failures:
         for name, summary in failures:
             print(f"FAILED: {name}: {summary}", file=sys.stderr)

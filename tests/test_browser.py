@@ -15,7 +15,12 @@ machine (``http://127.0.0.1:<port>``), and checks on each page that
   also fail to resolve inside the browser, so nothing leaves the machine even
   where there is a network.
 
-It saves a full-page screenshot of each page to ``book/_build/screenshots/``.
+It also opens every page at a phone's width (390 px) and in the theme's dark mode, and fails
+when the page itself scrolls sideways at 1280 or 390 px (an element wider than the window
+that no scrolling box of its own holds: wide math and tables must scroll inside their
+block or wrap; ``book/_static/dalign.css``). It saves a full-page screenshot of each page
+in each view to ``book/_build/screenshots/``: ``<page>.png`` (1280 px), ``<page>@390.png``
+and ``<page>@dark.png``.
 
 The book under test: ``DALIGN_BOOK_HTML=<folder with index.html>`` names a built
 one (``make book PROFILE=smoke`` then ``DALIGN_BOOK_HTML=book/_build/html pytest
@@ -60,6 +65,7 @@ BUILD_TIMEOUT_S = 900
 CELL_TIMEOUT_S = 900
 PAGE_TIMEOUT_S = 60
 WINDOW = (1280, 900)
+PHONE_WIDTH = 390
 MAX_SCREENSHOT_HEIGHT = 12000
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "[::1]"}
 LOCAL_SCHEMES = {"data", "blob", "file", "about"}
@@ -284,6 +290,11 @@ class PageReport:
     failed: list[str] = field(default_factory=list)
     console_errors: list[str] = field(default_factory=list)
     screenshot: Path | None = None
+    overflow: dict[int, dict] = field(default_factory=dict)
+    """Window width -> what OVERFLOW found there."""
+    phone_screenshot: Path | None = None
+    dark_screenshot: Path | None = None
+    dark_background: str = ""
 
 
 def _is_local(url: str) -> bool:
@@ -316,23 +327,71 @@ def _network(entries: list[dict]) -> tuple[list[str], list[str]]:
     return requested, failed
 
 
-def _screenshot(driver, page: str) -> Path:
+def _screenshot(driver, page: str, width: int = WINDOW[0], suffix: str = "") -> Path:
     """A full-page PNG (up to MAX_SCREENSHOT_HEIGHT px tall) of the current page under book/_build/screenshots/.
 
-    The viewport is made as tall as the page (at the same width) for the capture, then restored.
+    The viewport is made as tall as the page (at ``width``) for the capture, then restored to the window.
     """
+    _set_width(driver, width)
     height = driver.execute_script("return Math.max(document.documentElement.scrollHeight, document.body.scrollHeight)")
     height = int(min(max(height, WINDOW[1]), MAX_SCREENSHOT_HEIGHT))
     driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
-                           {"width": WINDOW[0], "height": height, "deviceScaleFactor": 1, "mobile": False})
+                           {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})
     try:
         driver.execute_async_script("requestAnimationFrame(() => requestAnimationFrame(arguments[arguments.length - 1]))")
         shot = driver.execute_cdp_cmd("Page.captureScreenshot", {"format": "png", "fromSurface": True})
     finally:
         driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
-    target = SCREENSHOTS / (re.sub(r"[^A-Za-z0-9_.-]+", "__", page.removesuffix(".html")) + ".png")
+    target = SCREENSHOTS / (re.sub(r"[^A-Za-z0-9_.-]+", "__", page.removesuffix(".html")) + suffix + ".png")
     target.write_bytes(base64.b64decode(shot["data"]))
     return target
+
+
+def _set_width(driver, width: int) -> None:
+    """Lay the page out in a window ``width`` px wide (the window's height), and wait for the layout."""
+    if width == WINDOW[0]:
+        driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+    else:
+        driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                               {"width": width, "height": WINDOW[1], "deviceScaleFactor": 1, "mobile": False})
+    driver.execute_async_script("requestAnimationFrame(() => requestAnimationFrame(arguments[arguments.length - 1]))")
+
+
+# Runs in the page: does the page itself scroll sideways, and which elements stick out of the window?
+OVERFLOW = r"""
+const root = document.documentElement;
+const width = root.clientWidth;
+const scrolls = Math.max(root.scrollWidth, document.body.scrollWidth) - width;
+const held = (el) => {  // inside a box that scrolls or clips its own overflow
+  for (let up = el.parentElement; up && up !== document.body; up = up.parentElement) {
+    const style = getComputedStyle(up);
+    if (["auto", "scroll", "hidden", "clip"].includes(style.overflowX)) return true;
+  }
+  return false;
+};
+const offenders = [];
+if (scrolls > 1) {
+  for (const el of document.body.querySelectorAll("*")) {
+    const box = el.getBoundingClientRect();
+    if (box.width > 0 && box.right > width + 1 && !held(el) && getComputedStyle(el).position !== "fixed") {
+      const name = el.tagName.toLowerCase() + (el.id ? "#" + el.id : "") +
+        (el.className && typeof el.className === "string" ? "." + el.className.trim().split(/\s+/).slice(0, 2).join(".") : "");
+      offenders.push(name + " (right edge " + Math.round(box.right) + " px)");
+      if (offenders.length >= 5) break;
+    }
+  }
+}
+return {width, scrolls, offenders};
+"""
+
+
+def _set_dark(driver, dark: bool) -> None:
+    """The theme's dark (or light) mode, as its switch sets it."""
+    mode = "dark" if dark else "light"
+    driver.execute_script(
+        "document.documentElement.dataset.theme = arguments[0]; document.documentElement.dataset.mode = arguments[0];",
+        mode)
+    driver.execute_async_script("requestAnimationFrame(() => requestAnimationFrame(arguments[arguments.length - 1]))")
 
 
 @pytest.fixture(scope="module")
@@ -351,7 +410,15 @@ def reports(book_html, server, driver) -> dict[str, PageReport]:
             WebDriverWait(driver, 15).until(lambda d: d.execute_script("return document.readyState") == "complete")
         report.url = driver.current_url
         report.inspect = driver.execute_async_script(INSPECT)
+        report.overflow[WINDOW[0]] = driver.execute_script(OVERFLOW)
         report.screenshot = _screenshot(driver, page)
+        _set_width(driver, PHONE_WIDTH)
+        report.overflow[PHONE_WIDTH] = driver.execute_script(OVERFLOW)
+        report.phone_screenshot = _screenshot(driver, page, PHONE_WIDTH, "@390")
+        _set_dark(driver, True)
+        report.dark_background = driver.execute_script("return getComputedStyle(document.body).backgroundColor")
+        report.dark_screenshot = _screenshot(driver, page, WINDOW[0], "@dark")
+        _set_dark(driver, False)
         report.requests, report.failed = _network(driver.get_log("performance"))
         report.external = [url for url in report.requests if not _is_local(url)]
         report.console_errors = [entry["message"][:300] for entry in driver.get_log("browser")
@@ -416,4 +483,25 @@ def test_every_local_request_succeeds(reports):
 
 def test_a_screenshot_per_page(reports):
     for page, report in reports.items():
-        assert report.screenshot is not None and report.screenshot.stat().st_size > 1000, f"{page}: no screenshot"
+        for view, shot in (("1280 px", report.screenshot), ("390 px", report.phone_screenshot),
+                           ("dark mode", report.dark_screenshot)):
+            assert shot is not None and shot.stat().st_size > 1000, f"{page}: no screenshot at {view}"
+
+
+@pytest.mark.parametrize("width", [WINDOW[0], PHONE_WIDTH])
+def test_no_page_scrolls_sideways(reports, width):
+    """Wide math, tables and code scroll inside their own block (or wrap); the page never does."""
+    problems = _problems(reports, lambda r: r.overflow.get(width, {}).get("scrolls", 0) > 1 and (
+        f"{r.overflow[width]['scrolls']} px wider than the {width}-px window; "
+        f"sticking out: {r.overflow[width]['offenders'] or 'nothing found'}"))
+    assert not problems, f"pages that scroll sideways at {width} px:\n{problems}"
+
+
+def test_dark_mode_is_dark(reports):
+    def brightness(css: str) -> float:
+        numbers = [float(x) for x in re.findall(r"[\d.]+", css)[:3]]
+        return sum(numbers) / 3 if len(numbers) == 3 else 255.0
+
+    problems = _problems(reports, lambda r: brightness(r.dark_background) > 100 and
+                         f"background {r.dark_background} in dark mode")
+    assert not problems, f"pages that stay light in dark mode:\n{problems}"

@@ -9,6 +9,7 @@ written into the repository's results/.
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import shutil
 from pathlib import Path
@@ -154,3 +155,120 @@ def test_notebook_runs_at_smoke_profile(path, tmp_path, results_root, monkeypatc
     assert _files_under(repo_smoke) == before, f"{path.name} wrote into {repo_smoke}; it should honour DALIGN_RESULTS"
     # tests/test_browser.py builds the book from these instead of executing every notebook again.
     shutil.copy2(out, smoke_chapters / out.name)
+
+
+# ---------------------------------------------------------------------------
+# Overrides (SET=), caching, one profile per book, no TCP warning
+
+
+def _probe(folder: Path, kernel: str, name: str = "98_probe.ipynb", source: str = "", overrides: bool = True) -> Path:
+    """A one-cell notebook with the book's parameters (and an `overrides` one) that prints what it got."""
+    folder.mkdir(parents=True, exist_ok=True)
+    parameters = 'profile = "cpu"\nseed = 0\nforce = False' + ('\noverrides = ""' if overrides else "")
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("# Probe"),
+        nbformat.v4.new_code_cell(parameters, metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_code_cell(source or "print(profile, overrides if 'overrides' in dir() else None)"),
+    ])
+    nb.metadata["kernelspec"] = {"name": kernel, "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, folder / name)
+    return folder / name
+
+
+def test_set_reaches_the_notebook_and_the_config(tmp_path, kernel, results_root, capfd):
+    source = _probe(tmp_path / "nb", kernel, source=(
+        "from dalign_core.config import default_results_dir, parse_overrides\n"
+        "from dalign_core.experiments import theory\n"
+        "config = theory.Config.for_profile(profile, **parse_overrides(theory.Config, overrides, seed=seed))\n"
+        "assert (config.trials, config.dims) == (100, (8, 16)), config\n"
+        "print(default_results_dir(config).name)"))
+    out = runner.execute(source, "smoke", tmp_path / "out", kernel, force=False, cell_timeout_s=120,
+                         overrides="trials=100 dims=8,16")
+    executed = nbformat.read(out, as_version=4)
+    injected = executed.cells[_tagged(executed, "injected-parameters")[0]].source
+    assert "overrides = \"trials=100 dims=8,16\"" in injected  # the book shows the overrides beside the profile
+    printed = "".join(o.get("text", "") for o in executed.cells[-1].outputs)
+    assert printed.startswith("smoke+") and printed.strip() != "smoke"  # its own results folder
+    # The kernel talks over IPC: ipykernel's warning about unencrypted TCP never reaches the terminal.
+    assert "without encryption" not in capfd.readouterr().err
+
+
+def test_set_is_refused_by_a_notebook_without_an_overrides_parameter(tmp_path, kernel):
+    source = _probe(tmp_path / "nb", kernel, overrides=False)
+    with pytest.raises(ValueError, match="cannot take SET='steps=3'.*no 'overrides' string parameter"):
+        runner.execute(source, "smoke", tmp_path / "out", kernel, force=False, overrides="steps=3")
+
+
+def test_an_unchanged_notebook_is_not_executed_again(tmp_path, kernel, results_root, monkeypatch, capsys):
+    folder, out = tmp_path / "nb", tmp_path / "out"
+    source = _probe(folder, kernel)
+    monkeypatch.setattr(runner, "NOTEBOOKS", folder)
+    argv = ["--profile", "smoke", "--out", str(out)]
+    assert runner.main(argv) == 0
+    first = (out / source.name).stat().st_mtime_ns
+    assert source.name in json.loads((out / runner.CACHE_FILE).read_text())
+    capsys.readouterr()
+    assert runner.main(argv) == 0
+    assert "unchanged since it was executed" in capsys.readouterr().out
+    assert (out / source.name).stat().st_mtime_ns == first
+    assert runner.main(argv + ["--set", "seed=3"]) == 0  # other parameters: executed again
+    second = (out / source.name).stat().st_mtime_ns
+    assert second != first
+    assert runner.main(argv + ["--set", "seed=3", "--no-cache"]) == 0
+    assert (out / source.name).stat().st_mtime_ns != second
+    (results_root / "smoke").mkdir()
+    (results_root / "smoke" / "theory.json").write_text("{}")  # a results table changed: executed again
+    third = (out / source.name).stat().st_mtime_ns
+    assert runner.main(argv + ["--set", "seed=3"]) == 0
+    assert (out / source.name).stat().st_mtime_ns != third
+
+
+def _executed_chapter(path: Path, profile: str, overrides: str = "") -> None:
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(f"# {path.stem}"),
+                                         nbformat.v4.new_code_cell("x = 1")])
+    nb.metadata["papermill"] = {"parameters": {"profile": profile, "seed": 0, "force": False,
+                                               **({"overrides": overrides} if overrides else {})}}
+    nbformat.write(nb, path)
+
+
+def test_a_mixed_build_says_so_on_every_chapter_that_differs(tmp_path, monkeypatch):
+    sources, chapters = tmp_path / "notebooks", tmp_path / "chapters"
+    sources.mkdir(), chapters.mkdir()
+    for name in ("01_a", "02_b", "03_c"):
+        (sources / f"{name}.ipynb").write_text("{}")
+    monkeypatch.setattr(runner, "NOTEBOOKS", sources)
+    _executed_chapter(chapters / "01_a.ipynb", "cpu")
+    _executed_chapter(chapters / "02_b.ipynb", "smoke")
+    _executed_chapter(chapters / "03_c.ipynb", "cpu", overrides="")
+    differing = runner.mark_mixed_build(chapters, preferred=("smoke", ""))
+    assert differing == {"02_b": ("smoke", "")}  # the book is at cpu (most chapters), 02 differs
+    banner = [c for c in nbformat.read(chapters / "02_b.ipynb", as_version=4).cells
+              if runner.BANNER_TAG in c.metadata.get("tags", [])]
+    assert len(banner) == 1 and "executed at profile `smoke`" in banner[0].source and "`cpu`" in banner[0].source
+    assert nbformat.read(chapters / "02_b.ipynb", as_version=4).cells[1] == banner[0]  # right under the title
+    assert not any(runner.BANNER_TAG in c.metadata.get("tags", [])
+                   for c in nbformat.read(chapters / "01_a.ipynb", as_version=4).cells)
+    # Overrides count as another run; once every chapter agrees, the warnings go.
+    _executed_chapter(chapters / "03_c.ipynb", "cpu", overrides="seeds=2")
+    assert set(runner.mark_mixed_build(chapters)) == {"02_b", "03_c"}  # a tie: the first run in order is the book's
+    for name in ("01_a", "02_b", "03_c"):
+        _executed_chapter(chapters / f"{name}.ipynb", "smoke")
+    assert runner.mark_mixed_build(chapters) == {}
+    assert not any(runner.BANNER_TAG in c.metadata.get("tags", []) for name in ("01_a", "02_b", "03_c")
+                   for c in nbformat.read(chapters / f"{name}.ipynb", as_version=4).cells)
+
+
+def test_refuse_mixed_fails_a_mixed_build(tmp_path, kernel, results_root, monkeypatch, capsys):
+    sources, chapters = tmp_path / "notebooks", tmp_path / "chapters"
+    _probe(sources, kernel)
+    (sources / "97_other.ipynb").write_text("{}")
+    chapters.mkdir()
+    _executed_chapter(chapters / "97_other.ipynb", "cpu")
+    monkeypatch.setattr(runner, "NOTEBOOKS", sources)
+    argv = ["--profile", "smoke", "--only", "98_probe", "--out", str(chapters)]
+    assert runner.main(argv + ["--refuse-mixed"]) == 1
+    assert "error: the chapters" in capsys.readouterr().err
+    assert runner.main(argv) == 0  # warns instead, on the chapter that differs
+    assert "97_other: profile `cpu`" in capsys.readouterr().err
+    assert any(runner.BANNER_TAG in c.metadata.get("tags", [])
+               for c in nbformat.read(chapters / "97_other.ipynb", as_version=4).cells)

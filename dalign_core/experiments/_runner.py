@@ -15,6 +15,13 @@ table with its provenance JSON (written last, so its presence means the CSV is
 complete). Messages go to the ``dalign`` logger: the command line shows them, a
 notebook stays quiet.
 
+A config changed from its profile's (``--set field=value`` on the command line,
+``Config.for_profile(profile, **overrides)`` in a notebook) writes to a folder of its own,
+``results/<profile>+<hash of the changes>/`` (:func:`dalign_core.config.default_results_dir`),
+never into the profile's: asked for ``results/<profile>`` with a changed config,
+:func:`run_experiment` goes to that folder instead and says so, and records the changes in
+its ``overrides.json``. An explicit other folder (``--out``) is used as given.
+
 Under ``torchrun`` (:mod:`dalign_core.distributed`) an experiment whose ``compute``
 shares its jobs over the ranks (``sharded=True``: the width sweeps) runs on every rank
 and rank 0 writes the tables, with the world size and every rank's hardware in the
@@ -31,6 +38,7 @@ kept and the same command resumes.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -41,10 +49,11 @@ from typing import Any, Callable, Mapping
 import pandas as pd
 
 from dalign_core import distributed, workers
-from dalign_core.config import PROFILES, ExperimentConfig, default_results_dir
+from dalign_core.atomic import atomic_write_text
+from dalign_core.config import PROFILES, ExperimentConfig, default_results_dir, parse_overrides
 from dalign_core.results import results_current, write_table
 
-__all__ = ["run_experiment", "main"]
+__all__ = ["run_experiment", "main", "results_dir_for"]
 
 log = logging.getLogger("dalign")
 
@@ -62,7 +71,7 @@ def run_experiment(name: str, tables: tuple[str, ...], config: ExperimentConfig,
     spreads its work over torchrun's ranks and returns the tables on rank 0 only (see the
     module docstring).
     """
-    out_dir = Path(out_dir) if out_dir is not None else default_results_dir(config.profile)
+    out_dir = results_dir_for(config, out_dir)
     ctx = distributed.context()
     if ctx.distributed and not sharded and not ctx.is_main:
         log.info("%s: runs on rank 0 alone; rank %d has nothing to do", name, ctx.rank)
@@ -79,6 +88,9 @@ def run_experiment(name: str, tables: tuple[str, ...], config: ExperimentConfig,
         log.info("%s: results for this configuration (hash %s) exist; reusing them (force=True recomputes)",
                  name, config.config_hash())
         return out_dir
+    changed = config.overrides()
+    if changed and ctx.is_main:
+        _record_overrides(out_dir, config, changed)
     started = time.perf_counter()
     frames, extra = compute(config, out_dir)
     ranks = distributed.hardware() if shared else None  # collective: every rank answers
@@ -95,19 +107,59 @@ def run_experiment(name: str, tables: tuple[str, ...], config: ExperimentConfig,
     return out_dir
 
 
+def results_dir_for(config: ExperimentConfig, out_dir: str | Path | None = None) -> Path:
+    """Where ``config``'s results go: ``out_dir`` if given, else :func:`default_results_dir` of the config.
+
+    A config changed from its profile never writes into the profile's own folder: asked for
+    ``results/<profile>`` (as an experiment's ``run`` may pass it), it gets
+    ``results/<profile>+<hash of the changes>`` instead.
+    """
+    own = default_results_dir(config)
+    if out_dir is None:
+        return own
+    out_dir = Path(out_dir)
+    profile_dir = default_results_dir(config.profile)
+    if own != profile_dir and out_dir.resolve() == profile_dir.resolve():
+        log.info("%s differs from the %s profile in %s: its results go to %s, not over the profile's",
+                 type(config).__module__.rsplit(".", 1)[-1], config.profile,
+                 ", ".join(sorted(config.overrides())), own)
+        return own
+    return out_dir
+
+
+def _record_overrides(out_dir: Path, config: ExperimentConfig, changed: dict[str, Any]) -> None:
+    """``<out_dir>/overrides.json``: the profile and the changed fields of each experiment that wrote here."""
+    path = out_dir / "overrides.json"
+    try:
+        record = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        record = {}
+    record.setdefault("profile", config.profile)
+    record.setdefault("experiments", {})[type(config).__module__.rsplit(".", 1)[-1]] = changed
+    atomic_write_text(path, json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
+
+
 def main(config_cls: type[ExperimentConfig], run: Callable, description: str | None = None,
          dry_run: Callable | None = None, argv: list[str] | None = None) -> None:
     """The ``python -m dalign_core.experiments.<name>`` command line.
 
-    ``--profile --seed --out --force``, and ``--dry-run`` where the experiment has one
+    ``--profile --seed --set --out --force``, and ``--dry-run`` where the experiment has one
     (build the data and every model, time a few steps, print the projected wall time).
+    ``--set field=value`` (repeatable) changes any field of the profile's config, parsed by the field's type
+    (:func:`dalign_core.config.parse_overrides`); the results of a changed config go to
+    ``results/<profile>+<hash>/`` unless ``--out`` names a folder.
     Under ``torchrun`` every rank runs this; ``--ranks-per-job`` sets
     ``$DALIGN_RANKS_PER_JOB`` (see :func:`dalign_core.distributed.ranks_per_job`).
     """
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--profile", choices=PROFILES, default="cpu", help="scale of the run (default: cpu)")
     parser.add_argument("--seed", type=int, default=None, help="override the profile's seed")
-    parser.add_argument("--out", type=Path, default=None, help="results folder (default: results/<profile>)")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="overrides",
+                        help="change a field of the profile's config, e.g. --set steps=300 --set widths=32,64 "
+                             "(repeatable; values parsed by the field's type: ints, floats, tuples, strings, none); "
+                             "results then go to results/<profile>+<hash>/")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="results folder (default: results/<profile>, or results/<profile>+<hash> with --set)")
     parser.add_argument("--force", action="store_true", help="rerun even if results for this config exist")
     if dry_run is not None:
         parser.add_argument("--dry-run", action="store_true",
@@ -121,14 +173,19 @@ def main(config_cls: type[ExperimentConfig], run: Callable, description: str | N
     logging.basicConfig(level=logging.INFO, format=f"{prefix}%(message)s")
     if args.ranks_per_job is not None:
         os.environ[distributed.RANKS_PER_JOB_VARIABLE] = args.ranks_per_job
-    overrides = {} if args.seed is None else {"seed": args.seed}
-    config = config_cls.for_profile(args.profile, **overrides)
+    try:
+        overrides = parse_overrides(config_cls, args.overrides)
+        if args.seed is not None:
+            overrides["seed"] = args.seed
+        config = config_cls.for_profile(args.profile, **overrides)
+    except (TypeError, ValueError) as error:  # an unknown field, a value of the wrong type, a rejected config
+        parser.error(str(error))
     workers.configure(getattr(config, "device", "auto"))  # on the CPU: one thread, before any torch work
     if dry_run is not None and args.dry_run:
         if ctx.is_main:
             print(dry_run(config))
         return
-    out_dir = args.out if args.out is not None else default_results_dir(args.profile)
+    out_dir = args.out if args.out is not None else default_results_dir(config)
     try:
         with distributed.session(getattr(config, "device", "auto")):
             run(config, out_dir=out_dir, force=args.force)

@@ -79,6 +79,17 @@ class Config(LMSweepConfig):
             eval_examples=32, validation_examples=32, capture_batch=32, budgets=((2, 2), (4, 4)), resamples=1_000,
             unit_contexts=(16, 32),
         ),
+        # A classroom's run: about five minutes on a 2-core laptop (2 workers). The cpu design with 2 seeds of 3 widths
+        # and one rate per width (the one the cpu sweep chose, 1e-2 x 32/N), no rate trials and lighter measurement.
+        # Its 600 steps are what a model needs to pass the bigram baseline (4.36 nats): at 300 steps N = 32 stayed
+        # at 4.61 (context 128) and 4.78 (context 64). The slope test says "inconclusive", with the slope 2 seeds
+        # could have detected.
+        "lab": dict(
+            widths=(32, 64, 128), seeds=2, lr_candidates=(1e-2,), lr_extend=0, lr_trial_fraction=1.0,
+            all_layer_steps=(0, 200, 600), pool_size=512, eval_examples=256, validation_examples=256,
+            budgets=((4, 4), (16, 16), (32, 32), (64, 64)), resamples=5_000, redundancy_examples=128,
+            unit_contexts=(32, 128),
+        ),
         "cpu": {},
         # The paper's shapes (depth 8, head dim 64) at widths a 15-minute GPU window can train: 3 rates x 3 seeds.
         # Measured on one H200 (2026-11-30) with widths 512/1024/1536, rates 3e-4/1e-3/3e-3 and 20,000 resamples:

@@ -92,6 +92,16 @@ class Config(LMSweepConfig):
             eval_examples=32, validation_examples=32, capture_batch=32, budgets=((2, 2), (4, 4)), resamples=1_000,
             width_scale=8,
         ),
+        # A classroom's run: about five minutes on a 2-core laptop. The 6-layer regime alone (no deep one), 2 seeds
+        # of widths 64 / 96 / 128 (N = 32 barely passed the bigram model in the cpu sweep's 500 steps) at one rate per
+        # width (1e-2 x 64/N), no rate trials, lighter measurement: the slope test says "inconclusive", with the
+        # slope it could detect.
+        "lab": dict(
+            widths=(64, 96, 128), heads=(4, 4, 4), deep_depth=None, seeds=2, lr_candidates=(1e-2,), lr_extend=0,
+            lr_trial_fraction=1.0, all_layer_steps=(0, 340, 500), pool_size=512, eval_examples=256,
+            validation_examples=256, budgets=((4, 4), (16, 16), (32, 32), (64, 64)), resamples=5_000,
+            redundancy_examples=128,
+        ),
         "cpu": {},
         # Pythia's real 6-layer widths, and a 16-layer regime at three widths, in minutes on one GPU.
         "gpu": dict(

@@ -60,6 +60,8 @@ class Config(ExperimentConfig):
             trials=2_000, estimator_n=16, estimator_dims=(8, 64), estimator_replicates=20,
             sketch_d=256, sketch_n=32, sketch_sizes=(32, 256), sketch_replicates=2,
         ),
+        # A classroom's run: the cpu grid with fewer Monte Carlo trials and replicates (well under a minute).
+        "lab": dict(trials=10_000, estimator_replicates=50, sketch_replicates=3),
         "cpu": {},
         # The theory needs no GPU: the gpu profile only buys more Monte Carlo on the GPU machine's cores.
         "gpu": dict(trials=50_000, estimator_replicates=200),

@@ -1,0 +1,97 @@
+"""The claims chapter's grid and headline (dalign_core.claims_page), on a hand-made claims table."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pandas as pd
+
+from dalign_core import claims_page
+from dalign_core.claims import NOT_RUN, RULES
+
+
+def _row(claim, scope, verdict, chapter, slope=math.nan):
+    return dict(claim=claim, scope=scope, paper="rises (§1)", ours="slope +0.10 <b>", verdict=verdict, chapter=chapter,
+                slope=slope, slope_lo=slope - 0.5, slope_hi=slope + 0.5, detectable=0.8, rule=RULES.get(claim, ""))
+
+
+def _table() -> pd.DataFrame:
+    steps, loss, mis = list(RULES)[:3]
+    return pd.DataFrame([
+        _row(steps, "LLaMA", "inconclusive", "02_llama_width", 0.12),
+        _row(steps, "Pythia, 6 layers", "contradicted", "03_pythia_width", -1.2),
+        _row(steps, "Pythia, 12 layers", "reproduced", "03_pythia_width", 0.9),
+        _row(steps, "ResNet-20, fashion-mnist", NOT_RUN, "04_resnet_width"),
+        _row(loss, "LLaMA", NOT_RUN, "02_llama_width"),
+        _row(loss, "ResNet-20", NOT_RUN, "04_resnet_width"),
+        _row(mis, "LLaMA", "inconclusive", "02_llama_width", 0.0),
+        _row("d_align from N = 512 to 3072", "LLaMA", NOT_RUN, "02_llama_width"),
+        _row("empirical ≤ B_exact ≤ B_align", "LLaMA", "reproduced", "02_llama_width"),
+        _row("certificates track the empirical rate", "ResNet-20, fashion-mnist", "not reproduced", "04_resnet_width"),
+        _row("misalignment falls with M and K", "Pythia, 6 layers", "partly", "03_pythia_width"),
+        _row("positive alignment predicts a decrease", "LLaMA", "reproduced", "05_interventions"),
+        _row("retention at small steps", "ResNet-20", NOT_RUN, "05_interventions"),
+    ])
+
+
+def test_every_claim_of_the_table_has_a_group():
+    assert {claims_page.claim_group(claim) for claim in RULES} == {"width", "theorem", "intervention"}
+    assert claims_page.claim_group("something new") == "other"
+
+
+def test_headline_counts_the_three_kinds_of_claim_apart():
+    counts = claims_page.headline(_table())
+    assert counts["width"] == {"inconclusive": 2, "contradicted": 1, "reproduced": 1, NOT_RUN: 4}
+    assert counts["theorem"] == {"reproduced": 1, "not reproduced": 1, "partly": 1}
+    assert counts["intervention"] == {"reproduced": 1, NOT_RUN: 1}
+    text = claims_page.headline_text(_table(), "lab")
+    lines = text.splitlines()
+    assert len(lines) == 3
+    assert lines[0].startswith("- **The paper's width claims** (8 claim × scope checks): 1 reproduced, 2 inconclusive, "
+                               "1 contradicted; 4 not run at `lab`")
+    assert "The theorem checks" in lines[1] and "The intervention claims" in lines[2]
+
+
+def test_grid_has_a_coloured_linked_label_per_scope():
+    page = claims_page.claims_grid_html(_table())
+    assert page.count('class="dalign-claims"') == 1 and "<style>" in page
+    assert "@media (max-width: 600px)" in page and 'html[data-theme="dark"]' in page  # phones and dark mode
+    for family in claims_page.FAMILIES:
+        assert f'<th scope="col">{family}</th>' in page
+    for verdict in ("reproduced", "contradicted", "inconclusive", "partly", "not-reproduced"):
+        assert f"verdict v-{verdict}" in page
+        assert f".v-{verdict}" in page  # styled
+    assert re.search(r'<a class="verdict v-contradicted" href="03_pythia_width.html"', page)
+    assert '<span class="regime">6 layers</span>' in page and '<span class="regime">12 layers</span>' in page
+    assert "slope -1.20 [-1.70, -0.70]" in page
+    assert "&lt;b&gt;" in page and "<b>" not in page  # table text is escaped
+    assert "d<sub>align</sub>" in page
+
+
+def test_claims_with_nothing_run_are_folded_away():
+    page = claims_page.claims_grid_html(_table())
+    shown, folded = page.split("<details>")
+    assert "matched steps" in shown and "matched loss" not in shown
+    assert folded.startswith("<summary>3 claims not run at this profile</summary>")
+    for claim in ("matched loss", "from <i>N</i> = 512 to 3072", "retention at small steps"):
+        assert claim in folded
+    everything_ran = _table()[lambda t: t.verdict != NOT_RUN]
+    assert "<details>" not in claims_page.claims_grid_html(everything_ran)
+
+
+def test_groups_head_their_rows_in_the_papers_order():
+    page = claims_page.claims_grid_html(_table())
+    shown = page.split("<details>")[0]
+    positions = [shown.index(name) for name in ("The paper&#x27;s width claims", "The theorem checks",
+                                                 "The intervention claims")]
+    assert positions == sorted(positions)
+
+
+def test_an_empty_table_says_so():
+    assert "No claim was judged" in claims_page.claims_grid_html(pd.DataFrame(columns=list(_table().columns)))
+
+
+def test_verdict_classes():
+    assert claims_page.verdict_class(NOT_RUN) == "v-not-run"
+    assert claims_page.verdict_class("not reproduced") == "v-not-reproduced"

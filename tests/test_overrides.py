@@ -1,0 +1,200 @@
+"""Changing a profile's config without editing the library: --set, parse_overrides, SET=, and the lab profile.
+
+Fast: the entry points run with stand-ins for the experiments' work (nothing is trained here).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+
+import pandas as pd
+import pytest
+
+from dalign_core.config import PROFILES, REPO_ROOT, default_results_dir, overrides_tag, parse_overrides
+from dalign_core.experiments import _runner, llama_width, resnet_width, theory
+
+EXPERIMENTS = ("llama_width", "pythia_width", "resnet_width", "theory", "claims", "pythia_checkpoints")
+"""The experiments whose profiles this repository's infrastructure keeps (interventions' owner keeps its own)."""
+
+# Config hashes of the committed profiles: results/<profile>/ are matched against these, so adding a profile or
+# the override machinery must never move them.
+COMMITTED_HASHES = {
+    ("llama_width", "smoke"): "8d05bf196d50d3da", ("llama_width", "cpu"): "9578d32d21067c05",
+    ("llama_width", "gpu"): "43f9b4cb4945c45c", ("llama_width", "paper"): "757b709137f6f930",
+    ("pythia_width", "cpu"): "1bf10f8513a72337", ("resnet_width", "cpu"): "3f5bb65c9c2de08e",
+    ("theory", "cpu"): "9afd21668f24167d", ("claims", "cpu"): "cdb629be5f2bed61",
+    ("pythia_checkpoints", "cpu"): "14c3fd0133313c9f",
+}
+
+
+# ---------------------------------------------------------------------------
+# parse_overrides
+
+
+def test_values_are_parsed_by_the_fields_type():
+    parsed = parse_overrides(llama_width.Config, "seeds=2 steps=300 widths=32,64 run_sd=none lr_candidates=1e-3,3e-3 "
+                                                 "budgets=4x4,16x16 resamples=20_000 corpus='dir:/a b'", seed=1)
+    assert parsed == dict(seed=1, seeds=2, steps=300, widths=(32, 64), run_sd=None, lr_candidates=(1e-3, 3e-3),
+                          budgets=((4, 4), (16, 16)), resamples=20000, corpus="dir:/a b")
+    assert parse_overrides(llama_width.Config, ["budgets=(4,4),(16,16)", "all_layer_steps=None",
+                                                "checkpoint_steps=(0, 10, 20)", "widths=[8, 16]"]) == dict(
+        budgets=((4, 4), (16, 16)), all_layer_steps=None, checkpoint_steps=(0, 10, 20), widths=(8, 16))
+    assert parse_overrides(resnet_width.Config, "augment=true more_datasets=cifar100") == dict(
+        augment=True, more_datasets=("cifar100",))
+    assert parse_overrides(theory.Config, "") == {} and parse_overrides(theory.Config, None, seed=3) == {"seed": 3}
+
+
+@pytest.mark.parametrize("text, message", [
+    ("seeds=two", "seeds is int, and 'two' is not an int"),
+    ("seeds=2.5", "seeds is int"),
+    ("widths=a,b", r"widths is tuple\[int, \.\.\.\]"),
+    ("run_sd=abc", r"run_sd is float \| None"),
+    ("augment=maybe", None),
+    ("sedes=2", "has no field 'sedes'; did you mean seeds"),
+    ("profile=cpu", "profile is chosen on its own"),
+    ("steps", "is not field=value"),
+])
+def test_a_bad_override_names_the_field_and_its_type(text, message):
+    config_cls = resnet_width.Config if text.startswith("augment") else llama_width.Config
+    with pytest.raises(ValueError, match=message or "augment is bool"):
+        parse_overrides(config_cls, text)
+
+
+def test_overriding_steps_moves_the_step_schedules_with_it():
+    config = llama_width.Config.for_profile("cpu", **parse_overrides(llama_width.Config, "seeds=2 steps=300"))
+    cpu = llama_width.Config.for_profile("cpu")
+    assert config.steps == 300 and config.checkpoint_steps[0] == 0 and config.checkpoint_steps[-1] == 300
+    assert len(config.checkpoint_steps) == len(cpu.checkpoint_steps)
+    assert config.warmup_steps == cpu.warmup_steps // 2 and config.train_pool_steps == (0, 300)
+    assert set(config.all_layer_steps) <= set(config.checkpoint_steps)
+    given = llama_width.Config.for_profile("smoke", steps=40, checkpoint_steps=(0, 40), all_layer_steps=None)
+    assert given.checkpoint_steps == (0, 40)  # a schedule given too is taken as given
+
+
+# ---------------------------------------------------------------------------
+# Where the results of a changed config go
+
+
+def test_a_changed_config_has_a_results_folder_of_its_own(results_root):
+    plain = llama_width.Config.for_profile("cpu")
+    assert plain.overrides() == {} and default_results_dir(plain) == results_root / "cpu"
+    assert llama_width.Config.for_profile("cpu", seeds=plain.seeds).overrides() == {}  # the profile's own value
+    changed = llama_width.Config.for_profile("cpu", **parse_overrides(llama_width.Config, "seeds=2 batch_size=8"))
+    assert changed.overrides() == {"seeds": 2, "batch_size": 8}
+    assert default_results_dir(changed) == results_root / f"cpu+{overrides_tag({'batch_size': 8, 'seeds': 2})}"
+    assert changed.config_hash() != plain.config_hash()
+
+
+@pytest.mark.parametrize("module, profile", sorted(COMMITTED_HASHES))
+def test_config_hashes_of_the_committed_profiles_are_unchanged(module, profile):
+    config = importlib.import_module(f"dalign_core.experiments.{module}").Config.for_profile(profile)
+    assert config.config_hash() == COMMITTED_HASHES[module, profile]
+
+
+def _probe_compute(config, out_dir):
+    return {"probe": pd.DataFrame({"trials": [config.trials]})}, {}
+
+
+def test_run_experiment_never_writes_a_changed_config_over_the_profile(results_root):
+    config = theory.Config.for_profile("smoke", trials=123)
+    asked = default_results_dir("smoke")  # what an experiment's run() passes when given no folder
+    out = _runner.run_experiment("theory", ("probe",), config, _probe_compute, out_dir=asked)
+    assert out == results_root / f"smoke+{overrides_tag({'trials': 123})}" and out != asked
+    assert (out / "probe.csv").is_file() and not asked.exists()
+    record = json.loads((out / "overrides.json").read_text())
+    assert record == {"profile": "smoke", "experiments": {"theory": {"trials": 123}}}
+    # An explicit other folder is used as given; the unchanged profile writes where it always did.
+    elsewhere = results_root / "elsewhere"
+    assert _runner.run_experiment("theory", ("probe",), config, _probe_compute, out_dir=elsewhere) == elsewhere
+    plain = theory.Config.for_profile("smoke")
+    assert _runner.run_experiment("theory", ("probe",), plain, _probe_compute) == asked
+    assert not (asked / "overrides.json").exists()
+
+
+# ---------------------------------------------------------------------------
+# The command line: --set
+
+
+def _main(argv, config_cls=theory.Config, dry_run=None):
+    seen = {}
+
+    def run(config, out_dir=None, force=False):
+        seen.update(config=config, out_dir=out_dir)
+
+    _runner.main(config_cls, run, argv=argv, dry_run=dry_run)
+    return seen
+
+
+def test_set_on_the_command_line(results_root):
+    seen = _main(["--profile", "smoke", "--set", "trials=100", "--set", "dims=8,16", "--seed", "2"])
+    config = seen["config"]
+    assert (config.trials, config.dims, config.seed) == (100, (8, 16), 2)
+    assert seen["out_dir"] == results_root / f"smoke+{overrides_tag({'seed': 2, 'dims': [8, 16], 'trials': 100})}"
+    assert _main(["--profile", "smoke"])["out_dir"] == results_root / "smoke"
+    assert _main(["--profile", "smoke", "--set", "trials=5", "--out", str(results_root / "x")])["out_dir"] == (
+        results_root / "x")
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("trials=many", "trials is int, and 'many' is not an int"),
+    ("trails=5", "has no field 'trails'; did you mean trials"),
+])
+def test_a_bad_set_exits_with_a_clear_message(setting, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        _main(["--profile", "smoke", "--set", setting])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_set_through_python_m(results_root):
+    done = subprocess.run(
+        [str(REPO_ROOT / ".venv" / "bin" / "python") if (REPO_ROOT / ".venv" / "bin" / "python").exists() else "python",
+         "-m", "dalign_core.experiments.theory", "--profile", "smoke", "--set", "dims=eight"],
+        capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+    assert done.returncode == 2
+    assert "dims is tuple[int, ...], and 'eight' is not an int" in done.stderr
+
+
+# ---------------------------------------------------------------------------
+# The lab profile
+
+
+def test_lab_is_a_profile_of_every_experiment():
+    assert "lab" in PROFILES
+    for name in EXPERIMENTS:
+        config = importlib.import_module(f"dalign_core.experiments.{name}").Config.for_profile("lab")
+        assert config.profile == "lab"
+
+
+def test_lab_profile_reaches_the_command_line():
+    seen = {}
+    _runner.main(llama_width.Config, lambda *a, **k: None, argv=["--profile", "lab", "--dry-run"],
+                 dry_run=lambda config: seen.setdefault("config", config) and "dry")
+    config = seen["config"]
+    assert config.profile == "lab" and config.seeds == 2 and config.widths == (32, 64, 128)
+
+
+@pytest.mark.parametrize("name", ["llama_width", "pythia_width", "resnet_width"])
+def test_lab_sweeps_are_small(name):
+    """A classroom's five minutes: at most 3 widths x 2 seeds, one learning rate, one regime, no trials."""
+    config = importlib.import_module(f"dalign_core.experiments.{name}").Config.for_profile("lab")
+    cpu = type(config).for_profile("cpu")
+    assert len(config.widths) <= 3 and config.seeds == 2 and len(config.lr_candidates) == 1
+    assert config.lr_extend == 0 and config.lr_trial_fraction == 1.0  # the first seed's run is the rate "trial"
+    assert config.steps <= cpu.steps and config.resamples <= cpu.resamples and config.pool_size <= cpu.pool_size
+    assert getattr(config, "deep_depth", None) is None
+
+
+def test_make_passes_set_to_the_notebooks():
+    done = subprocess.run(["make", "-n", "notebooks", "PROFILE=lab", "ONLY=02_llama_width",
+                           "SET=seeds=3 steps=400", "STRICT=1"],
+                          capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
+    assert done.returncode == 0, done.stderr
+    command = done.stdout.replace("\\\n", " ")
+    assert "scripts/execute_notebooks.py --profile lab --only 02_llama_width" in command
+    assert "--set 'seeds=3 steps=400'" in command and "--refuse-mixed" in command
+    plain = subprocess.run(["make", "-n", "notebooks", "PROFILE=lab"],
+                           capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
+    assert "--set" not in plain.stdout and "--refuse-mixed" not in plain.stdout
