@@ -3,9 +3,8 @@
 A profile names a scale at which every experiment runs:
 
 * ``smoke``: seconds, for tests;
-* ``lab``: a classroom's: each chapter in about five minutes on a 2-core laptop, with models that beat their
-  baselines but too few of them to decide a width claim (the verdicts say "inconclusive" and which slope they
-  could have detected);
+* ``lab``: a classroom's: each chapter in minutes on a 2-core laptop, with models that beat their baselines
+  but too few of them to settle most width claims (each verdict states the slope it could have detected);
 * ``cpu``: the default, a faithful small-scale reproduction on a 2-core laptop;
 * ``gpu``: minutes on one GPU (each chapter within a short window);
 * ``paper``: the paper's scales, hours on GPUs.

@@ -92,9 +92,9 @@ class Config(LMSweepConfig):
             eval_examples=32, validation_examples=32, capture_batch=32, budgets=((2, 2), (4, 4)), resamples=1_000,
             width_scale=8,
         ),
-        # A classroom's run: about five minutes on a 2-core laptop. The 6-layer regime alone (no deep one), 2 seeds
+        # A classroom's run: minutes on a 2-core laptop (not timed yet). The 6-layer regime alone (no deep one), 2 seeds
         # of widths 64 / 96 / 128 (N = 32 barely passed the bigram model in the cpu sweep's 500 steps) at one rate per
-        # width (1e-2 x 64/N), no rate trials, lighter measurement: the slope test says "inconclusive", with the
+        # width (1e-2 x 64/N), no rate trials, lighter measurement: wide slope intervals, and the chapter states the
         # slope it could detect.
         "lab": dict(
             widths=(64, 96, 128), heads=(4, 4, 4), deep_depth=None, seeds=2, lr_candidates=(1e-2,), lr_extend=0,
