@@ -518,8 +518,10 @@ def check_data_file(path: str | os.PathLike) -> Path:
     path = Path(path).expanduser()
     if path.is_dir():
         raise LoadError(f"data path {str(path)!r} is a directory; --data needs a UTF-8 text file (one file)")
-    if not path.is_file():
+    if not path.exists():
         raise LoadError(f"data file {str(path)!r} does not exist")
+    if not os.access(path, os.R_OK):  # a pipe or /dev/fd/N is not a regular file, and is fine to read
+        raise LoadError(f"data file {str(path)!r} cannot be read (no read permission)")
     return path
 
 

@@ -149,6 +149,12 @@ def resample_alignment(
     _check_budget(M, K, n1, n2, one_pool)
     if isinstance(trials, bool) or not isinstance(trials, (int, np.integer)) or trials < 1:
         raise ValueError(f"trials must be a positive integer, got {trials!r}")
+    if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1):
+        raise ValueError(f"chunk must be a positive integer number of resamples per block, or None; got {chunk!r}")
+    need = int(trials) * (M + K + 1) * 8  # the drawn indices and the statistics, in bytes
+    if need > 8 * 2**30:
+        raise ValueError(f"trials={trials} resamples of M={M}, K={K} need about {need / 2**30:.0f} GiB of drawn "
+                         "indices; use fewer trials")
     if chunk is None:  # a chunk's gathered block (chunk, M, K) of about 2^18 entries stays in cache
         chunk = max(1, min(trials, (1 << 18) // (M * K)))
     flat = C.detach().to(device="cpu", dtype=torch.float64).contiguous().numpy().reshape(-1)

@@ -116,6 +116,10 @@ def describe_runs(runs: pd.DataFrame) -> str:
     return text
 
 
+RATE_TIE = 0.005
+"""Nats of validation loss below which two rates are a tie (well under the spread between seeds of one width)."""
+
+
 def trials(lr: pd.DataFrame) -> pd.DataFrame:
     """The rate-fit rows without the full-length check rows (``check``)."""
     return lr[~lr.check.astype(bool)] if "check" in lr and len(lr) else lr
@@ -145,8 +149,11 @@ def describe_learning_rates(lr: pd.DataFrame) -> str:
                  f"the two best short-trial rates give validation losses of: {losses}; "
                  + ("the short trials' choice also wins at full length."
                     if check["passed"] else
-                    f"the full-length winner is {check['full_choice']:g}, not {check['short_choice']:g}: the short "
-                    "trials misjudged the rate there, and the comparison is only as fair as that fit."))
+                    f"the full-length winner is {check['full_choice']:g}, not {check['short_choice']:g}, by "
+                    f"{check['margin']:.4f} nats" + (": a tie at this resolution, so the short fit stands." if
+                                                     check["margin"] < RATE_TIE else
+                                                     ": the short trials misjudged the rate there, and the comparison "
+                                                     "is only as fair as that fit.")))
     return text
 
 

@@ -542,7 +542,7 @@ def lr_check(lr: pd.DataFrame) -> dict[str, Any]:
     """The full-length check of a short-trial rate fit: did the short trials' choice also win at full length?
 
     Returns ``{}`` where the fit ran at full length; else the width, the two rates with their
-    full-length validation losses, and ``passed``.
+    full-length validation losses, ``passed`` and ``margin`` (nats between the two).
     """
     if "check" not in lr or not lr.check.astype(bool).any():
         return {}
@@ -550,8 +550,10 @@ def lr_check(lr: pd.DataFrame) -> dict[str, Any]:
     width = int(checked.width.iloc[0])
     short_choice = float(lr[(~lr.check.astype(bool)) & (lr.width == width) & lr.chosen.astype(bool)].lr.iloc[0])
     full_choice = float(checked[checked.chosen.astype(bool)].lr.iloc[0])
+    losses = {f"{row.lr:g}": float(row.validation_loss) for row in checked.itertuples()}
+    margin = float(checked.validation_loss.max() - checked.validation_loss.min()) if len(checked) > 1 else 0.0
     return dict(width=width, short_choice=short_choice, full_choice=full_choice, passed=short_choice == full_choice,
-                losses={f"{row.lr:g}": float(row.validation_loss) for row in checked.itertuples()})
+                losses=losses, margin=margin)
 
 
 def run_sweep(config: SweepConfig, family: Family, jobs: str | Path | None = None, ranks_per_job: str | None = None
@@ -628,7 +630,7 @@ def run_sweep(config: SweepConfig, family: Family, jobs: str | Path | None = Non
     if any(size > 1 for size in group_sizes.values()):
         extra["ranks_per_job"] = {str(width): size for width, size in group_sizes.items()}
     if folder is not None:
-        shutil.rmtree(folder, ignore_errors=True)
+        distributed.remove_jobs(folder)  # and <out>/partial with it when nothing else is left there
     return {f"{family.name}_{name}": frame for name, frame in frames.items()}, extra
 
 

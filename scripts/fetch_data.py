@@ -19,6 +19,7 @@ from dalign_core.data.manifest import ChecksumError, DataMissingError, fetch, lo
 
 NEEDS = {
     "smoke": ("synthetic", "shakespeare"),
+    "lab": ("shakespeare", "fashion-mnist"),
     "cpu": ("shakespeare", "fashion-mnist"),
     "gpu": ("shakespeare", "fashion-mnist", "cifar10", "cifar100"),
     "paper": ("shakespeare", "fashion-mnist", "cifar10", "cifar100"),

@@ -196,3 +196,12 @@ def test_index_cache_keeps_within_its_memory(monkeypatch):
     assert len(misalignment._index_cache) == 2
     assert [key[5] for key in misalignment._index_cache] == [2, 3]  # the least recently used went first
     misalignment.clear_index_cache()
+
+
+def test_resample_alignment_refuses_a_bad_chunk_and_an_impossible_number_of_trials():
+    C = torch.randn(16, 16, dtype=torch.float64)
+    for chunk in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="chunk must be a positive integer"):
+            resample_alignment(C, 2, 2, 10, chunk=chunk, one_pool=True)
+    with pytest.raises(ValueError, match="GiB of drawn indices"):
+        resample_alignment(C, 2, 2, 10**10, one_pool=True)

@@ -18,8 +18,8 @@ def test_config_for_profile_and_hash():
     assert smoke.profile == "smoke" and smoke.trials == 2_000
     assert smoke.config_hash() == theory.Config.for_profile("smoke").config_hash()
     assert smoke.config_hash() != theory.Config.for_profile("smoke", seed=1).config_hash()
-    assert config.PROFILES == ("smoke", "cpu", "gpu", "paper") and config.check_profile("gpu") == "gpu"
-    with pytest.raises(ValueError, match="unknown profile 'huge'; choose one of smoke, cpu, gpu, paper"):
+    assert config.PROFILES == ("smoke", "lab", "cpu", "gpu", "paper") and config.check_profile("gpu") == "gpu"
+    with pytest.raises(ValueError, match="unknown profile 'huge'; choose one of smoke, lab, cpu, gpu, paper"):
         theory.Config.for_profile("huge")
     with pytest.raises(TypeError, match="has no field"):
         theory.Config.for_profile("cpu", trails=5)

@@ -233,8 +233,7 @@ def evaluation_set(splits, pools, limit: int | None) -> tuple[Any, torch.Tensor]
 def _family_rows(config: Config, name: str, out_dir: Path, device: torch.device) -> tuple[list[dict], dict]:
     """Every intervention row of one family, and what the provenance records of it."""
     source = SOURCES[name]
-    experiment_config = source.config(config.profile)
-    source.run(experiment_config, out_dir=out_dir)  # skipped when its tables are current
+    experiment_config = source.config(config.profile)  # its sweep ran in run(), on every rank
     runs = pd.read_csv(out_dir / f"{name}_runs.csv")
     rows, used, evaluations = [], [], []
     for sweep_config in source.sweeps(experiment_config):
@@ -286,6 +285,11 @@ def compute(config: Config, out_dir: Path) -> tuple[dict[str, pd.DataFrame], dic
 def run(config: Config, out_dir: str | Path | None = None, force: bool = False) -> Path:
     """Run both studies on every family's trained models (skipped when current, unless ``force``)."""
     out_dir = Path(out_dir) if out_dir is not None else default_results_dir(config.profile)
+    # The sweeps first, on every rank: under torchrun they share their jobs over the ranks, and the rest of this
+    # experiment runs on rank 0 alone (a sweep started there after the other ranks left would wait on them).
+    for name in config.families:
+        source = SOURCES[name]
+        source.run(source.config(config.profile), out_dir=out_dir)  # skipped when its tables are current
     return run_experiment("interventions", TABLES, config, compute, out_dir=out_dir,
                           force=force or _sweeps_changed(config, out_dir))
 

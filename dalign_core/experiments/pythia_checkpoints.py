@@ -345,7 +345,7 @@ def compute(config: Config, out_dir: Path | None = None) -> tuple[dict[str, pd.D
     table = pd.DataFrame(rows, columns=COLUMNS)
     table["step"] = table["step"].astype("Int64")
     if folder is not None:
-        shutil.rmtree(folder, ignore_errors=True)
+        distributed.remove_jobs(folder)
     return {"pythia_released": table}, dict(checkpoints=checkpoints, text=text_source, device=str(device))
 
 
