@@ -12,16 +12,31 @@ the repository root and the experiments' config base class, and
 :mod:`dalign_core.experiments` ties data, models and estimators together.
 """
 
-from dalign_core.bounds import (
-    EffectiveDims,
-    alignment_mean,
-    alignment_variance,
-    b_align,
-    b_exact,
-    effective_dims,
-    n_eff,
-)
-from dalign_core.estimators import Geometry, GeometryAccumulator, estimate_geometry, plugin_geometry
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# The names below load their module (and torch) on first use, so `import dalign_core` is instant and the
+# `dalign` command can catch Ctrl-C while torch loads (PEP 562).
+_LAZY = {
+    **dict.fromkeys(("EffectiveDims", "alignment_mean", "alignment_variance", "b_align", "b_exact",
+                     "effective_dims", "n_eff"), "bounds"),
+    **dict.fromkeys(("Geometry", "GeometryAccumulator", "estimate_geometry", "plugin_geometry"), "estimators"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f"dalign_core.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'dalign_core' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __version__ = "0.1.0"
 

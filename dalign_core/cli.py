@@ -48,9 +48,7 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
-from dalign_core._tensor import resolve_device
+# torch and the library load inside the commands, so Ctrl-C while they load is caught by main().
 
 __all__ = ["main", "build_parser", "estimate", "rank", "format_table", "format_redundancy", "format_ranking"]
 
@@ -407,6 +405,7 @@ def _input_paths(source, data_path: Path | None, tokenizer: str | None) -> tuple
 def _check_device(name: str) -> None:
     """Refuse a ``--device`` this command cannot compute on, saying which devices exist."""
     import torch
+    import torch
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     here = "cpu" + (f", cuda, cuda:0 to cuda:{count - 1}" if count > 1 else ", cuda, cuda:0" if count else "")
@@ -459,6 +458,8 @@ def _write_csv(path: Path, records: list[dict]) -> None:
 
 def estimate(args: argparse.Namespace) -> list[dict]:
     """Run ``dalign estimate``; return one record per layer (also printed and optionally written)."""
+    import torch
+    from dalign_core._tensor import resolve_device
     from dalign_core.hooks import accumulate_geometry, resolve_layers
     from dalign_core.loading import (
         check_data_file,
@@ -602,6 +603,7 @@ def format_redundancy(names: list[str], owned: dict, n: int, width: int = 80) ->
 
 
 def _layers(args: argparse.Namespace) -> None:
+    from dalign_core._tensor import resolve_device
     from dalign_core.hooks import insertion_points
     from dalign_core.loading import (
         check_data_file,
@@ -657,6 +659,7 @@ def _rank_label(name: str) -> str:
 
 def _load_arch(args: argparse.Namespace, device):
     """The model ``--arch`` builds, with the state dict ``--model`` loaded into it (strictly), in eval mode."""
+    import torch
     import importlib
     import json
 
@@ -703,6 +706,7 @@ def _load_arch(args: argparse.Namespace, device):
 
 def _tensor_examples(spec: str, examples: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(inputs, targets)`` from a ``.pt`` file holding a dict with those keys (or a pair), at most ``examples``."""
+    import torch
     from dalign_core.loading import LoadError
 
     path = Path(spec).expanduser()
@@ -768,6 +772,7 @@ def format_ranking(rows: list[dict], names: list[str], owned: dict, n: int, redu
 
 def rank(args: argparse.Namespace) -> list[dict]:
     """Run ``dalign rank``; return one record per insertion point (also printed and optionally written)."""
+    from dalign_core._tensor import resolve_device
     from dalign_core import growth
     from dalign_core.hooks import insertion_points, resolve_layers
     from dalign_core.redundancy import redundancy_rows

@@ -80,7 +80,7 @@ from dalign_core.hooks import (
     _reduce,
     _split_batch,
     _targets_from_labels,
-    _to,
+    conform_batch,
     accumulate_geometry,
     check_capturable,
     resolve_layers,
@@ -198,7 +198,7 @@ def _train_pass(model, layers: list[str], batches, reduction: str, blocks: dict[
     for batch in batches:
         inputs, targets = _split_batch(batch)
         targets = _targets_from_labels(inputs, targets)
-        inputs, targets = _to(inputs, device), _to(targets, device)
+        inputs, targets = conform_batch(model, inputs, targets, device)
         zs: dict[str, torch.Tensor] = {}
 
         def keep_z(name):

@@ -59,7 +59,7 @@ from dalign_core.hooks import (
     _reduce,
     _split_batch,
     _targets_from_labels,
-    _to,
+    conform_batch,
     check_capturable,
     insertion_points,
     per_example_loss,
@@ -194,7 +194,7 @@ def _collect(model, layers: list[str], names: list[str], batches, reductions, ta
         inputs, targets = _split_batch(batch)
         targets = _targets_from_labels(inputs, targets)
         _check_batch(model, inputs, targets, loss_fn)
-        inputs, targets = _to(inputs, device), _to(targets, device)
+        inputs, targets = conform_batch(model, inputs, targets, device)
         captured: dict[str, list[torch.Tensor]] = {l: [] for l in modules}
 
         def make_hook(name):

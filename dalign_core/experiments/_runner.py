@@ -139,6 +139,13 @@ def _record_overrides(out_dir: Path, config: ExperimentConfig, changed: dict[str
     atomic_write_text(path, json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
 
 
+def _results_folder(text: str) -> Path:
+    """``--out``: a results folder; an empty name (which would mean the current folder) is refused."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty; give a results folder (default: results/<profile>)")
+    return Path(text)
+
+
 def main(config_cls: type[ExperimentConfig], run: Callable, description: str | None = None,
          dry_run: Callable | None = None, argv: list[str] | None = None) -> None:
     """The ``python -m dalign_core.experiments.<name>`` command line.
@@ -158,7 +165,7 @@ def main(config_cls: type[ExperimentConfig], run: Callable, description: str | N
                         help="change a field of the profile's config, e.g. --set steps=300 --set widths=32,64 "
                              "(repeatable; values parsed by the field's type: ints, floats, tuples, strings, none); "
                              "results then go to results/<profile>+<hash>/")
-    parser.add_argument("--out", type=Path, default=None,
+    parser.add_argument("--out", type=_results_folder, default=None,
                         help="results folder (default: results/<profile>, or results/<profile>+<hash> with --set)")
     parser.add_argument("--force", action="store_true", help="rerun even if results for this config exist")
     if dry_run is not None:
