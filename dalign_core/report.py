@@ -19,7 +19,7 @@ from dalign_core.results import read_table
 from dalign_core.sweep import lr_check
 from dalign_core.trend import PAPER_SLOPE, Verdict, verdict
 
-__all__ = ["by_regime", "judged_only", "describe_accuracy", "describe_runs", "describe_learning_rates", "describe_final_geometry",
+__all__ = ["by_regime", "judged_only", "rerun_box", "describe_accuracy", "describe_runs", "describe_learning_rates", "describe_final_geometry",
            "describe_rate_resolution", "width_verdicts", "judged_rows", "WIDTH_CLAIMS", "trials", "describe_power", "describe_redundancy", "describe_bounds", "summarize", "styled", "runs_summary",
            "describe_trajectory", "describe_limiting_dimension", "describe_layers", "describe_budget",
            "describe_context", "describe_sample_choice", "paper_comparison", "verdict_table", "number"]
@@ -65,6 +65,36 @@ def by_regime(tables: dict[str, pd.DataFrame], column: str) -> dict:
     values = sorted(tables["runs"][column].unique()) if column in tables["runs"] else []
     return {value: {name: (frame[frame[column] == value] if column in frame else frame)
                     for name, frame in tables.items()} for value in values}
+
+
+def rerun_box(chapter: str, module: str | None, profile: str, provenance: dict | None, *, first: str = "",
+              example: str = "", seconds: float | None = None) -> str:
+    """The "Rerun this chapter" box: the command, the wall time the shown results took, what must run first, and
+    how to change one parameter, as MyST (an admonition) from the results' provenance.
+
+    Args:
+        chapter: the notebook's stem (``"02_llama_width"``); module: the experiment (``"llama_width"``), or None.
+        provenance: the provenance JSON of the chapter's main table (its ``wall_time_s`` and ``hardware``).
+        first: what must run first, in words; example: a ``SET=`` value for the example override.
+        seconds: the wall time when the chapter has no results table (measured in the notebook).
+    """
+    lines = [f"`make notebooks ONLY={chapter} PROFILE={profile} FORCE=1` recomputes it"
+             + (f" (without Jupyter: `python -m dalign_core.experiments.{module} --profile {profile} --force`)"
+                if module else "") + "."]
+    wall = provenance.get("wall_time_s") if provenance else seconds
+    if wall is not None:
+        hardware = (provenance or {}).get("hardware", {})
+        workers = hardware.get("workers")
+        took = f"{wall:.0f} s" if wall < 60 else f"{wall / 60:.0f} min"
+        lines.append(f"The results shown took {took}"
+                     + (f" on {provenance.get('device', 'this machine')}" if provenance else "")
+                     + (f" ({workers} worker process(es) of {hardware.get('threads_per_process', 1)} thread(s))"
+                        if workers else "") + ".")
+    lines.append(f"Needs first: {first}." if first else "Nothing must run first.")
+    if example:
+        lines.append(f"To change one parameter: `make notebooks ONLY={chapter} SET='{example}'` (or `--set` on the "
+                     "command line); the results go to a folder of their own, never over the profile's.")
+    return ":::{admonition} Rerun this chapter\n:class: note\n\n" + " ".join(lines) + "\n:::"
 
 
 def judged_only(tables: dict[str, pd.DataFrame], reduction: str) -> dict[str, pd.DataFrame]:
