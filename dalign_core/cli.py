@@ -47,6 +47,10 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 # torch and the library load inside the commands, so Ctrl-C while they load is caught by main().
 
@@ -404,7 +408,6 @@ def _input_paths(source, data_path: Path | None, tokenizer: str | None) -> tuple
 
 def _check_device(name: str) -> None:
     """Refuse a ``--device`` this command cannot compute on, saying which devices exist."""
-    import torch
     import torch
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0

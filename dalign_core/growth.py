@@ -445,7 +445,9 @@ def point_rows(measured: dict[str, PointStats], names: Sequence[str]) -> list[di
     return rows
 
 
-def _t_interval(values: np.ndarray, confidence: float) -> tuple[float, float, float]:
+def t_interval(values, confidence: float) -> tuple[float, float, float]:
+    """(mean, lo, hi): the mean of the finite ``values`` and its Student-t interval (NaN ends below 2 values)."""
+    values = np.asarray(values, dtype=float)
     values = values[np.isfinite(values)]
     if len(values) == 0:
         return math.nan, math.nan, math.nan
@@ -464,7 +466,7 @@ def summarize(scores: pd.DataFrame, by: Sequence[str] = ("family", "budget_steps
     for key, part in scores.groupby(list(by) + ["predictor"], sort=False):
         row = dict(zip(list(by) + ["predictor"], key), models=int(part.rho.notna().sum()))
         for column in ("rho", "hit", "regret"):
-            mean, lo, hi = _t_interval(part[column].to_numpy(dtype=float), confidence)
+            mean, lo, hi = t_interval(part[column].to_numpy(dtype=float), confidence)
             row.update({column: mean, f"{column}_lo": lo, f"{column}_hi": hi})
         rows.append(row)
     return pd.DataFrame(rows)
@@ -501,7 +503,7 @@ def verdict(scores: pd.DataFrame, budget: int | None = None, family: str | None 
         return Verdict(claim, "not run", f"{claim}{where}: not run at this profile (no grown model).")
     delta = (wide[predictor] - wide[baseline]).to_numpy(dtype=float)
     models = int(np.isfinite(delta).sum())
-    mean, lo, hi = _t_interval(delta, confidence)
+    mean, lo, hi = t_interval(delta, confidence)
     label = label_for(lo, hi) if models >= 2 else "not run"
     if label == "not run":
         return Verdict(claim, "not run", f"{claim}{where}: not run ({models} model(s) with both correlations at "

@@ -37,10 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 import torch
-from scipy import stats
 
 from dalign_core import growth
 from dalign_core._tensor import derived_seed, resolve_device
@@ -133,16 +131,6 @@ def choose_points(points: list[str], most: int | None) -> list[str]:
     return [points[i] for i in index]
 
 
-def _t_interval(values: list[float], confidence: float) -> tuple[float, float, float]:
-    values = np.asarray(values, dtype=float)
-    mean = float(values.mean())
-    if len(values) < 2:
-        return mean, math.nan, math.nan
-    half = float(stats.t.ppf(1 - (1 - confidence) / 2, len(values) - 1)) * float(values.std(ddof=1)) / \
-        math.sqrt(len(values))
-    return mean, mean - half, mean + half
-
-
 def model_rows(config: Config, sweep_config: SweepConfig, family: Family, model, splits, pools, base: dict
                ) -> tuple[list[dict], dict]:
     """The growth rows of one trained model, and what its provenance records (the rate chosen, the seconds)."""
@@ -176,7 +164,7 @@ def model_rows(config: Config, sweep_config: SweepConfig, family: Family, model,
                 for r in range(config.repeats)]
         stats_ = measured[layer]
         for steps in sorted(config.steps):
-            gain, lo, hi = _t_interval([run["gain"][steps] for run in runs], config.confidence)
+            gain, lo, hi = growth.t_interval([run["gain"][steps] for run in runs], config.confidence)
             row = {**base, "layer": layer, **stats_.values, "budget_steps": steps, "gain": gain, "gain_lo": lo,
                    "gain_hi": hi, "layer_index": family.insertion_points(sweep_config, model).index(layer),
                    "lr": lr, "repeats": config.repeats, "loss_before": runs[0]["before"],
