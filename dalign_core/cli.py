@@ -178,7 +178,20 @@ def _ci(row: dict, name: str) -> str:
     lo, hi = row.get(f"{name}_lo"), row.get(f"{name}_hi")
     if lo is None or hi is None:
         return "-"
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return "none (see the note below)"
     return f"[{_fmt(lo)}, {_fmt(hi)}]"
+
+
+def _undefined_note(records: list[dict]) -> str:
+    """Why an interval is missing: d_par is infinite where mu' Sigma mu is estimated at or below 0."""
+    unestimable = [r["layer"] for r in records
+                   if not (math.isfinite(r.get("d_par_lo", 0.0)) and math.isfinite(r.get("d_par_hi", 0.0)))]
+    if not unestimable:
+        return ""
+    return ("\nnote: d_par has no interval at " + ", ".join(unestimable) + ": mu' Sigma mu (the noise along the "
+            "mean) is estimated at or below 0, so d_par = ||mu||^4 / mu' Sigma mu is unbounded in some jackknife "
+            "replicates; d_align is then set by d_2. More examples narrow it.")
 
 
 def _render(headers: list[str], rows: list[list[str]], align: list[str]) -> str:
@@ -236,7 +249,7 @@ def format_table(records: list[dict], confidence: float) -> str:
             [f"B_align at d_align's {pct} lower end (certificate)", _fmt(r["b_align_at_lo"]), ""],
         ]
         table = _render(["quantity", "estimate", f"{pct} CI"], rows, ["l", "r", "l"])
-        return header + "\n" + table + _certificate_note(records, pct)
+        return header + "\n" + table + _certificate_note(records, pct) + _undefined_note(records)
     ranked = sorted(records, key=lambda r: r["rank"])
     rows = [
         [str(r["rank"]), r["layer"], _fmt(r["mean_sq"]), _fmt(r["d_par"]), _fmt(r["d_2"]), _fmt(r["d_align"]),
@@ -254,7 +267,7 @@ def format_table(records: list[dict], confidence: float) -> str:
     headers = ["rank", "layer", "||mu||^2", "d_par", "d_2", "d_align", f"d_align {pct} CI", "B_exact", "B_align",
                "B_align@lo"]
     table = _render(headers, rows, ["r", "l", "r", "r", "r", "r", "l", "r", "r", "r"])
-    return header + "\n" + table + _certificate_note(ranked, pct)
+    return header + "\n" + table + _certificate_note(ranked, pct) + _undefined_note(ranked)
 
 
 CSV_COLUMNS = [

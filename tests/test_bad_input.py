@@ -545,3 +545,15 @@ def test_a_sequence_first_layer_is_refused_even_when_t_equals_the_batch(kind):
     with pytest.raises(CaptureError, match="built with batch_first=False"):
         activation_gradients(SequenceFirst(False).eval(), "body", x, y)
     assert activation_gradients(SequenceFirst(True).eval(), "body", x, y, reduction="full").shape[0] == 5
+
+
+def test_an_interval_that_cannot_be_formed_is_explained_not_printed_as_nan():
+    from dalign_core.cli import format_table
+
+    row = dict(layer="L", n=64, d=32, reduction="shared", M=10, K=10, mean_sq=-0.1, mean_sq_lo=-0.4, mean_sq_hi=0.1,
+               d_par=float("inf"), d_par_lo=float("nan"), d_par_hi=float("nan"), d_2=0.001, d_2_lo=0.0,
+               d_2_hi=0.004, d_align=0.001, d_align_lo=0.0, d_align_hi=0.004, b_exact=0.9, b_align=0.99,
+               b_align_lo=0.9, b_align_hi=1.0, b_align_at_lo=1.0, rank=1)
+    for text in (format_table([row], 0.95), format_table([row, {**row, "layer": "M", "rank": 2}], 0.95)):
+        assert "nan" not in text.lower()
+        assert "d_par has no interval at L" in text and "estimated at or below 0" in text

@@ -76,6 +76,7 @@ def one_process(tmp_path_factory) -> Path:
 
 
 @needs_gloo
+@pytest.mark.slow  # torchrun starts two ranks
 def test_two_ranks_write_the_tables_of_one_process(one_process, tmp_path):
     _ok(_launch(["sweep", "--out", str(tmp_path / "results")], tmp_path / "checkpoints"))
     _assert_same_tables(tmp_path / "results", one_process)
@@ -93,6 +94,7 @@ def test_two_ranks_write_the_tables_of_one_process(one_process, tmp_path):
 
 
 @needs_gloo
+@pytest.mark.slow  # torchrun starts two ranks
 def test_a_rank_killed_mid_run_then_restarted_finishes_with_the_same_tables(one_process, tmp_path):
     out, checkpoints = tmp_path / "results", tmp_path / "checkpoints"
     killed = _launch(["sweep", "--out", str(out), "--kill-rank", "1", "--kill-at-step", "45"], checkpoints)
@@ -106,6 +108,7 @@ def test_a_rank_killed_mid_run_then_restarted_finishes_with_the_same_tables(one_
 
 
 @needs_gloo
+@pytest.mark.slow  # torchrun starts two ranks
 def test_the_widest_width_trained_by_both_ranks_together_matches_one_process(one_process, tmp_path):
     _ok(_launch(["sweep", "--out", str(tmp_path / "results"), "--ranks-per-job", "24:2"], tmp_path / "checkpoints"))
     # data-parallel AdamW: the same numbers to float rounding (measured: 1e-5 relative at most)
@@ -115,6 +118,7 @@ def test_the_widest_width_trained_by_both_ranks_together_matches_one_process(one
 
 
 @needs_gloo
+@pytest.mark.slow  # torchrun starts two ranks
 def test_data_parallel_training_and_sharded_gram_equal_one_process(tmp_path):
     run = _ok(_launch(["checks"], tmp_path / "checkpoints"))
     assert "checks OK" in run.stdout

@@ -124,6 +124,7 @@ def test_force_reaches_the_notebook_and_the_book_shows_one_parameters_cell(tmp_p
     assert executed.metadata.papermill.input_path == str(source)  # a path, not a copy of the cells
 
 
+@pytest.mark.slow  # executes a chapter
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
 def test_notebook_runs_at_smoke_profile(path, tmp_path, results_root, monkeypatch, kernel, smoke_chapters):
     from papermill.exceptions import PapermillExecutionError

@@ -114,6 +114,9 @@ def test_slow_marker_is_registered():
     markers = PYPROJECT["tool"]["pytest"]["ini_options"]["markers"]
     assert any(m.startswith("slow:") for m in markers)
     assert "--strict-markers" in PYPROJECT["tool"]["pytest"]["ini_options"]["addopts"]
+    # and it marks something: the torchrun tests and the chapters executed at smoke
+    marked = [p.name for p in (REPO_ROOT / "tests").glob("test_*.py") if "@pytest.mark.slow" in p.read_text()]
+    assert {"test_distributed.py", "test_notebooks.py"} <= set(marked)
 
 
 # ---------------------------------------------------------------------------
