@@ -61,28 +61,49 @@ def test_the_headline_llama_numbers_are_compared_with_the_paper(tmp_path, values
     assert row.verdict == label and row.ours == f"{values[0]:.3g} → {values[1]:.3g}"
 
 
-def _misalignment(b_exact_values):
+def _misalignment(b_exact_values, fresh=None):
+    """Misalignment rows of one LLaMA model per value: the pool's own p̂ (heldout/heldout) and p̂ on fresh
+    examples (evaluation/evaluation, ``fresh`` when given, else the pool's), with the pool's certificates."""
     rows = []
     for model, b_exact in enumerate(b_exact_values):
         for M, p, lo, hi in ((4, 0.30, 0.25, 0.35), (64, 0.05, 0.03, 0.07)):
-            rows.append(dict(family="llama", model=f"m{model}", width=32 * (model + 1), seed=0, layer="model.layers.0",
-                             setting="heldout/heldout", M=M, K=M, p_misalign=p - 0.01 * model, p_misalign_lo=lo,
-                             p_misalign_hi=hi, b_exact=b_exact * (1 if M == 4 else 0.3), b_align=0.9,
-                             trained_ok=True))
+            row = dict(family="llama", model=f"m{model}", width=32 * (model + 1), seed=0, layer="model.layers.0",
+                       setting="heldout/heldout", M=M, K=M, p_misalign=p - 0.01 * model, p_misalign_lo=lo,
+                       p_misalign_hi=hi, b_exact=b_exact * (1 if M == 4 else 0.3), b_align=0.9, trained_ok=True)
+            rows.append(row)
+            rows.append({**row, "setting": "evaluation/evaluation",
+                         **({} if fresh is None else dict(p_misalign=fresh, p_misalign_lo=fresh, p_misalign_hi=fresh))})
     return pd.DataFrame(rows)
 
 
+MANY = [0.49 - 0.01 * i for i in range(12)]  # 12 models, 24 informative cells (B_exact below 0.5)
+
+
 def test_certificate_claims_follow_their_rules(tmp_path):
-    _write(tmp_path, "llama_misalignment", _misalignment([0.5, 0.45, 0.4]))
-    table = claims.claims_table(tmp_path)
-    llama = table[table.scope == "LLaMA"].set_index("claim")
-    assert llama.loc["empirical ≤ B_exact ≤ B_align"].verdict == "reproduced"
-    assert llama.loc["misalignment falls with M and K"].verdict == "reproduced"
-    # p̂ falls across models and so does B_exact: it tracks them
-    assert llama.loc["certificates track the empirical rate"].verdict == "reproduced"
-    _write(tmp_path, "llama_misalignment", _misalignment([0.5, 0.1, 0.4]))  # one cell below the interval
+    _write(tmp_path, "llama_misalignment", _misalignment(MANY))
     llama = claims.claims_table(tmp_path)[lambda t: t.scope == "LLaMA"].set_index("claim")
-    assert llama.loc["empirical ≤ B_exact ≤ B_align"].verdict == "partly"
+    assert llama.loc["empirical ≤ B_exact ≤ B_align"].verdict == "reproduced"  # 24 of 24 covered on fresh p̂
+    assert llama.loc["misalignment falls with M and K"].verdict == "reproduced"
+    # p̂ on fresh examples falls across models and so does B_exact: it tracks them
+    assert llama.loc["certificates track the empirical rate"].verdict == "reproduced"
+    # fresh examples misaligned far more often than the certificates allow: the bound fails out of sample
+    _write(tmp_path, "llama_misalignment", _misalignment(MANY, fresh=0.6))
+    llama = claims.claims_table(tmp_path)[lambda t: t.scope == "LLaMA"].set_index("claim")
+    assert llama.loc["empirical ≤ B_exact ≤ B_align"].verdict == "not reproduced"
+    assert "0 of 24 informative cells" in llama.loc["empirical ≤ B_exact ≤ B_align"].ours
+    # three models: too few cells to decide either way
+    _write(tmp_path, "llama_misalignment", _misalignment([0.49, 0.45, 0.4]))
+    llama = claims.claims_table(tmp_path)[lambda t: t.scope == "LLaMA"].set_index("claim")
+    assert llama.loc["empirical ≤ B_exact ≤ B_align"].verdict == "inconclusive"
+    # certificates of 0.5 or more certify nothing: counted apart, never as support
+    _write(tmp_path, "llama_misalignment", _misalignment([1.7, 1.8, 2.0]))
+    row = claims.claims_table(tmp_path)[lambda t: t.scope == "LLaMA"].set_index("claim").loc[
+        "empirical ≤ B_exact ≤ B_align"]
+    assert row.verdict == "inconclusive" and "no informative cell" in row.ours
+    # without fresh examples (tables of an older design) the claim is not run, never judged in-sample
+    _write(tmp_path, "llama_misalignment", _misalignment(MANY).query("setting == 'heldout/heldout'"))
+    llama = claims.claims_table(tmp_path)[lambda t: t.scope == "LLaMA"].set_index("claim")
+    assert llama.loc["empirical ≤ B_exact ≤ B_align"].verdict == claims.NOT_RUN
 
 
 def test_the_experiment_writes_the_table_and_the_tables_it_read(tmp_path):
@@ -96,14 +117,14 @@ def test_the_experiment_writes_the_table_and_the_tables_it_read(tmp_path):
     config = claims_experiment.Config.for_profile("smoke")
     claims_experiment.run(config, out_dir=tmp_path)
     assert json.loads((out / "claims.json").read_text())["written_utc"] == provenance["written_utc"]
-    _write(tmp_path, "llama_misalignment", _misalignment([0.5, 0.1, 0.4]))
+    _write(tmp_path, "llama_misalignment", _misalignment(MANY, fresh=0.6))
     claims_experiment.run(config, out_dir=tmp_path)
     again = pd.read_csv(out / "claims.csv").set_index(["claim", "scope"]).verdict
-    assert again[("empirical ≤ B_exact ≤ B_align", "LLaMA")] == "partly"
+    assert again[("empirical ≤ B_exact ≤ B_align", "LLaMA")] == "not reproduced"
 
 
 def test_every_profile_lines_up_regimes_and_marks_what_did_not_run(tmp_path):
-    _write(tmp_path, "llama_misalignment", _misalignment([0.5, 0.45, 0.4]))
+    _write(tmp_path, "llama_misalignment", _misalignment(MANY))
     cpu = claims.claims_table(tmp_path)
     cpu.loc[cpu.scope == "Pythia", "scope"] = "Pythia, 6 layers"  # as if Pythia had run at cpu
     empty = claims.claims_table(tmp_path / "nothing")

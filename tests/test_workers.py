@@ -111,6 +111,9 @@ def test_a_grid_gives_bitwise_the_same_results_on_one_and_two_workers(tmp_path):
 
 
 def test_the_default_is_one_worker_per_core_on_the_cpu_and_none_on_a_gpu(monkeypatch):
+    monkeypatch.setitem(workers._state, "device", None)  # as a fresh process: earlier tests may have configured one
+    monkeypatch.delenv(workers.WORKERS_VARIABLE, raising=False)
+    monkeypatch.delenv(workers.THREADS_VARIABLE, raising=False)
     assert workers.count() == 1  # told nothing: this process, as before
     assert workers.configure("cpu").type == "cpu" and torch.get_num_threads() == 1
     assert workers.count() == workers.cores() >= 1
