@@ -557,3 +557,21 @@ def test_an_interval_that_cannot_be_formed_is_explained_not_printed_as_nan():
     for text in (format_table([row], 0.95), format_table([row, {**row, "layer": "M", "rank": 2}], 0.95)):
         assert "nan" not in text.lower()
         assert "d_par has no interval at L" in text and "estimated at or below 0" in text
+
+
+def test_a_pipe_is_a_readable_data_file_and_a_missing_one_is_named(tmp_path):
+    """`--data /dev/fd/63` (a shell's process substitution) is a pipe, not a regular file: it must be accepted."""
+    import os
+
+    from dalign_core.loading import LoadError, check_data_file
+
+    read, write = os.pipe()
+    try:
+        assert check_data_file(f"/dev/fd/{read}") == Path(f"/dev/fd/{read}")
+    finally:
+        os.close(read)
+        os.close(write)
+    with pytest.raises(LoadError, match="does not exist"):
+        check_data_file(tmp_path / "missing.txt")
+    with pytest.raises(LoadError, match="is a directory"):
+        check_data_file(tmp_path)
