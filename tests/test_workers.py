@@ -114,6 +114,16 @@ def test_the_default_is_one_worker_per_core_on_the_cpu_and_none_on_a_gpu(monkeyp
     monkeypatch.setitem(workers._state, "device", None)  # as a fresh process: earlier tests may have configured one
     monkeypatch.delenv(workers.WORKERS_VARIABLE, raising=False)
     monkeypatch.delenv(workers.THREADS_VARIABLE, raising=False)
+    # this test sets torch to 2 threads below: give the next tests back the threads they had (a process forked
+    # after running OpenMP on 2 threads hangs in its workers)
+    threads = torch.get_num_threads()
+    try:
+        _default_workers_and_threads(monkeypatch)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _default_workers_and_threads(monkeypatch):
     assert workers.count() == 1  # told nothing: this process, as before
     assert workers.configure("cpu").type == "cpu" and torch.get_num_threads() == 1
     assert workers.count() == workers.cores() >= 1
