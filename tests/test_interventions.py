@@ -278,3 +278,16 @@ def test_retention_verdict_bands():
     assert verdict([1.0, 0.93, 0.97, 0.9, 0.5])["label"] == "partly"  # left 1 by more than 4% before the band
     assert verdict([0.5, 0.6, 0.97, 0.9, 0.5])["label"] == "not reproduced"  # first order off at the smallest step
     assert np.isnan(verdict([1.0, 1.0, 0.99, 0.98, 0.97])["breaks_at"])
+
+
+def test_the_sweeps_run_on_every_rank_before_the_rank_0_part(tmp_path, monkeypatch):
+    """Under torchrun only rank 0 computes the interventions; the sweeps they read share their jobs over every
+    rank, so they must run first on all of them (a sweep started by rank 0 alone waited on ranks that had left)."""
+    calls = []
+    for name, source in interventions.SOURCES.items():
+        monkeypatch.setitem(interventions.SOURCES, name, replace(
+            source, run=lambda config, out_dir=None, name=name: calls.append(("sweep", name)) or out_dir))
+    monkeypatch.setattr(interventions, "run_experiment",
+                        lambda name, tables, config, compute, **kw: calls.append(("rank 0 part", name)))
+    interventions.run(interventions.Config.for_profile("smoke"), out_dir=tmp_path)
+    assert calls == [("sweep", "llama"), ("sweep", "pythia"), ("sweep", "resnet"), ("rank 0 part", "interventions")]
