@@ -189,7 +189,17 @@ def test_a_killed_worker_does_not_hang_the_parent(tmp_path):
     assert sorted(computed) == sorted({j.name for j in JOBS} - done) and len(again) == len(JOBS)
 
 
-def test_ctrl_c_stops_the_workers_and_a_rerun_computes_only_what_is_missing(tmp_path):
+def test_ctrl_c_stops_the_workers_and_a_rerun_computes_only_what_is_missing(tmp_path, monkeypatch):
+    # Ctrl-C must raise here even where this process was started with SIGINT ignored (a background job of a
+    # non-interactive shell) or an earlier test left another handler
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _ctrl_c_scenario(tmp_path)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _ctrl_c_scenario(tmp_path):
     release = tmp_path / "release"
 
     def compute(job, group):
