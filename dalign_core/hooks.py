@@ -723,26 +723,38 @@ def _check_deterministic(model, modules, inputs, targets, task, loss_fn, grads: 
             )
 
 
-def _capture(model, modules: dict[str, nn.Module], inputs, targets, reduction, task, loss_fn,
-             check_determinism: bool = False) -> dict[str, torch.Tensor]:
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+def _capture(model, modules: dict[str, nn.Module], inputs, targets, reductions: tuple[str, ...], task, loss_fn,
+             check_determinism: bool = False) -> dict[str, dict[str, torch.Tensor]]:
+    """One forward and one backward pass; reduction → layer name → (batch, d) rows, every reduction from one gradient."""
+    for reduction in reductions:
+        if reduction not in REDUCTIONS:
+            raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
     check_capturable(model)
     _check_sequence_first(modules)
     targets = _targets_from_labels(inputs, targets)
     _check_batch(model, inputs, targets, loss_fn)
     inputs, targets = conform_batch(model, inputs, targets)
     grads = _gradients(model, modules, inputs, targets, task, loss_fn)
-    out = {}
+    out: dict[str, dict[str, torch.Tensor]] = {reduction: {} for reduction in reductions}
     for name, grad in grads.items():
-        rows = _reduce(grad, reduction)
-        bad_rows = torch.nonzero(~torch.isfinite(rows).all(dim=1)).flatten().tolist()
-        if bad_rows:
-            raise CaptureError(f"non-finite activation gradient at {name!r} for example(s) {bad_rows[:10]}")
-        out[name] = rows
+        for reduction in reductions:
+            rows = _reduce(grad, reduction)
+            bad_rows = torch.nonzero(~torch.isfinite(rows).all(dim=1)).flatten().tolist()
+            if bad_rows:
+                raise CaptureError(f"non-finite activation gradient at {name!r} for example(s) {bad_rows[:10]}")
+            out[reduction][name] = rows
     if check_determinism:
         _check_deterministic(model, modules, inputs, targets, task, loss_fn, grads)
     return out
+
+
+def _reductions(reduction: Any) -> tuple[str, ...]:
+    """``"shared"`` → ``("shared",)``; a list or tuple of reductions → a tuple of distinct ones, each checked."""
+    if isinstance(reduction, str) or not isinstance(reduction, (list, tuple)):
+        return (reduction,)
+    if not reduction or len(set(reduction)) != len(reduction):
+        raise CaptureError(f"reduction must be one of {REDUCTIONS} or a list of distinct ones, got {_describe(reduction)}")
+    return tuple(reduction)
 
 
 def activation_gradients(
@@ -793,7 +805,7 @@ def activation_gradients(
     modules = resolve_layers(model, layer)
     _check_options(reduction, task, loss_fn)
     _check_flag(check_determinism)
-    rows = _capture(model, modules, inputs, targets, reduction, task, loss_fn, check_determinism)
+    rows = _capture(model, modules, inputs, targets, (reduction,), task, loss_fn, check_determinism)[reduction]
     if isinstance(layer, str) and layer != "all":
         return rows[layer]
     return rows
@@ -824,7 +836,8 @@ def iter_activation_gradients(
     single = isinstance(layer, str) and layer != "all"
     for index, batch in enumerate(batches):
         inputs, targets = _split_batch(batch)
-        rows = _capture(model, modules, inputs, targets, reduction, task, loss_fn, check_determinism and index == 0)
+        rows = _capture(model, modules, inputs, targets, (reduction,), task, loss_fn,
+                        check_determinism and index == 0)[reduction]
         yield rows[next(iter(modules))] if single else rows
 
 
@@ -834,7 +847,7 @@ def accumulate_geometry(
     batches: Iterable[Any],
     *,
     examples: int | None = None,
-    reduction: str = "shared",
+    reduction: str | Sequence[str] = "shared",
     task: str = "auto",
     loss_fn: LossFn | None = None,
     check_determinism: bool = True,
@@ -846,18 +859,23 @@ def accumulate_geometry(
 ) -> GeometryAccumulator | dict[str, GeometryAccumulator]:
     """Stream activation gradients into one :class:`GeometryAccumulator` per layer.
 
-    Several layers (a list, or ``"all"``) share each forward and backward pass. At most
-    ``examples`` rows are used (the last batch is truncated); the q rows are not
-    kept beyond what the accumulator keeps (with ``sketch_dim=k`` only k-dim sketches).
-    Call ``.result(confidence)`` on an accumulator for the :class:`Geometry`.
+    Several layers (a list, or ``"all"``) share each forward and backward pass, and so do
+    several reductions (``reduction=("full", "shared")``): q of every reduction is a
+    function of the same gradient ∂ℓ_i/∂z_i. At most ``examples`` rows are used (the
+    last batch is truncated); the q rows are not kept beyond what the accumulator keeps
+    (with ``sketch_dim=k`` only k-dim sketches). Call ``.result(confidence)`` on an
+    accumulator for the :class:`Geometry`.
 
     Returns:
-        The accumulator, or a dict name → accumulator for a list of layers or ``"all"``.
+        The accumulator, or a dict name → accumulator for a list of layers or ``"all"``;
+        for a list of reductions, a dict reduction → that.
     """
     _check_model(model)
     check_not_compiled(model)
     modules = resolve_layers(model, layer)
-    _check_options(reduction, task, loss_fn)
+    reductions = _reductions(reduction)
+    for each in reductions:
+        _check_options(each, task, loss_fn)
     _check_flag(check_determinism)
     _check_batches(batches)
     single = isinstance(layer, str) and layer != "all"
@@ -866,7 +884,8 @@ def accumulate_geometry(
     if sketch_dim is not None and not _is_positive_int(sketch_dim):
         raise CaptureError(f"sketch_dim must be a positive int or None, got {_describe(sketch_dim)}")
     accumulators = {
-        name: GeometryAccumulator(sketch_dim=sketch_dim, seed=seed, device=device) for name in modules
+        each: {name: GeometryAccumulator(sketch_dim=sketch_dim, seed=seed, device=device) for name in modules}
+        for each in reductions
     }
     bar = None
     if progress:
@@ -875,23 +894,26 @@ def accumulate_geometry(
         bar = tqdm(total=examples, desc=desc, unit="ex", leave=False)
     seen = 0
     try:
-        for rows in iter_activation_gradients(model, list(modules), batches, reduction=reduction, task=task,
-                                              loss_fn=loss_fn, check_determinism=check_determinism):
-            take = None if examples is None else examples - seen
-            for name, batch_rows in rows.items():
-                # The accumulator keeps its first batch's dtype: never a half-precision one (q is formed in float32
-                # from half-precision gradients already; this holds the line should that change).
-                if batch_rows.dtype in (torch.float16, torch.bfloat16):
-                    batch_rows = batch_rows.float()
-                accumulators[name].update(batch_rows if take is None else batch_rows[:take])
-            added = len(next(iter(rows.values()))) if take is None else min(take, len(next(iter(rows.values()))))
-            seen += added
+        for index, batch in enumerate(batches):
+            inputs, targets = _split_batch(batch)
+            captured = _capture(model, modules, inputs, targets, reductions, task, loss_fn,
+                                check_determinism and index == 0)
+            batch_size = len(next(iter(captured[reductions[0]].values())))
+            take = batch_size if examples is None else min(examples - seen, batch_size)
+            for each, rows in captured.items():
+                for name, batch_rows in rows.items():
+                    # The accumulator keeps its first batch's dtype: never a half-precision one (q is formed in
+                    # float32 from half-precision gradients already; this holds the line should that change).
+                    if batch_rows.dtype in (torch.float16, torch.bfloat16):
+                        batch_rows = batch_rows.float()
+                    accumulators[each][name].update(batch_rows if take == batch_size else batch_rows[:take])
+            seen += take
             if bar is not None:
-                bar.update(added)
+                bar.update(take)
             if examples is not None and seen >= examples:
                 break
     finally:
         if bar is not None:
             bar.close()
-    return accumulators[next(iter(modules))] if single else accumulators
-
+    shaped = {each: by_layer[next(iter(modules))] if single else by_layer for each, by_layer in accumulators.items()}
+    return shaped[reduction] if isinstance(reduction, str) else shaped

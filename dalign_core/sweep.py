@@ -283,8 +283,10 @@ def _measure(config, family, model, result, splits, pools, base, device):
             if pool == "train" and step not in config.train_pool_checkpoints:
                 continue
             batches = family.batches(pool_examples[pool], config.capture_batch)
-            for reduction in family.reductions:
-                accumulators = accumulate_geometry(model, captured, batches, reduction=reduction, device=device)
+            # every reduction from one backward pass; the forward's determinism is checked once per run
+            by_reduction = accumulate_geometry(model, captured, batches, reduction=list(family.reductions),
+                                               device=device, check_determinism=not rows)
+            for reduction, accumulators in by_reduction.items():
                 for layer, accumulator in accumulators.items():
                     rows.append({**base, "step": step, "pool": pool, "layer": layer, "reduction": reduction,
                                  "heldout_loss": heldout_loss, **quality,
@@ -293,7 +295,8 @@ def _measure(config, family, model, result, splits, pools, base, device):
                     final[pool] = accumulators[primary]
         if step == config.steps:  # fresh examples for the out-of-sample check of the certificates
             final["evaluation"] = accumulate_geometry(model, primary, family.batches(evaluation, config.capture_batch),
-                                                      reduction=family.reductions[0], device=device)
+                                                      reduction=family.reductions[0], device=device,
+                                                      check_determinism=False)
     return rows, final, heldout_loss, quality
 
 
@@ -685,15 +688,20 @@ def dry_run(config: SweepConfig, family: Family, steps: int = 2) -> str:
     # full-run equivalents: the trials at their fraction of the steps, the seeds (the first reuses its trial when
     # trials run at full length), and the widest width's full-length check of the runner-up rate
     train_runs = rates * config.trial_steps / config.steps + (config.seeds if short else config.seeds - 1)
-    pool_passes = (len(config.checkpoint_steps) + len(config.train_pool_checkpoints)) * len(family.reductions)
+    # pool captures per measured run, as _measure makes them: every layer at all_layer_steps, else the primary one;
+    # all reductions share each pass
+    passes = [(step in config.train_pool_checkpoints) + 1 for step in config.checkpoint_steps]
+    every_layer = sum(n for step, n in zip(config.checkpoint_steps, passes) if config.layer_steps(step))
+    primary_only = sum(passes) - every_layer
+    pool_passes = every_layer + primary_only
     lines = [f"dry run of {family.name} at profile {config.profile} on {device}: {count(splits.train)} train, "
              f"{count(splits.validation)} validation, {count(splits.test)} test {splits.unit}; "
              f"{facts['epochs']:.2f} epochs per run",
              f"per width: {train_runs:.3g} full trainings of {config.steps} steps ({rates} rate trials of "
              f"{config.trial_steps} steps + {config.seeds if short else config.seeds - 1} seeds; at the widest width "
              f"{int(short)} more for the check; grid extensions not counted); {config.seeds} measured runs x "
-             f"{pool_passes} pool captures ({len(family.reductions)} reduction(s)) of "
-             f"{config.pool_size} examples"]
+             f"{pool_passes} pool captures ({every_layer} at every insertion point, {primary_only} at the primary "
+             f"one; {len(family.reductions)} reduction(s) from each backward pass) of {config.pool_size} examples"]
     total = 0.0
     training_seconds, measuring_seconds = {}, {}
     for width in config.widths:
@@ -710,20 +718,24 @@ def dry_run(config: SweepConfig, family: Family, steps: int = 2) -> str:
         model.eval()
         batch = family.batches(take(heldout, torch.arange(min(config.capture_batch, count(heldout)))),
                                 config.capture_batch)
-        layers = family.insertion_points(config, model)
-        accumulate_geometry(model, layers, batch, device=device)  # warm-up
-        _sync(device)
-        start = time.perf_counter()
-        accumulate_geometry(model, layers, batch, device=device)
-        _sync(device)
-        per_capture = (time.perf_counter() - start) * config.pool_size / config.capture_batch
+        per_capture = {}
+        for which, layers in (("every", family.insertion_points(config, model)), ("primary", [family.primary_layer(config)])):
+            accumulate_geometry(model, layers, batch, reduction=list(family.reductions), device=device)  # warm-up
+            _sync(device)
+            start = time.perf_counter()
+            accumulate_geometry(model, layers, batch, reduction=list(family.reductions), device=device,
+                                check_determinism=False)
+            _sync(device)
+            per_capture[which] = (time.perf_counter() - start) * config.pool_size / config.capture_batch
         training = per_step * config.steps * (train_runs + (short and width == max(config.widths)))
-        capture = per_capture * pool_passes * config.seeds
+        per_run = per_capture["every"] * every_layer + per_capture["primary"] * primary_only
+        capture = per_run * config.seeds
         total += training + capture
-        training_seconds[width], measuring_seconds[width] = per_step * config.steps, per_capture * pool_passes
+        training_seconds[width], measuring_seconds[width] = per_step * config.steps, per_run
         lines.append(f"  N={width}: {per_step * 1e3:.1f} ms/step x {config.steps} steps x {train_runs:.3g} = "
-                     f"{training:.0f} s training; {per_capture:.2f} s/pool x {pool_passes * config.seeds} = "
-                     f"{capture:.0f} s capture")
+                     f"{training:.0f} s training; ({per_capture['every']:.2f} s x {every_layer} + "
+                     f"{per_capture['primary']:.2f} s x {primary_only}) per run x {config.seeds} = {capture:.0f} s "
+                     "capture")
         del model
     lines.append(f"projected: {total:.0f} s ({total / 60:.1f} min) plus evaluation, resampling and start-up")
     for world in sorted({8, distributed.context().world_size} - {1}):

@@ -200,6 +200,29 @@ def test_several_layers_in_one_pass_and_streaming_geometry():
     assert one.n == 12
 
 
+def test_several_reductions_from_one_backward_pass_match_separate_captures():
+    """reduction=[...] gives each reduction's accumulators bit for bit as separate calls, from one pass per batch."""
+    model = tiny_llama()
+    batches = [lm_batch(seed=s, b=4)[0] for s in range(3)]
+    calls = []
+    handle = model.register_forward_hook(lambda *args: calls.append(1))
+    together = accumulate_geometry(model, "all", batches, reduction=["full", "shared"], check_determinism=False)
+    assert len(calls) == len(batches)  # one forward per batch for both reductions
+    handle.remove()
+    assert list(together) == ["full", "shared"]
+    for reduction, by_layer in together.items():
+        alone = accumulate_geometry(model, "all", batches, reduction=reduction)
+        for name, accumulator in by_layer.items():
+            assert torch.equal(accumulator.gram(), alone[name].gram())
+            assert accumulator.result().d_align == alone[name].result().d_align
+    one_layer = accumulate_geometry(model, "model.layers.1", batches, reduction=("shared", "full"), examples=10)
+    assert list(one_layer) == ["shared", "full"] and one_layer["full"].n == 10
+    with pytest.raises(ValueError, match=r"reduction must be one of .* list of distinct ones"):
+        accumulate_geometry(model, "all", batches, reduction=["full", "full"])
+    with pytest.raises(ValueError, match=r"reduction must be one of"):
+        accumulate_geometry(model, "all", batches, reduction=["full", "mean"])
+
+
 def test_resnet_blocks_are_insertion_points():
     model = tiny_resnet()
     assert insertion_points(model) == residual_block_names(model)
