@@ -39,6 +39,8 @@ SET ?=
 # STRICT=1: make book fails when the chapters were not all executed at one profile (default: each says so).
 STRICT ?=
 PYTEST_ARGS ?=
+# make test: pytest-xdist workers (one test file per worker at a time; 0 runs in one process).
+TEST_WORKERS ?= auto
 BENCH_OUT ?= results/bench
 DATA_DIR ?=
 # make serve: the port of the local preview (http://localhost:$(PORT)/).
@@ -96,7 +98,7 @@ serve: ## preview the built book at http://localhost:PORT/ (PORT=8000; build it 
 	$(if $(wildcard $(PY)),$(PY),$(PYTHON_BOOT)) -m http.server $(PORT) --bind 127.0.0.1 --directory $(BOOK_HTML)
 
 test: $(STAMP) ## run the library tests and every notebook at PROFILE=smoke
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 bench: $(STAMP) ## run every benchmarks/bench_*.py with --out results/bench (BENCH_OUT=...)
 	@shopt -s nullglob; scripts=(benchmarks/bench_*.py); \

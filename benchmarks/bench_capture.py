@@ -14,10 +14,6 @@ of widths 128 … 1024, the same batches go through:
                     to that layer's output, streaming Gram update, and the final estimate
                     (with its default determinism check: example 0 of the first batch once more).
 * ``capture_unchecked`` — ``capture`` with ``check_determinism=False``: what the check costs.
-* ``capture_before`` — the same with the causal-LM loss as it was before (cross-entropy on a copy
-                    of ``logits[:, :-1]``, whose backward zero-fills a logits-sized gradient) and
-                    no determinism check: the capture's cost before, measured in the same run. Its
-                    Gram matrix is checked to be bit-identical to ``capture``'s.
 * ``capture_all`` — the same for every decoder layer in one pass.
 * ``loop``        — the obvious alternative: each example alone (batch size 1), same q.
 * ``vmap``        — ``torch.func``: ``vmap`` over examples of ``grad`` with respect to an
@@ -36,11 +32,11 @@ Usage::
 
     python benchmarks/bench_capture.py --out results/bench            # a few minutes on 2 busy CPU cores
     python benchmarks/bench_capture.py --out results/bench --quick    # widths 128, 256 only
-    python benchmarks/bench_capture.py --out /tmp/bench --widths 32 256 --methods floor capture_before capture
-                                                 # the capture's cost over its floor, before and after
+    python benchmarks/bench_capture.py --out /tmp/bench --widths 32 256 --methods floor capture capture_unchecked
+                                                 # the capture's cost over its floor
 
 Besides the table it prints, per width, capture time over the floor (a forward and a
-backward down to the insertion point) for ``capture_before`` and ``capture``, and saves
+backward down to the insertion point) for ``capture`` and ``capture_unchecked``, and saves
 them as ``capture_over_floor`` in the JSON (``ratio_vs_floor`` in the CSV).
 
 Writes ``DIR/bench_capture.csv`` and ``DIR/bench_capture.json`` atomically.
@@ -49,7 +45,6 @@ Writes ``DIR/bench_capture.csv`` and ``DIR/bench_capture.json`` atomically.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
@@ -64,7 +59,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-METHODS = ("bare", "floor", "capture_before", "capture", "capture_unchecked", "capture_all", "loop", "vmap")
+METHODS = ("bare", "floor", "capture", "capture_unchecked", "capture_all", "loop", "vmap")
 TARGET_RATIO = 1.15
 
 
@@ -125,40 +120,6 @@ def _vmap_rows(model, layer_name: str, batch, torch):
     return grads.sum(dim=1)
 
 
-def _legacy_per_example_loss(output, inputs, targets=None, task="auto"):
-    """The causal-LM loss of dalign_core.hooks before it stopped slicing the logits (the ``capture_before`` method)."""
-    import torch.nn.functional as F
-
-    from dalign_core import hooks
-
-    logits = hooks._logits(output)
-    if logits.ndim != 3 or task == "classification" or targets is not None:
-        raise NotImplementedError("the benchmark's legacy loss covers next-token losses on the input ids only")
-    labels = inputs["input_ids"].clone()
-    mask = inputs.get("attention_mask")
-    if mask is not None:
-        labels = labels.masked_fill(mask == 0, hooks.IGNORE_INDEX)
-    shift_labels = labels[:, 1:]
-    token_loss = F.cross_entropy(
-        hooks._at_least_float32(logits[:, :-1].flatten(0, 1)), shift_labels.flatten(),
-        ignore_index=hooks.IGNORE_INDEX, reduction="none",
-    ).view(shift_labels.shape)
-    return token_loss.sum(dim=1) / (shift_labels != hooks.IGNORE_INDEX).sum(dim=1)
-
-
-@contextlib.contextmanager
-def _legacy_loss():
-    """dalign_core.hooks with its causal-LM loss as it was before, for the duration of the block."""
-    from dalign_core import hooks
-
-    current = hooks.per_example_loss
-    hooks.per_example_loss = _legacy_per_example_loss
-    try:
-        yield
-    finally:
-        hooks.per_example_loss = current
-
-
 def _setup(args):
     import torch
     import torch.nn.functional as F
@@ -204,10 +165,6 @@ def _setup(args):
     def capture_unchecked():
         accumulate_geometry(model, layer, data, check_determinism=False).result()
 
-    def capture_before():
-        with _legacy_loss():
-            accumulate_geometry(model, layer, data, check_determinism=False).result()
-
     def capture_all():
         for acc in accumulate_geometry(model, "all", data).values():
             acc.result()
@@ -226,7 +183,7 @@ def _setup(args):
             acc.update(_vmap_rows(model, layer, batch, torch))
         acc.result()
 
-    fns = {"bare": bare, "floor": floor, "capture_before": capture_before, "capture": capture,
+    fns = {"bare": bare, "floor": floor, "capture": capture,
            "capture_unchecked": capture_unchecked, "capture_all": capture_all, "loop": loop, "vmap": vmap_method}
 
     def sync():
@@ -253,13 +210,6 @@ def time_width(args) -> list[dict]:
     model, data, layer, fns, sync, info = _setup(args)
     records = {m: {**info, "method": m, "n_layers_captured": args.layers if m == "capture_all" else 1,
                    "status": "ok", "error": "", "times_s": []} for m in fns}
-    if "capture_before" in fns:  # the cheaper loss must leave q, hence the Gram matrix, exactly as it was
-        from dalign_core.hooks import accumulate_geometry
-
-        after = accumulate_geometry(model, layer, data).gram()
-        with _legacy_loss():
-            before = accumulate_geometry(model, layer, data, check_determinism=False).gram()
-        records["capture_before"]["gram_bit_identical_to_capture"] = bool(torch.equal(before, after))
     if "vmap" in fns:  # correctness first: torch.func must give the same q as the hook
         try:
             reference = activation_gradients(model, layer, data[0])
@@ -459,20 +409,15 @@ def main(argv=None) -> int:
     floor_ratios = {}
     for width in widths:
         by_method = {r["method"]: r for r in records if r["width"] == width}
-        if "floor" in by_method and ("capture" in by_method or "capture_before" in by_method):
+        if "floor" in by_method and "capture" in by_method:
             floor_ratios[width] = {
-                "before": by_method.get("capture_before", {}).get("ratio_vs_floor", math.nan),
-                "after": by_method.get("capture", {}).get("ratio_vs_floor", math.nan),
-                "after_unchecked": by_method.get("capture_unchecked", {}).get("ratio_vs_floor", math.nan),
-                "gram_bit_identical": by_method.get("capture_before", {}).get("gram_bit_identical_to_capture"),
+                "capture": by_method["capture"].get("ratio_vs_floor", math.nan),
+                "capture_unchecked": by_method.get("capture_unchecked", {}).get("ratio_vs_floor", math.nan),
             }
     if floor_ratios:
-        print("\ncapture time / (forward + backward down to the insertion point), before -> after "
-              "(after without the determinism check):")
+        print("\ncapture time / (forward + backward down to the insertion point) (without the determinism check):")
         for width, ratio in floor_ratios.items():
-            same = {True: "Gram bit-identical", False: "Gram DIFFERS", None: ""}[ratio["gram_bit_identical"]]
-            print(f"  width {width:5d}: {_fmt(ratio['before'], '.2f')}x -> {_fmt(ratio['after'], '.2f')}x "
-                  f"({_fmt(ratio['after_unchecked'], '.2f')}x)  {same}")
+            print(f"  width {width:5d}: {_fmt(ratio['capture'], '.2f')}x ({_fmt(ratio['capture_unchecked'], '.2f')}x)")
 
     import pandas as pd
 

@@ -282,25 +282,29 @@ def reductions_compared(geometry: pd.DataFrame, layer: str, steps: Sequence[int]
     return fig
 
 
-def matched_loss(trend: pd.DataFrame, geometry_at_levels: pd.DataFrame, layer: str) -> plt.Figure:
-    """d_align against width with every run read where it first reaches each common held-out loss."""
-    part = geometry_at_levels[(geometry_at_levels.layer == layer) & (geometry_at_levels.pool == "heldout")] \
-        if len(geometry_at_levels) else geometry_at_levels
+def matched_loss(summaries: pd.DataFrame, layer: str) -> plt.Figure:
+    """d_align against width with every run read where its smoothed held-out loss reaches each common level.
+
+    ``summaries``: :func:`dalign_core.trend.matched_loss_summaries` of ``d_align`` grouped by
+    ``layer`` and ``pool`` (log d_align in ``y``, interpolated at the crossing): the numbers the
+    matched-loss verdict reads, so the figure and the verdict cannot disagree.
+    """
+    part = summaries[(summaries.layer == layer) & (summaries.pool == "heldout")] if len(summaries) else summaries
     fig, ax = plt.subplots(figsize=(COLUMN_WIDTH * 0.8, 3.4))
     levels = sorted(part.loss_level.unique()) if len(part) else []
     colours = dict(zip(levels, sns.color_palette("rocket", len(levels) + 1)))
     for level in levels:
-        runs = part[part.loss_level == level]
+        runs = part[part.loss_level == level].assign(d_align=lambda frame: np.exp(frame.y))
         ax.plot(runs.width, runs.d_align, "o", color=colours[level], alpha=0.45, ms=4)
-        means = runs.groupby("width").d_align.mean()
-        ax.plot(means.index, means.values, "-", color=colours[level], label=f"loss ≤ {level:.2f}")
+        means = np.exp(runs.groupby("width").y.mean())  # the geometric mean: the verdict fits log d_align
+        ax.plot(means.index, means.values, "-", color=colours[level], label=f"loss {level:.2f}")
     _width_axis(ax, part.width if len(part) else [1])
     if len(part):
-        value_axis(ax, part.d_align)
+        value_axis(ax, np.exp(part.y))
     else:
         _empty(ax)
     ax.set_ylabel(f"{LABELS['d_align']} at {layer}")
-    _legend(ax, ncols=3, title="each run read where its held-out loss first reaches")
+    _legend(ax, ncols=3, title="each run read where its smoothed held-out loss reaches")
     return fig
 
 

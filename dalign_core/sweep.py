@@ -72,7 +72,7 @@ from dalign_core import trend
 
 __all__ = ["Pools", "SWEEP_TABLES", "tables_of", "check_supply", "draw_pools", "checkpoint_root", "jobs_dir", "prepare", "trained_model", "run_sweep",
            "run_sweeps", "lr_check",
-           "matched_loss_rows", "trend_table", "trained_only", "dry_run"]
+           "trend_table", "trained_only", "dry_run"]
 
 log = logging.getLogger(__name__)
 
@@ -344,27 +344,6 @@ def _misalignment(config, final, base, layer, reduction) -> list[dict]:
 def trained_only(table: pd.DataFrame) -> pd.DataFrame:
     """The rows of runs that trained (an empty table stays empty)."""
     return table[table.trained_ok.astype(bool)] if "trained_ok" in table else table
-
-
-def matched_loss_rows(geometry: pd.DataFrame, offsets) -> pd.DataFrame:
-    """Each run's geometry at the first checkpoint where its held-out loss reaches a common level (for figures).
-
-    The base level is the highest final-checkpoint loss among the runs (every run
-    reaches it); ``offsets`` (nats) add higher levels. Adds ``loss_level`` and keeps
-    ``step`` (the checkpoint each run was read at). The width claim at matched loss reads
-    the interpolated summaries of :func:`dalign_core.trend.matched_loss_summaries` instead.
-    """
-    if geometry.empty:
-        return geometry.assign(loss_level=[])
-    curves = geometry.groupby(["width", "seed", "step"]).heldout_loss.first().reset_index()
-    final = curves.sort_values("step").groupby(["width", "seed"]).heldout_loss.last()
-    parts = []
-    for offset in offsets:
-        level = float(final.max()) + offset
-        reached = curves[curves.heldout_loss <= level].groupby(["width", "seed"]).step.min().rename("first")
-        part = geometry.merge(reached, left_on=["width", "seed", "step"], right_on=["width", "seed", "first"])
-        parts.append(part.drop(columns="first").assign(loss_level=round(level, 4), loss_offset=offset))
-    return pd.concat(parts, ignore_index=True)
 
 
 TREND_KEYS = ["quantity", "view", "reduction", "layer", "pool", "setting", "M", "K", "step", "loss_level", "judged"]

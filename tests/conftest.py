@@ -20,9 +20,21 @@ for _name in OFFLINE_VARIABLES:
     os.environ.setdefault(_name, "1")
 
 
+SHARED_GROUPS = {"test_notebooks.py": "chapters", "test_browser.py": "chapters"}
+"""Files whose tests share one pytest-xdist worker: the browser test builds the book from the chapters that
+test_notebooks.py executed into the session's ``smoke_chapters`` folder."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (make test runs -n auto --dist loadgroup)
 def pytest_collection_modifyitems(config, items):
-    """Run tests/test_browser.py last, so it can build the book from the notebooks test_notebooks.py executed."""
+    """Run tests/test_browser.py last, so it can build the book from the notebooks test_notebooks.py executed.
+
+    Under pytest-xdist each test file is one group, run by one worker, so module-scoped fixtures are built
+    once; the chapters and the browser test share a group (:data:`SHARED_GROUPS`).
+    """
     items.sort(key=lambda item: item.path.name == "test_browser.py")  # stable: the rest keep their order
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(SHARED_GROUPS.get(item.path.name, item.path.name)))
 
 
 @pytest.fixture(scope="session")

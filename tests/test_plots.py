@@ -66,3 +66,22 @@ def test_certificate_by_budget_falls_with_the_budget():
     line = fig.axes[0].lines[0]
     assert np.all(np.diff(line.get_ydata()) <= 0)
     plt.close(fig)
+
+
+def test_matched_loss_figure_draws_the_values_the_verdict_reads():
+    from dalign_core import trend
+
+    rows = []
+    for width, losses in {8: [3.0, 2.0, 1.5], 16: [3.0, 1.5, 1.0]}.items():
+        for seed in (0, 1):
+            for step, loss in zip((0, 10, 20), losses):
+                rows.append(dict(width=width, seed=seed, step=step, layer="L", pool="heldout", heldout_loss=loss,
+                                 d_align=(1 + seed) * np.exp(step / 10)))
+    summaries = trend.matched_loss_summaries(pd.DataFrame(rows), "d_align", (0.0, 0.5), ["layer", "pool"])
+    plots.style()
+    fig = plots.matched_loss(summaries, "L")
+    drawn = np.sort(np.concatenate([line.get_ydata() for line in fig.axes[0].lines if line.get_linestyle() == "None"]))
+    np.testing.assert_allclose(drawn, np.sort(np.exp(summaries.y)))
+    plt.close(fig)
+    empty = plots.matched_loss(summaries.iloc[:0], "L")
+    plt.close(empty)

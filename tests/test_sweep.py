@@ -203,21 +203,6 @@ def test_pools_are_random_disjoint_and_shared():
     assert take(splits.test, pools.heldout)[0].shape == (config.pool_size, 8)
 
 
-def test_matched_loss_reads_each_run_where_it_first_reaches_a_common_level():
-    rows = []
-    curves = {(8, 0): [3.0, 2.0, 1.5], (16, 0): [3.0, 1.4, 1.2], (32, 0): [3.0, 1.3, 1.1]}
-    for (width, seed), losses in curves.items():
-        for step, loss in zip((0, 10, 20), losses):
-            rows.append(dict(width=width, seed=seed, step=step, layer="a", pool="heldout", heldout_loss=loss,
-                             d_align=width * 100 + step))
-    matched = sweep.matched_loss_rows(pd.DataFrame(rows), offsets=(0.0, 0.6))
-    base = matched[matched.loss_offset == 0.0].set_index("width")
-    assert base.loss_level.unique().tolist() == [1.5]  # the worst final loss: every run reaches it
-    assert base.step.to_dict() == {8: 20, 16: 10, 32: 10}
-    high = matched[matched.loss_offset == 0.6].set_index("width")
-    assert high.step.to_dict() == {8: 10, 16: 10, 32: 10}
-
-
 def test_dry_run_projects_the_full_run(checkpoints):
     text = sweep.dry_run(ToyConfig(), ToyFamily())
     assert "3 full trainings of 30 steps (2 rate trials of 30 steps + 1 seeds" in text
