@@ -98,7 +98,7 @@ serve: ## preview the built book at http://localhost:PORT/ (PORT=8000; build it 
 	$(if $(wildcard $(PY)),$(PY),$(PYTHON_BOOT)) -m http.server $(PORT) --bind 127.0.0.1 --directory $(BOOK_HTML)
 
 test: $(STAMP) ## run the library tests and every notebook at PROFILE=smoke
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 bench: $(STAMP) ## run every benchmarks/bench_*.py with --out results/bench (BENCH_OUT=...)
 	@shopt -s nullglob; scripts=(benchmarks/bench_*.py); \

@@ -58,7 +58,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from dalign_core import distributed
+from dalign_core import distributed, workers
 from dalign_core._tensor import derived_seed, resolve_device
 from dalign_core.config import REPO_ROOT
 from dalign_core.data.supply import check_epochs, require_sequences, training_epochs
@@ -717,9 +717,17 @@ def dry_run(config: SweepConfig, family: Family, steps: int = 2) -> str:
                      "capture")
         del model
     lines.append(f"projected: {total:.0f} s ({total / 60:.1f} min) plus evaluation, resampling and start-up")
-    for world in sorted({8, distributed.context().world_size} - {1}):
-        seconds = sum(max((a.end for a in distributed.plan(jobs, world)), default=0.0) for jobs in _job_grid(
+    def shared(world: int) -> float:  # the plan's makespan: rates first, then seeds, longest job first
+        return sum(max((a.end for a in distributed.plan(jobs, world)), default=0.0) for jobs in _job_grid(
             config, distributed.ranks_per_job(config.widths, world), training_seconds, measuring_seconds))
+
+    local = workers.count() if distributed.context().world_size == 1 else 1
+    if local > 1:  # what a plain `python -m ...` on this machine does by default
+        seconds = shared(local)
+        lines.append(f"on this machine's {local} one-thread workers (the default; DALIGN_WORKERS): {seconds:.0f} s "
+                     f"({seconds / 60:.1f} min), if nothing else runs")
+    for world in sorted({8, distributed.context().world_size} - {1}):
+        seconds = shared(world)
         lines.append(f"on {world} such devices sharing the jobs (torchrun --nproc_per_node={world}; the plan of "
                      f"dalign_core.distributed, rates first, then seeds): {seconds:.0f} s ({seconds / 60:.1f} min)")
     return "\n".join(lines)

@@ -20,21 +20,34 @@ for _name in OFFLINE_VARIABLES:
     os.environ.setdefault(_name, "1")
 
 
-SHARED_GROUPS = {"test_notebooks.py": "chapters", "test_browser.py": "chapters"}
-"""Files whose tests share one pytest-xdist worker: the browser test builds the book from the chapters that
-test_notebooks.py executed into the session's ``smoke_chapters`` folder."""
+SHARED_FILES = {"test_browser.py": "test_notebooks.py"}
+"""Test files that run on the worker of another file under pytest-xdist: the browser test builds the book from
+the chapters that test_notebooks.py executed into the session's ``smoke_chapters`` folder."""
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (make test runs -n auto --dist loadgroup)
 def pytest_collection_modifyitems(config, items):
-    """Run tests/test_browser.py last, so it can build the book from the notebooks test_notebooks.py executed.
-
-    Under pytest-xdist each test file is one group, run by one worker, so module-scoped fixtures are built
-    once; the chapters and the browser test share a group (:data:`SHARED_GROUPS`).
-    """
+    """Run tests/test_browser.py last, so it can build the book from the notebooks test_notebooks.py executed."""
     items.sort(key=lambda item: item.path.name == "test_browser.py")  # stable: the rest keep their order
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(SHARED_GROUPS.get(item.path.name, item.path.name)))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``make test`` (``-n auto --dist loadfile``): one file per worker at a time, the browser test with the chapters.
+
+    Each file runs on one worker, so its module-scoped fixtures are built once; :data:`SHARED_FILES` joins a
+    file to another's worker. Other ``--dist`` modes keep pytest-xdist's own scheduler.
+    """
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedFileScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            head, _, name = scope.rpartition("/")
+            return f"{head}/{SHARED_FILES[name]}" if name in SHARED_FILES else scope
+
+    return SharedFileScheduling(config, log)
 
 
 @pytest.fixture(scope="session")

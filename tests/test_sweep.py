@@ -211,6 +211,18 @@ def test_dry_run_projects_the_full_run(checkpoints):
     assert not checkpoints.exists()
 
 
+def test_dry_run_projects_this_machines_workers(checkpoints, monkeypatch):
+    from dalign_core import workers
+
+    monkeypatch.setattr(workers, "count", lambda: 2)
+    text = sweep.dry_run(ToyConfig(), ToyFamily())
+    serial = float(text.split("projected: ")[1].split(" s")[0])
+    shared = float(text.split("one-thread workers (the default; DALIGN_WORKERS): ")[1].split(" s")[0])
+    assert serial / 2 - 1 <= shared < serial  # two workers share the jobs: at best half the time
+    monkeypatch.setattr(workers, "count", lambda: 1)
+    assert "one-thread workers" not in sweep.dry_run(ToyConfig(), ToyFamily())
+
+
 def test_pruning_keeps_only_the_chosen_rates_checkpoints(checkpoints):
     config = ToyConfig(widths=(8, 16, 24), seeds=1, prune_candidates=True)
     tables, _ = sweep.run_sweep(config, ToyFamily())

@@ -1,0 +1,107 @@
+"""A cpu width chapter's wall time, projected by ``--dry-run``, beside the committed run's measured time (``make bench``).
+
+For each width sweep (LLaMA, Pythia, ResNet-20) this runs ``python -m
+dalign_core.experiments.<sweep> --profile <profile> --dry-run`` in a fresh process (it
+builds the data and every model, times a few training steps and one capture batch, and
+projects the whole sweep on this machine's one-thread workers), and reads the committed
+tables' provenance (``results/<profile>/<family>_runs.json``: ``wall_time_s``, the
+workers and the commit) for the time the sweep actually took. Printed and saved per sweep:
+the projection on one process, on this machine's workers, and ``measured / projected``
+(above 1: the run took longer than projected, e.g. on a machine shared with other work).
+The projection counts training and capture only (not evaluation, resampling and start-up).
+
+Usage::
+
+    python benchmarks/bench_projection.py                   # profile cpu, results/bench
+    python benchmarks/bench_projection.py --sweeps llama_width --profile lab
+
+Writes ``DIR/bench_projection.json`` atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+SWEEPS = {"llama_width": "llama", "pythia_width": "pythia", "resnet_width": "resnet"}
+SERIAL = re.compile(r"^projected: (\d+) s", re.M)
+WORKERS = re.compile(r"on this machine's (\d+) one-thread workers .*?: (\d+) s", re.M)
+
+
+def project(sweep: str, profile: str, timeout: int) -> dict:
+    """The dry run's projections (seconds) for one sweep, summed over its depth regimes."""
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", f"dalign_core.experiments.{sweep}", "--profile", profile,
+                           "--dry-run"], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    record = {"sweep": sweep, "dry_run_s": round(time.perf_counter() - start, 1), "returncode": done.returncode}
+    if done.returncode:
+        record["error"] = (done.stderr.strip().splitlines() or [""])[-1][:300]
+        return record
+    serial = [int(x) for x in SERIAL.findall(done.stdout)]
+    shared = [(int(n), int(s)) for n, s in WORKERS.findall(done.stdout)]
+    record.update(projected_serial_s=sum(serial), regimes=len(serial),
+                  workers=shared[0][0] if shared else 1,
+                  projected_workers_s=sum(s for _, s in shared) if shared else sum(serial))
+    return record
+
+
+def measured(family: str, profile: str) -> dict:
+    """The committed run's wall time and settings, from its provenance (empty when there is none)."""
+    path = REPO / "results" / profile / f"{family}_runs.json"
+    if not path.exists():
+        return {}
+    provenance = json.loads(path.read_text())
+    hardware = provenance.get("hardware", {})
+    return {"measured_s": provenance.get("wall_time_s"), "measured_commit": provenance.get("git", {}).get("commit"),
+            "measured_workers": hardware.get("workers"), "measured_threads": hardware.get("threads_per_process"),
+            "measured_utc": provenance.get("written_utc")}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("BENCH_OUT") or REPO / "results" / "bench"),
+                        help="output folder (default: $BENCH_OUT, else results/bench)")
+    parser.add_argument("--profile", default="cpu")
+    parser.add_argument("--sweeps", nargs="+", choices=sorted(SWEEPS), default=list(SWEEPS))
+    parser.add_argument("--timeout", type=int, default=900, help="seconds one dry run may take")
+    args = parser.parse_args(argv)
+
+    from dalign_core.atomic import atomic_write_text
+
+    records = []
+    for sweep in args.sweeps:
+        record = {**project(sweep, args.profile, args.timeout), **measured(SWEEPS[sweep], args.profile)}
+        if record.get("measured_s") and record.get("projected_workers_s"):
+            record["measured_over_projected"] = record["measured_s"] / record["projected_workers_s"]
+        records.append(record)
+        if record["returncode"]:
+            print(f"  {sweep}: dry run FAILED: {record['error']}")
+            continue
+        line = (f"  {sweep}: projected {record['projected_serial_s'] / 60:.1f} min on one process, "
+                f"{record['projected_workers_s'] / 60:.1f} min on {record['workers']} one-thread worker(s)")
+        if "measured_over_projected" in record:
+            line += (f"; the committed run took {record['measured_s'] / 60:.1f} min "
+                     f"({record['measured_over_projected']:.2f}x the projection)")
+        print(line, flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    meta = {"benchmark": "bench_projection", "profile": args.profile, "platform": platform.platform(),
+            "cpu_count": os.cpu_count(), "records": records, "loadavg_end": os.getloadavg(),
+            "written_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    atomic_write_text(args.out / "bench_projection.json", json.dumps(meta, indent=2) + "\n")
+    print(f"wrote {args.out / 'bench_projection.json'}")
+    return 0 if all(r["returncode"] == 0 for r in records) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
