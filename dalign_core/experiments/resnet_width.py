@@ -91,8 +91,11 @@ class Config(SweepConfig):
     budgets: tuple[tuple[int, int], ...] = ((4, 4), (16, 16), (32, 32), (64, 64))
     insertion_block: str = "layer2.2"
     """The residual block whose output is the primary insertion point (the end of the middle stage)."""
-    min_test_accuracy: float = 0.85
-    """A run below this test accuracy failed (Fashion-MNIST: ResNets reach about 0.9 within an epoch)."""
+    min_test_accuracy: float = 0.75
+    """A run below this test accuracy failed: it did not learn. Set well under what training reaches, so that it
+    never sorts runs that trained: the cpu sweep's 500 steps (0.58 epochs of Fashion-MNIST) reached 0.81-0.87 at
+    every width (commit 624f17e), where a floor of 0.85 had failed 7 of 16 runs that beat the class-prior
+    baseline by 1.8 nats or more."""
 
     PROFILES = {
         "smoke": dict(
