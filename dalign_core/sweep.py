@@ -424,7 +424,9 @@ def _measured_run(config, family, splits, pools, width, seed, lr, baseline, devi
     failure = family.failure(config, heldout_loss, baseline, quality)
     trained_ok = not failure
     run = {**base, "heldout_loss": heldout_loss, **quality, "trained_ok": trained_ok, "failure": failure,
-           "final_train_loss": result.history[-1]["loss"] if result.history else math.nan}
+           "final_train_loss": result.history[-1]["loss"] if result.history else math.nan,
+           # weights loaded from an earlier invocation's finished run: its training time is not in this one's
+           "training_loaded": result.resumed_from == config.steps}
     for row in geometry_rows:
         row["trained_ok"] = trained_ok
     heldout = take(splits.test, pools.heldout)
@@ -604,7 +606,9 @@ def run_sweep(config: SweepConfig, family: Family, jobs: str | Path | None = Non
     runs_table = frames["runs"]
     extra = dict(data=facts, device=str(device),
                  runs=dict(table=f"{family.name}_runs.csv", count=len(runs_table),
-                           trained_ok=int(runs_table.trained_ok.astype(bool).sum()) if len(runs_table) else 0),
+                           trained_ok=int(runs_table.trained_ok.astype(bool).sum()) if len(runs_table) else 0,
+                           training_loaded=int(runs_table.training_loaded.fillna(False).astype(bool).sum())
+                           if "training_loaded" in runs_table else 0),
                  pools={name: len(getattr(pools, name)) for name in ("train", "heldout", "evaluation", "validation")},
                  power_plan=config.power_plan(), lr_check=lr_check(frames["lr"]),
                  judged=dict(layer=family.primary_layer(config), reduction=family.reductions[0],
