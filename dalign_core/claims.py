@@ -97,12 +97,45 @@ class Row:
     """For a width claim: the slope on log width, its 95% interval and the smallest slope the design detects."""
 
 
+_EXPERIMENTS = {"llama": "llama_width", "pythia": "pythia_width", "resnet": "resnet_width",
+                "interventions": "interventions"}
+"""The experiment whose profile config wrote each table (by the table name's first word)."""
+STALE = "results of an earlier design of this experiment: rerun its chapter"
+"""What a claim reads in place of a result when its table was written by another config than the profile's."""
+
+
+def _current(results: Path, name: str, provenance: dict) -> bool:
+    """Whether ``name`` was written by the current config of the folder's profile (its config hash).
+
+    A folder of overrides (``<profile>+<hash>``) or of no known profile is taken as it is.
+    """
+    experiment = _EXPERIMENTS.get(name.split("_")[0])
+    if experiment is None or "+" in results.name:
+        return True
+    from importlib import import_module
+
+    config = import_module(f"dalign_core.experiments.{experiment}").Config
+    if results.name not in config.PROFILES:
+        return True
+    return provenance.get("config_hash") == config.for_profile(results.name).config_hash()
+
+
 def _read(results: Path, name: str) -> pd.DataFrame | None:
+    """The table, or None when it does not exist or another config than the profile's wrote it (:func:`_stale`)."""
     try:
-        table, _ = read_table(results, name)
+        table, provenance = read_table(results, name)
     except FileNotFoundError:
         return None
-    return table
+    return table if _current(results, name, provenance) else None
+
+
+def _stale(results: Path, name: str) -> bool:
+    """Whether ``name`` exists but was written by another config than the profile's (an earlier design)."""
+    try:
+        _, provenance = read_table(results, name)
+    except FileNotFoundError:
+        return False
+    return not _current(results, name, provenance)
 
 
 def _regimes(table: pd.DataFrame | None, column: str | None) -> list:
@@ -146,7 +179,8 @@ def _width_rows(results: Path) -> list[Row]:
         trend, misalignment = _read(results, f"{family}_trend"), _read(results, f"{family}_misalignment")
         regimes = _regimes(trend, column) if misalignment is not None else []
         if not regimes:
-            rows += [Row(claim, _scope(family, column, None), paper, "—", NOT_RUN, chapter)
+            ours = STALE if _stale(results, f"{family}_trend") else "—"
+            rows += [Row(claim, _scope(family, column, None), paper, ours, NOT_RUN, chapter)
                      for claim, paper, _ in _WIDTH_CLAIMS]
             continue
         for value in regimes:
@@ -166,7 +200,8 @@ def _llama_numbers(results: Path) -> Row:
     geometry = _read(results, "llama_geometry")
     paper = "3.9 at N = 512 → 9.5 at N = 3072 (§1)"
     if geometry is None or not set(LLAMA_PAPER_D_ALIGN) <= set(geometry.width):
-        return Row("d_align from N = 512 to 3072", "LLaMA", paper, "—", NOT_RUN, "02_llama_width")
+        ours = STALE if _stale(results, "llama_geometry") else "—"
+        return Row("d_align from N = 512 to 3072", "LLaMA", paper, ours, NOT_RUN, "02_llama_width")
     final = geometry[(geometry.pool == "heldout") & geometry.trained_ok.astype(bool)]
     layer = _primary_layer(_read(results, "llama_misalignment"))
     final = final[(final.step == final.step.max()) & (final.layer == layer)]
@@ -196,7 +231,8 @@ def _certificate_rows(results: Path) -> list[Row]:
                 for claim, paper in (("empirical ≤ B_exact ≤ B_align", "ordered (§2)"),
                                      ("certificates track the empirical rate", "track (§2)"),
                                      ("misalignment falls with M and K", "falls (§2)")):
-                    rows.append(Row(claim, scope, paper, "—", NOT_RUN, chapter))
+                    ours = STALE if _stale(results, f"{family}_misalignment") else "—"
+                    rows.append(Row(claim, scope, paper, ours, NOT_RUN, chapter))
                 continue
             # Out of sample: the held-out pool's B_exact against p̂ resampled from disjoint evaluation examples.
             # (On the pool that gave B_exact, p̂ ≤ B_exact is Cantelli's inequality on that pool's own law.)
@@ -244,7 +280,8 @@ def _intervention_rows(results: Path) -> list[Row]:
     table, chapter = _read(results, "interventions"), "05_interventions"
     claims = (("positive alignment predicts a decrease", "consistently (§3)"), ("retention at small steps", "96–99% (§3)"))
     if table is None or table.empty or "eval_observed" not in table:  # an older table: no change on fresh examples
-        return [Row(claim, name, paper, "—", NOT_RUN, chapter) for claim, paper in claims
+        ours = STALE if table is not None or _stale(results, "interventions") else "—"
+        return [Row(claim, name, paper, ours, NOT_RUN, chapter) for claim, paper in claims
                 for name in FAMILY_NAMES.values()]
     _, provenance = read_table(results, "interventions")
     step = provenance["config"]["sign_step"]

@@ -90,10 +90,11 @@ def rerun_box(chapter: str, module: str | None, profile: str, provenance: dict |
                      + (f" on {provenance.get('device', 'this machine')}" if provenance else "")
                      + (f" ({workers} worker process(es) of {hardware.get('threads_per_process', 1)} thread(s))"
                         if workers else "") + ".")
-        runs = (provenance or {}).get("runs", {})
-        if runs.get("training_loaded"):
-            lines.append(f"That run loaded {runs['training_loaded']} of its {runs['count']} measured models from the "
-                         "checkpoints of an earlier one instead of training them, so a fresh run takes longer.")
+        runs = [sweep.get("runs", {}) for sweep in (provenance or {}).get("sweeps", [])]  # one per depth regime
+        loaded, measured = sum(r.get("training_loaded", 0) for r in runs), sum(r.get("count", 0) for r in runs)
+        if loaded:
+            lines.append(f"That run loaded {loaded} of its {measured} measured models from the checkpoints of an "
+                         "earlier one instead of training them, so a fresh run takes longer.")
     lines.append(f"Needs first: {first}." if first else "Nothing must run first.")
     if example:
         lines.append(f"To change one parameter: `make notebooks ONLY={chapter} SET='{example}'` (or `--set` on the "

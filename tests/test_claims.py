@@ -133,3 +133,26 @@ def test_every_profile_lines_up_regimes_and_marks_what_did_not_run(tmp_path):
     row = table[(table.claim == "empirical ≤ B_exact ≤ B_align") & (table.scope == "LLaMA")].iloc[0]
     assert (row.cpu, row.gpu) == ("reproduced", claims.NOT_RUN)
     assert list(dict.fromkeys(table.claim)) == [c for c in claims.RULES if c in set(table.claim)]  # the paper's order
+
+
+def test_tables_of_an_earlier_design_are_not_judged(tmp_path):
+    """A table whose config is not the profile's current one reads "not run", and says why."""
+    from dataclasses import replace
+
+    from dalign_core.claims import STALE, claims_table
+    from dalign_core.experiments import resnet_width
+    from dalign_core.results import write_table
+
+    folder = tmp_path / "smoke"
+    trend = pd.DataFrame({"quantity": ["d_align"], "view": ["late_window"], "dataset": ["synthetic"]})
+    misalignment = pd.DataFrame({"setting": ["heldout/heldout"], "dataset": ["synthetic"], "trained_ok": [True]})
+    earlier = replace(resnet_width.Config.for_profile("smoke"), seeds=3)
+    write_table(trend, folder, "resnet_trend", earlier, 1.0)
+    write_table(misalignment, folder, "resnet_misalignment", earlier, 1.0)
+    rows = claims_table(folder)
+    resnet = rows[rows.scope.str.startswith("ResNet") & (rows.chapter == "04_resnet_width")]
+    assert (resnet.verdict == "not run at this profile").all() and (resnet.ours == STALE).all()
+    current = resnet_width.Config.for_profile("smoke")
+    write_table(trend, folder, "resnet_trend", current, 1.0)
+    assert not claims._stale(folder, "resnet_trend") and claims._stale(folder, "resnet_misalignment")
+    assert claims._read(folder, "resnet_trend") is not None and claims._read(folder, "resnet_misalignment") is None

@@ -118,10 +118,9 @@ def test_rerun_box_says_when_the_shown_run_loaded_trained_models():
     from dalign_core.report import rerun_box
 
     provenance = {"wall_time_s": 1131.0, "device": "cpu", "hardware": {"workers": 2, "threads_per_process": 1},
-                  "runs": {"count": 16, "training_loaded": 16}}
+                  "sweeps": [{"runs": {"count": 12, "training_loaded": 12}}, {"runs": {"count": 4, "training_loaded": 4}}]}
     box = rerun_box("04_resnet_width", "resnet_width", "cpu", provenance)
     assert "took 19 min on cpu (2 worker process(es) of 1 thread(s))" in box
     assert "loaded 16 of its 16 measured models from the checkpoints of an earlier one" in box
-    fresh = rerun_box("04_resnet_width", "resnet_width", "cpu", {**provenance, "runs": {"count": 16,
-                                                                                          "training_loaded": 0}})
+    fresh = rerun_box("04_resnet_width", "resnet_width", "cpu", {**provenance, "sweeps": [{"runs": {"count": 16}}]})
     assert "loaded" not in fresh and "python -m dalign_core.experiments.resnet_width --profile cpu --force" in fresh
