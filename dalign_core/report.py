@@ -143,8 +143,12 @@ def describe_runs(runs: pd.DataFrame) -> str:
     loss = runs[runs.trained_ok.astype(bool)].groupby("width").heldout_loss.mean()
     if len(loss) > 1:
         text += " Mean held-out loss by width: " + ", ".join(f"N={w}: {v:.3f}" for w, v in loss.items()) + " nats; "
-        if loss.is_monotonic_decreasing:
+        rises = [f"N={a} to {b}" for a, b, x, y in zip(loss.index, loss.index[1:], loss, loss.iloc[1:]) if y > x]
+        if not rises:
             text += "it falls with every increase of width, as it should when each width has a rate that fits it."
+        elif loss.idxmin() == loss.index[-1]:
+            text += (f"it is lowest at the widest width, though it does not fall at every step of width (it rises "
+                     f"from {', '.join(rises)}).")
         else:
             text += (f"it is lowest at N={loss.idxmin()}, so the widest models are not the best trained even with "
                      "a fitted rate: read the width trends with that in mind.")

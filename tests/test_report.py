@@ -13,6 +13,9 @@ def test_describe_runs_reports_failures_and_the_loss_trend():
     assert "N=32: 4.300, N=64: 4.100" in text and "falls with every increase" in text
     worse = runs.assign(heldout_loss=[4.0, 4.1, 9.0])
     assert "lowest at N=32" in report.describe_runs(worse)
+    bumpy = pd.DataFrame(dict(width=[8, 12, 16, 24], seed=0, heldout_loss=[0.44, 0.40, 0.41, 0.37], trained_ok=True))
+    text = report.describe_runs(bumpy)
+    assert "lowest at the widest width" in text and "rises from N=12 to 16" in text and "not the best" not in text
 
 
 def test_describe_learning_rates_flags_a_rate_at_the_edge_of_the_grid():
