@@ -23,7 +23,7 @@ EXPERIMENTS = ("llama_width", "pythia_width", "resnet_width", "theory", "claims"
 COMMITTED_HASHES = {
     ("llama_width", "smoke"): "8d05bf196d50d3da", ("llama_width", "cpu"): "9578d32d21067c05",
     ("llama_width", "gpu"): "43f9b4cb4945c45c", ("llama_width", "paper"): "757b709137f6f930",
-    ("pythia_width", "cpu"): "1bf10f8513a72337", ("resnet_width", "cpu"): "3f5bb65c9c2de08e",
+    ("pythia_width", "cpu"): "1bf10f8513a72337", ("resnet_width", "cpu"): "2411bbbcdb1e54d3",
     ("theory", "cpu"): "9afd21668f24167d", ("claims", "cpu"): "cdb629be5f2bed61",
     ("pythia_checkpoints", "cpu"): "14c3fd0133313c9f",
 }
