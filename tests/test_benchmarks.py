@@ -1,0 +1,36 @@
+"""The benchmarks run and save what they print (at sizes of seconds; ``make bench`` runs them at full size)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pandas as pd
+
+from dalign_core.config import REPO_ROOT
+
+
+def _bench(script: str, *args: str, tmp_path) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / script), "--out", str(tmp_path), *args],
+                          capture_output=True, text=True, timeout=600, cwd=REPO_ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def test_bench_training_compares_the_loop_with_a_minimal_one_and_the_matmul_limit(tmp_path):
+    done = _bench("bench_training.py", "--profile", "smoke", "--widths", "16", "--steps", "2", "--repeats", "1",
+                  tmp_path=tmp_path)
+    table = pd.read_csv(tmp_path / "bench_training.csv")
+    assert table.width.tolist() == [16]
+    row = table.iloc[0]
+    assert row.project_over_minimal > 0 and 0 < row.achieved_over_limit and row.flops_per_step > 0
+    assert f"({row.project_over_minimal:.2f}x)" in done.stdout
+    assert json.loads((tmp_path / "bench_training.json").read_text())["records"][0]["width"] == 16
+
+
+def test_bench_projection_reads_the_dry_run_and_the_committed_provenance(tmp_path):
+    done = _bench("bench_projection.py", "--profile", "smoke", "--sweeps", "llama_width", tmp_path=tmp_path)
+    record = json.loads((tmp_path / "bench_projection.json").read_text())["records"][0]
+    assert record["returncode"] == 0 and record["projected_serial_s"] >= record["projected_workers_s"] > 0
+    assert "llama_width: projected" in done.stdout
