@@ -540,14 +540,15 @@ def lr_check(lr: pd.DataFrame) -> dict[str, Any]:
                 losses=losses, margin=margin)
 
 
-def run_sweep(config: SweepConfig, family: Family, jobs: str | Path | None = None, ranks_per_job: str | None = None
-              ) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
+def run_sweep(config: SweepConfig, family: Family, jobs: str | Path | None = None, ranks_per_job: str | None = None,
+              keep_jobs: bool = False) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
     """Run the whole sweep; returns (tables by name, provenance extras). See the module docstring.
 
     With ``jobs`` (see :func:`jobs_dir`), every finished job — a (width, rate) trial of
     the rate fit, a measured (width, seed) run — is kept there as it finishes, so a rerun
     of the same config after an interruption computes only what is missing and gives the
-    same tables as an uninterrupted run. The folder is removed once the tables are built.
+    same tables as an uninterrupted run. The folder is removed once the tables are built
+    (``keep_jobs``: left for the caller, who removes it once the tables are safe).
 
     Under ``torchrun`` the ranks share these jobs (:mod:`dalign_core.distributed`): the
     rate trials first, then — every rank reading the chosen rates from ``jobs``, which must
@@ -615,7 +616,7 @@ def run_sweep(config: SweepConfig, family: Family, jobs: str | Path | None = Non
                              budget=list(config.budget_judged)))
     if any(size > 1 for size in group_sizes.values()):
         extra["ranks_per_job"] = {str(width): size for width, size in group_sizes.items()}
-    if folder is not None:
+    if folder is not None and not keep_jobs:
         distributed.remove_jobs(folder)  # and <out>/partial with it when nothing else is left there
     return {f"{family.name}_{name}": frame for name, frame in frames.items()}, extra
 
@@ -641,7 +642,9 @@ def run_sweeps(configs: list[SweepConfig], family: Family, out_dir: str | Path |
     tables: dict[str, list[pd.DataFrame]] = defaultdict(list)
     sweeps = []
     for config in configs:
-        frames, extra = run_sweep(config, family, jobs=jobs_dir(out_dir, config, family) if out_dir else None)
+        # Every regime's finished jobs stay until the last regime is done: an interruption then loses none of them.
+        frames, extra = run_sweep(config, family, jobs=jobs_dir(out_dir, config, family) if out_dir else None,
+                                  keep_jobs=True)
         for name, frame in frames.items():
             tables[name].append(frame)
         sweeps.append({**family.columns(config), **extra})
@@ -649,6 +652,9 @@ def run_sweeps(configs: list[SweepConfig], family: Family, out_dir: str | Path |
         return {}, {}
     merged = {name: pd.concat([f for f in frames if not f.empty] or frames[:1], ignore_index=True)
               for name, frames in tables.items()}
+    if out_dir:
+        for config in configs:
+            distributed.remove_jobs(jobs_dir(out_dir, config, family))
     return merged, dict(sweeps=sweeps)
 
 

@@ -309,3 +309,24 @@ def test_extension_stops_inside_the_grid():
     assert sweep._extended((1e-3, 3e-3, 1e-2), 1e-2) == (1e-3, 3e-3, 1e-2, 0.0333)
     assert sweep._extended((1e-3, 3e-3), 1e-3) == (3.33e-4, 1e-3, 3e-3)
     assert sweep._extended((1e-3,), 1e-3) is None
+
+
+def test_each_regimes_jobs_stay_until_the_last_regime_is_done(checkpoints, tmp_path, monkeypatch):
+    """An interruption in the second regime keeps the first regime's finished jobs (they resume, not rerun)."""
+    first, second = ToyConfig(widths=(8, 16), seeds=1), ToyConfig(widths=(8, 16), seeds=1, seed=1)
+    out = tmp_path / "results"
+    real_run_sweep, seen = sweep.run_sweep, []
+
+    def stops_in_the_second(config, family, jobs=None, ranks_per_job=None, keep_jobs=False):
+        if config == second:
+            seen.append(sorted(p.name for p in sweep.jobs_dir(out, first, family).iterdir()))
+            raise KeyboardInterrupt("the machine went away")
+        return real_run_sweep(config, family, jobs, ranks_per_job, keep_jobs)
+
+    monkeypatch.setattr(sweep, "run_sweep", stops_in_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run_sweeps([first, second], ToyFamily(), out)
+    assert seen and any(name.startswith("N8_seed0") for name in seen[0])  # the first regime's runs are kept
+    monkeypatch.setattr(sweep, "run_sweep", real_run_sweep)
+    sweep.run_sweeps([first, second], ToyFamily(), out)
+    assert not (out / "partial").exists()  # every regime's jobs removed once all are done
