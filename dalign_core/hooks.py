@@ -725,10 +725,9 @@ def _check_deterministic(model, modules, inputs, targets, task, loss_fn, grads: 
 
 def _capture(model, modules: dict[str, nn.Module], inputs, targets, reductions: tuple[str, ...], task, loss_fn,
              check_determinism: bool = False) -> dict[str, dict[str, torch.Tensor]]:
-    """One forward and one backward pass; reduction → layer name → (batch, d) rows, every reduction from one gradient."""
-    for reduction in reductions:
-        if reduction not in REDUCTIONS:
-            raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    """One forward and one backward pass; reduction → layer name → (batch, d) rows, every reduction from one gradient.
+
+    The public callers have checked the reductions, task and loss (:func:`_check_options`)."""
     check_capturable(model)
     _check_sequence_first(modules)
     targets = _targets_from_labels(inputs, targets)
@@ -746,6 +745,14 @@ def _capture(model, modules: dict[str, nn.Module], inputs, targets, reductions: 
     if check_determinism:
         _check_deterministic(model, modules, inputs, targets, task, loss_fn, grads)
     return out
+
+
+def _captures(model, modules: dict[str, nn.Module], batches: Iterable[Any], reductions: tuple[str, ...], task, loss_fn,
+              check_determinism: bool) -> Iterator[dict[str, dict[str, torch.Tensor]]]:
+    """:func:`_capture` of each batch in turn (``check_determinism`` on the first batch only)."""
+    for index, batch in enumerate(batches):
+        inputs, targets = _split_batch(batch)
+        yield _capture(model, modules, inputs, targets, reductions, task, loss_fn, check_determinism and index == 0)
 
 
 def _reductions(reduction: Any) -> tuple[str, ...]:
@@ -834,10 +841,8 @@ def iter_activation_gradients(
     _check_flag(check_determinism)
     _check_batches(batches)
     single = isinstance(layer, str) and layer != "all"
-    for index, batch in enumerate(batches):
-        inputs, targets = _split_batch(batch)
-        rows = _capture(model, modules, inputs, targets, (reduction,), task, loss_fn,
-                        check_determinism and index == 0)[reduction]
+    for captured in _captures(model, modules, batches, (reduction,), task, loss_fn, check_determinism):
+        rows = captured[reduction]
         yield rows[next(iter(modules))] if single else rows
 
 
@@ -894,10 +899,7 @@ def accumulate_geometry(
         bar = tqdm(total=examples, desc=desc, unit="ex", leave=False)
     seen = 0
     try:
-        for index, batch in enumerate(batches):
-            inputs, targets = _split_batch(batch)
-            captured = _capture(model, modules, inputs, targets, reductions, task, loss_fn,
-                                check_determinism and index == 0)
+        for captured in _captures(model, modules, batches, reductions, task, loss_fn, check_determinism):
             batch_size = len(next(iter(captured[reductions[0]].values())))
             take = batch_size if examples is None else min(examples - seen, batch_size)
             for each, rows in captured.items():

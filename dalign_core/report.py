@@ -565,26 +565,37 @@ def verdict_table(verdicts: dict, label: str) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=[label, "claim", "verdict", "slope [95%]", "detects"])
 
 
+REGIME_COLUMNS = ("depth", "dataset")
+"""The columns that tell a family's sibling sweeps apart (Pythia's depth regimes, ResNet's data sets)."""
+
+
 def summarize(results_dir: str | Path) -> str:
-    """A plain-text summary of every width sweep in ``results_dir``: runs, rates and verdicts (for a commit message)."""
+    """A plain-text summary of every width sweep in ``results_dir``: runs, rates and verdicts per regime (for a commit
+    message)."""
     results_dir = Path(results_dir)
     lines = []
     for runs_csv in sorted(results_dir.glob("*_runs.csv")):
         family = runs_csv.name[: -len("_runs.csv")]
-        runs, provenance = read_table(results_dir, f"{family}_runs")
-        lr, _ = read_table(results_dir, f"{family}_lr")
-        trend, _ = read_table(results_dir, f"{family}_trend")
-        misalignment, _ = read_table(results_dir, f"{family}_misalignment")
+        tables = {name: read_table(results_dir, f"{family}_{name}")[0] for name in ("runs", "lr", "trend", "misalignment")}
+        provenance = read_table(results_dir, f"{family}_runs")[1]
         git = provenance.get("git", {})
-        lines += [f"== {family} at profile {provenance.get('profile')}: {provenance.get('device')}, "
+        device = provenance.get("device") or ", ".join(sorted({str(s.get("device")) for s in provenance.get("sweeps", [])}))
+        lines += [f"== {family} at profile {provenance.get('profile')}: {device}, "
                   f"{provenance.get('wall_time_s', 0) / 60:.1f} min, commit {str(git.get('commit'))[:10]}"
                   f"{' (dirty tree)' if git.get('dirty') else ''}"]
-        if not runs.empty:
-            lines.append(runs[["width", "seed", "lr", "heldout_loss", "baseline_loss", "trained_ok"]].to_string(
-                index=False))
-        lines += [describe_runs(runs), describe_learning_rates(lr)]
-        layer = misalignment.layer.iloc[0] if not misalignment.empty else ""
-        lines += [v.sentence for v in width_verdicts(trend, layer)] if layer else ["No trend: nothing was measured."]
+        column = next((c for c in REGIME_COLUMNS if c in tables["runs"]), None)
+        regimes = by_regime(tables, column) if column else {None: tables}
+        for regime, part in regimes.items():
+            runs, misalignment = part["runs"], part["misalignment"]
+            if regime is not None:
+                lines.append(f"-- {column} {regime}")
+            if not runs.empty:
+                lines.append(runs[["width", "seed", "lr", "heldout_loss", "baseline_loss", "trained_ok"]].to_string(
+                    index=False))
+            lines += [describe_runs(runs), describe_learning_rates(part["lr"])]
+            layer = misalignment.layer.iloc[0] if not misalignment.empty else ""
+            lines += ([v.sentence for v in width_verdicts(part["trend"], layer)] if layer else
+                      ["No trend: nothing was measured."])
         lines.append("")
     for provenance_json in sorted(results_dir.glob("theory_*.json")):
         record = json.loads(provenance_json.read_text())

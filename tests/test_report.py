@@ -127,3 +127,16 @@ def test_rerun_box_says_when_the_shown_run_loaded_trained_models():
     assert "loaded 16 of its 16 measured models from the checkpoints of an earlier one" in box
     fresh = rerun_box("04_resnet_width", "resnet_width", "cpu", {**provenance, "sweeps": [{"runs": {"count": 16}}]})
     assert "loaded" not in fresh and "python -m dalign_core.experiments.resnet_width --profile cpu --force" in fresh
+
+
+def test_summarize_reads_each_regime_of_a_family_apart():
+    """Pythia's two depth regimes are two sweeps: each gets its own runs, rates, rate check and verdicts."""
+    from pathlib import Path
+
+    text = report.summarize(Path(__file__).resolve().parents[1] / "results" / "cpu")
+    pythia = text[text.index("== pythia"):text.index("== resnet")]
+    assert "cpu" in pythia.splitlines()[0] and "None" not in pythia.splitlines()[0]
+    shallow, deep = pythia.split("-- depth 12")
+    assert "-- depth 6" in shallow and "gpt_neox.layers.2" in shallow and "gpt_neox.layers.5" not in shallow
+    assert "gpt_neox.layers.5" in deep and "N=128" not in deep
+    assert shallow.count("Learning rate kept per width") == deep.count("Learning rate kept per width") == 1
