@@ -470,7 +470,8 @@ def remove_jobs(folder: str | os.PathLike | None) -> None:
 
 def run_jobs(folder: str | os.PathLike | None, jobs: Sequence[Job], compute: Callable[[Job, Any], Any], *,
              collect: str = "all", finished: Callable[[Job, Callable[[str], Any]], None] | None = None,
-             speedup: Callable[[int], float] | None = None, workers: int | None = None) -> dict[str, Any]:
+             speedup: Callable[[int], float] | None = None, workers: int | None = None,
+             local: bool = False) -> dict[str, Any]:
     """Every job's result (JSON-able), computing only those not already in ``folder``; see the module docstring.
 
     ``compute(job, group)`` runs on each of the job's ranks with the job's process group
@@ -485,12 +486,15 @@ def run_jobs(folder: str | os.PathLike | None, jobs: Sequence[Job], compute: Cal
     per core), in the order of :func:`plan`, each job on one process; ``finished`` then
     runs in this process as each job comes in. ``workers=1`` computes them here, one
     after another, in the order given. The results are the same either way.
+
+    ``local=True``: this process computes every job as in a world of one, under torchrun
+    too (an experiment that runs on rank 0 alone must not wait for the other ranks).
     """
     ctx = context()
     store = _Store(Path(folder) if folder is not None else None)
-    if ctx.distributed and store.folder is None:
+    if ctx.distributed and store.folder is None and not local:
         raise ValueError("ranks share their finished jobs through a folder on a shared filesystem: pass one")
-    if not ctx.distributed:
+    if not ctx.distributed or local:
         count = _workers.count() if workers is None else int(workers)
         _workers.record(count)
         if count > 1:

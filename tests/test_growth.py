@@ -161,6 +161,47 @@ def test_verdict_can_go_either_way():
     assert growth.verdict(pd.DataFrame()).label == "not run"
 
 
+def _committed_points() -> list[int]:
+    """Insertion points per grown model in the committed cpu table (LLaMA's 2-layer models have 2)."""
+    from pathlib import Path
+
+    from dalign_core.results import read_table
+
+    table, _ = read_table(Path(__file__).resolve().parents[1] / "results" / "cpu", "growth")
+    one_budget = table[table.budget_steps == table.budget_steps.min()]
+    return one_budget.groupby(["family", "model", "seed"]).layer.nunique().tolist()
+
+
+def _design_table(points: list[int], gain_of, rng) -> pd.DataFrame:
+    rows = []
+    for m, n in enumerate(points):
+        d, g = rng.uniform(0, 1, n), rng.uniform(0, 1, n)
+        gain = gain_of(d, g, rng)
+        rows += [dict(family="toy", model=f"m{m}", width=8, seed=m, layer=f"l{i}", d_align=d[i], grad_norm=g[i],
+                      budget_steps=10, gain=gain[i]) for i in range(n)]
+    return pd.DataFrame(rows)
+
+
+def test_the_verdict_is_calibrated_at_the_committed_cpu_design():
+    """At the cpu design's models and points: with no effect "reproduced" comes out at most 5% of the time
+    (and "contradicted" as rarely); with gains that follow d_align about as closely as ρ ≈ 0.5 per model, it
+    comes out most of the time."""
+    points = _committed_points()
+    assert len(points) >= 20 and min(points) >= 2
+    rng = np.random.default_rng(0)
+    names = ["d_align", "grad_norm"]
+
+    def labels(gain_of, trials=200):
+        found = [growth.verdict(growth.score(_design_table(points, gain_of, rng), names)).label
+                 for _ in range(trials)]
+        return {label: found.count(label) / trials for label in set(found)}
+
+    null = labels(lambda d, g, rng: rng.normal(size=len(d)))
+    assert null.get("reproduced", 0) <= 0.05 and null.get("contradicted", 0) <= 0.05, null
+    effect = labels(lambda d, g, rng: d + 0.35 * rng.normal(size=len(d)))
+    assert effect.get("reproduced", 0) >= 0.8, effect
+
+
 def test_hit_rate_and_regret_on_a_hand_made_table():
     rows = []
     for model, gains, d, g in [("a", [0.1, 0.5, 0.2], [1, 3, 2], [3, 2, 1]),

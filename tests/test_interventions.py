@@ -153,6 +153,32 @@ def test_the_study_is_deterministic_and_skipped_when_current(toy_source):
     pd.testing.assert_frame_equal(first, again)
 
 
+def test_an_interrupted_study_resumes_from_its_finished_models(toy_source, monkeypatch):
+    """Each model's rows are kept as a job until the table is written: a rerun computes only the models left."""
+    monkeypatch.setenv("DALIGN_WORKERS", "1")  # one process: the interruption falls after the first model
+    config = _config()
+    whole, _ = read_table(interventions.run(config, out_dir=toy_source / "whole"), "interventions")
+    computed, real = [], interventions.model_rows
+
+    def interrupted(*args, **kwargs):
+        if computed:
+            raise KeyboardInterrupt
+        computed.append(args[-1]["model"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(interventions, "model_rows", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        interventions.run(config, out_dir=toy_source)
+    kept = list((toy_source / "partial").glob("interventions-*/*.json"))
+    assert len(kept) == 1 and computed[0] in kept[0].name
+    again = []
+    monkeypatch.setattr(interventions, "model_rows", lambda *a, **k: again.append(a[-1]["model"]) or real(*a, **k))
+    resumed, _ = read_table(interventions.run(config, out_dir=toy_source), "interventions")
+    assert computed[0] not in again and len(again) == whole.model.nunique() - 1
+    pd.testing.assert_frame_equal(whole, resumed)
+    assert not (toy_source / "partial").exists()  # the jobs are gone once the table holds them
+
+
 def test_a_changed_sweep_makes_the_table_stale(toy_source, monkeypatch):
     config = _config()
     interventions.run(config, out_dir=toy_source)

@@ -43,12 +43,13 @@ import torch
 from dalign_core import growth
 from dalign_core._tensor import derived_seed, resolve_device
 from dalign_core.config import ExperimentConfig, default_results_dir
-from dalign_core.distributed import Job, run_jobs
+from dalign_core.experiments._models import (TrainedModel, checkpoints_present, remove_model_jobs, run_model_jobs,
+                                             trained_models)
 from dalign_core.experiments._runner import main, run_experiment
 from dalign_core.experiments.interventions import SOURCES
 from dalign_core.family import Family, SweepConfig, count, take
 from dalign_core.results import results_current
-from dalign_core.sweep import _train_config, prepare, trained_model
+from dalign_core.sweep import trained_model
 
 __all__ = ["Config", "TABLES", "COLUMNS", "run", "compute", "model_rows", "choose_points", "sweep_status"]
 
@@ -191,27 +192,12 @@ def sweep_status(config: Config, name: str, out_dir: Path) -> tuple[Any, str]:
     return experiment_config, ""
 
 
-def _chosen(config: Config, runs: pd.DataFrame, columns: dict) -> pd.DataFrame:
-    mine = runs
-    for column, value in columns.items():
-        mine = mine[mine[column] == value]
-    if not config.failed_runs:
-        mine = mine[mine.trained_ok.astype(bool)]
-    return mine.sort_values(["width", "seed"]).groupby("width").head(
-        config.runs_per_width)
-
-
-def _checkpoints_present(sweep_config: SweepConfig, family: Family, width: int, seed: int, lr: float) -> bool:
-    folder = Path(_train_config(sweep_config, family, width, seed, lr).checkpoint_dir)
-    return folder.is_dir() and any(folder.iterdir())
-
-
 def compute(config: Config, out_dir: Path) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
     torch.use_deterministic_algorithms(True, warn_only=True)
     device = resolve_device(config.device)
     out_dir = Path(out_dir)
     provenance: dict[str, Any] = {}
-    jobs, contexts = [], {}
+    models: list[TrainedModel] = []
     for name in config.families:
         experiment_config, reason = sweep_status(config, name, out_dir)
         facts: dict[str, Any] = {"sweep_config_hash": experiment_config.config_hash()}
@@ -221,39 +207,30 @@ def compute(config: Config, out_dir: Path) -> tuple[dict[str, pd.DataFrame], dic
             log.info("growth: %s not run: %s", name, reason)
             continue
         facts.update(status="run", models=[])
-        runs = pd.read_csv(out_dir / f"{name}_runs.csv")
         source = SOURCES[name]
-        for sweep_config in source.sweeps(experiment_config):
-            family = source.family(sweep_config)
-            columns = family.columns(sweep_config)
-            chosen = _chosen(config, runs, columns)
-            splits, _, pools = prepare(sweep_config, family)
-            for run in chosen.itertuples():
-                width, seed, lr = int(run.width), int(run.seed), float(run.lr)
-                base = dict(family=name, **columns, model=run.model, width=width, seed=seed,
-                            heldout_loss=float(run.heldout_loss))
-                if not config.run_sweeps and not _checkpoints_present(sweep_config, family, width, seed, lr):
-                    facts["models"].append({**base, "left_out": "checkpoints gone (not trained again)"})
-                    continue
-                job_name = "_".join(str(v) for v in (name, *columns.values(), run.model, f"seed{seed}"))
-                contexts[job_name] = (sweep_config, family, splits, pools, base, lr)
-                jobs.append(Job(job_name, cost=float(width), payload=name))
+        runs = pd.read_csv(out_dir / f"{name}_runs.csv")
+        for m in trained_models(name, experiment_config, source.sweeps, source.family, runs, config.runs_per_width,
+                                failed_runs=config.failed_runs):
+            present = checkpoints_present(m.sweep_config, m.family, m.base["width"], m.base["seed"], m.base["lr"])
+            if config.run_sweeps or present:
+                models.append(m)
+            else:
+                facts["models"].append({**m.base, "left_out": "checkpoints gone (not trained again)"})
 
-    def work(job: Job, _group) -> dict:
-        sweep_config, family, splits, pools, base, lr = contexts[job.name]
+    def work(m: TrainedModel) -> dict:
         started = time.perf_counter()
-        model = trained_model(sweep_config, family, splits, base["width"], base["seed"], lr, device)
-        rows, facts = model_rows(config, sweep_config, family, model, splits, pools, base)
+        model = trained_model(m.sweep_config, m.family, m.splits, m.base["width"], m.base["seed"], m.base["lr"],
+                              device)
+        rows, facts = model_rows(config, m.sweep_config, m.family, model, m.splits, m.pools, m.base)
         seconds = round(time.perf_counter() - started, 1)
-        log.info("growth: %s done in %.0f s", job.name, seconds)
-        return {"rows": rows, "facts": {**base, **facts, "sweep_lr": lr, "seconds": seconds}}
+        log.info("growth: %s done in %.0f s", m.job.name, seconds)
+        return {"rows": rows, "facts": {**m.base, **facts, "sweep_lr": m.base["lr"], "seconds": seconds}}
 
-    results = run_jobs(None, jobs, work) if jobs else {}
+    results = run_model_jobs("growth", config, out_dir, models, work) if models else {}
     rows = []
-    for job in jobs:
-        result = results[job.name]
-        rows += result["rows"]
-        provenance[job.payload]["models"].append(result["facts"])
+    for m in models:
+        rows += results[m.job.name]["rows"]
+        provenance[m.family_name]["models"].append(results[m.job.name]["facts"])
     table = pd.DataFrame(rows)
     if len(table):
         names = growth.predictor_names(config.budgets)
@@ -268,8 +245,10 @@ def compute(config: Config, out_dir: Path) -> tuple[dict[str, pd.DataFrame], dic
 def run(config: Config, out_dir: str | Path | None = None, force: bool = False) -> Path:
     """Grow every family's trained models at every insertion point (skipped when current, unless ``force``)."""
     out_dir = Path(out_dir) if out_dir is not None else default_results_dir(config.profile)
-    return run_experiment("growth", TABLES, config, compute, out_dir=out_dir,
-                          force=force or _sweeps_changed(config, out_dir))
+    written = run_experiment("growth", TABLES, config, compute, out_dir=out_dir,
+                             force=force or _sweeps_changed(config, out_dir))
+    remove_model_jobs("growth", config, out_dir)  # the table holds every model's rows now
+    return written
 
 
 def _sweeps_changed(config: Config, out_dir: Path) -> bool:

@@ -55,10 +55,11 @@ import torch
 from dalign_core._tensor import derived_seed, resolve_device
 from dalign_core.config import ExperimentConfig, default_results_dir
 from dalign_core.experiments import llama_width, pythia_width, resnet_width
+from dalign_core.experiments._models import TrainedModel, chosen_runs, remove_model_jobs, run_model_jobs, trained_models
 from dalign_core.experiments._runner import main, run_experiment
 from dalign_core.family import Family, SweepConfig, count, take
 from dalign_core.intervention import train_decrease_draws
-from dalign_core.sweep import prepare, trained_model
+from dalign_core.sweep import trained_model
 
 __all__ = ["Config", "Source", "SOURCES", "TABLES", "run", "SETTINGS", "model_rows", "evaluation_set"]
 
@@ -230,55 +231,66 @@ def evaluation_set(splits, pools, limit: int | None) -> tuple[Any, torch.Tensor]
     return take(splits.test, index), index
 
 
-def _family_rows(config: Config, name: str, out_dir: Path, device: torch.device) -> tuple[list[dict], dict]:
-    """Every intervention row of one family, and what the provenance records of it."""
-    source = SOURCES[name]
-    experiment_config = source.config(config.profile)  # its sweep ran in run(), on every rank
-    runs = pd.read_csv(out_dir / f"{name}_runs.csv")
-    rows, used, evaluations = [], [], []
+def _left_out(config: Config, name: str, experiment_config, runs: pd.DataFrame) -> list[dict]:
+    """The failed runs left out where they would have been used: below the last seed their width took."""
+    source, left = SOURCES[name], []
     for sweep_config in source.sweeps(experiment_config):
-        family = source.family(sweep_config)
-        columns = family.columns(sweep_config)
-        mine = runs
-        for column, value in columns.items():
-            mine = mine[mine[column] == value]
-        chosen = mine[mine.trained_ok.astype(bool)].sort_values(["width", "seed"]).groupby("width").head(
-            config.runs_per_width)
-        splits, _, pools = prepare(sweep_config, family)
-        evaluation, eval_index = evaluation_set(splits, pools, config.eval_examples)
-        evaluations.append({**family.columns(sweep_config), "examples": int(len(eval_index)),
-                            "of": int(len(pools.evaluation))})
-        examples = {"train": take(splits.train, pools.train), "heldout": take(splits.test, pools.heldout),
-                    "evaluation": evaluation}
-        for run in chosen.itertuples():
-            started = time.perf_counter()
-            model = trained_model(sweep_config, family, splits, int(run.width), int(run.seed), float(run.lr), device)
-            base = dict(family=name, **columns, model=run.model, width=int(run.width), seed=int(run.seed),
-                        lr=float(run.lr), heldout_loss=float(run.heldout_loss))
-            rows += model_rows(config, sweep_config, family, model, examples, base)
-            used.append({**base, "seconds": round(time.perf_counter() - started, 1)})
-            log.info("interventions: %s N=%d seed=%d done in %.0f s", name, run.width, run.seed,
-                     used[-1]["seconds"])
-        # A failed run is left out where it would have been used: below the last seed its width took.
-        last = chosen.groupby("width").seed.max()
+        columns = source.family(sweep_config).columns(sweep_config)
+        mine = chosen_runs(runs, columns, len(runs), failed_runs=True)
+        last = chosen_runs(runs, columns, config.runs_per_width).groupby("width").seed.max()
         failed = mine[~mine.trained_ok.astype(bool)]
-        left_out = failed[failed.seed < failed.width.map(last).fillna(float("inf"))]
-        used += [dict(family=name, **columns, model=r.model, width=int(r.width), seed=int(r.seed),
-                      left_out=f"failed run: {r.failure}") for r in left_out.itertuples()]
-    return rows, {"sweep_config_hash": experiment_config.config_hash(), "models": used,
-                  "evaluation": {"source": "the sweep's evaluation examples (Pools.evaluation), test split",
-                                 "disjoint_from": "the held-out pool (K, and M in heldout/heldout) and the train split",
-                                 "sets": evaluations}}
+        left += [dict(family=name, **columns, model=r.model, width=int(r.width), seed=int(r.seed),
+                      left_out=f"failed run: {r.failure}")
+                 for r in failed[failed.seed < failed.width.map(last).fillna(float("inf"))].itertuples()]
+    return left
+
+
+def _models(config: Config, out_dir: Path) -> tuple[list[TrainedModel], dict]:
+    """Every model the studies run on, and the provenance of each family (filled with the models' facts later)."""
+    models, provenance = [], {}
+    for name in config.families:
+        source = SOURCES[name]
+        experiment_config = source.config(config.profile)  # its sweep ran in run(), on every rank
+        runs = pd.read_csv(out_dir / f"{name}_runs.csv")
+        mine = trained_models(name, experiment_config, source.sweeps, source.family, runs, config.runs_per_width)
+        sets = {tuple(m.family.columns(m.sweep_config).items()): m for m in mine}
+        provenance[name] = {
+            "sweep_config_hash": experiment_config.config_hash(), "models": [],
+            "left_out": _left_out(config, name, experiment_config, runs),
+            "evaluation": {"source": "the sweep's evaluation examples (Pools.evaluation), test split",
+                           "disjoint_from": "the held-out pool (K, and M in heldout/heldout) and the train split",
+                           "sets": [{**dict(regime), "of": int(len(m.pools.evaluation)),
+                                     "examples": int(len(evaluation_set(m.splits, m.pools, config.eval_examples)[1]))}
+                                    for regime, m in sets.items()]}}
+        models += mine
+    return models, provenance
 
 
 def compute(config: Config, out_dir: Path) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
     torch.use_deterministic_algorithms(True, warn_only=True)
     device = resolve_device(config.device)
-    rows, provenance = [], {}
-    for name in config.families:
-        family_rows, facts = _family_rows(config, name, Path(out_dir), device)
-        rows += family_rows
-        provenance[name] = facts
+    out_dir = Path(out_dir)
+    models, provenance = _models(config, out_dir)
+
+    def work(m: TrainedModel) -> dict:
+        started = time.perf_counter()
+        evaluation, _ = evaluation_set(m.splits, m.pools, config.eval_examples)
+        examples = {"train": take(m.splits.train, m.pools.train), "heldout": take(m.splits.test, m.pools.heldout),
+                    "evaluation": evaluation}
+        model = trained_model(m.sweep_config, m.family, m.splits, m.base["width"], m.base["seed"], m.base["lr"],
+                              device)
+        rows = model_rows(config, m.sweep_config, m.family, model, examples, m.base)
+        seconds = round(time.perf_counter() - started, 1)
+        log.info("interventions: %s done in %.0f s", m.job.name, seconds)
+        return {"rows": rows, "facts": {**m.base, "seconds": seconds}}
+
+    results = run_model_jobs("interventions", config, out_dir, models, work)
+    rows = []
+    for m in models:  # in the order of the families, regimes, widths and seeds, whatever order the workers took
+        rows += results[m.job.name]["rows"]
+        provenance[m.family_name]["models"].append(results[m.job.name]["facts"])
+    for facts in provenance.values():
+        facts["models"] += facts.pop("left_out")
     return {"interventions": pd.DataFrame(rows)}, {"families": provenance, "device": str(device)}
 
 
@@ -290,8 +302,10 @@ def run(config: Config, out_dir: str | Path | None = None, force: bool = False) 
     for name in config.families:
         source = SOURCES[name]
         source.run(source.config(config.profile), out_dir=out_dir)  # skipped when its tables are current
-    return run_experiment("interventions", TABLES, config, compute, out_dir=out_dir,
-                          force=force or _sweeps_changed(config, out_dir))
+    written = run_experiment("interventions", TABLES, config, compute, out_dir=out_dir,
+                             force=force or _sweeps_changed(config, out_dir))
+    remove_model_jobs("interventions", config, out_dir)  # the tables hold every model's rows now
+    return written
 
 
 def _sweeps_changed(config: Config, out_dir: Path) -> bool:
