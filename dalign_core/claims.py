@@ -25,7 +25,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from dalign_core import intervention_report
+from dalign_core import growth, intervention_report
 from dalign_core.intervention_report import FAMILY_NAMES
 from dalign_core.misalignment import wilson_interval
 from dalign_core.report import width_verdicts
@@ -75,6 +75,11 @@ RULES = {
         "on draws that predict a decrease, the median retention along δ: reproduced when it lies within 96–99% at "
         "some δ and within 4% of 1 at every smaller δ, partly when within 10% of 1 at the smallest δ only; "
         f"{intervention_report.FAILS['retention']}",
+    growth.CLAIM:
+        "per grown model, Spearman's ρ across insertion points between d_align and the realized gain on held-out "
+        "examples, minus the same ρ of the zero-output block's gradient norm, at the longest growth budget: "
+        "reproduced when the 95% t interval of the mean over models lies above 0, contradicted below 0, else "
+        "inconclusive (simulated at the cpu design: 1.5% reproduced without an effect)",
 }
 """Each claim's rule, as the chapter states it."""
 
@@ -99,7 +104,7 @@ class Row:
 
 
 _EXPERIMENTS = {"llama": "llama_width", "pythia": "pythia_width", "resnet": "resnet_width",
-                "interventions": "interventions"}
+                "interventions": "interventions", "growth": "growth"}
 """The experiment whose profile config wrote each table (by the table name's first word)."""
 STALE = "results of an earlier design of this experiment: rerun its chapter"
 """What a claim reads in place of a result when its table was written by another config than the profile's."""
@@ -305,8 +310,33 @@ def _intervention_rows(results: Path) -> list[Row]:
     return rows
 
 
+GROWTH_PAPER = "not a claim of the paper: ours, on its motivation (model growth)"
+
+
+def _growth_rows(results: Path) -> list[Row]:
+    """The growth claim (ours, beyond the paper), one row per family, judged at the longest budget of the table."""
+    table, chapter = _read(results, "growth"), "08_growth"
+    if table is None or table.empty:
+        ours = STALE if _stale(results, "growth") else "—"
+        return [Row(growth.CLAIM, name, GROWTH_PAPER, ours, NOT_RUN, chapter) for name in FAMILY_NAMES.values()]
+    scores = growth.score(table, ["d_align", "grad_norm"])
+    rows = []
+    for family in [f for f in FAMILY_NAMES if f in set(table.family)]:
+        judged = growth.verdict(scores, family=family)
+        models = int(scores[(scores.family == family) & (scores.predictor == "d_align")][["model", "seed"]]
+                     .drop_duplicates().shape[0])
+        ours = ("—" if judged.label == "not run" else
+                f"ρ(d_align) − ρ(block-gradient norm) with the held-out gain {judged.slope:+.2f} "
+                f"[{judged.slope_lo:+.2f}, {judged.slope_hi:+.2f}] over {models} models, "
+                f"{int(scores.budget_steps.max())} steps")
+        rows.append(Row(growth.CLAIM, FAMILY_NAMES[family], GROWTH_PAPER, ours,
+                        NOT_RUN if judged.label == "not run" else judged.label, chapter,
+                        judged.slope, judged.slope_lo, judged.slope_hi))
+    return rows
+
+
 SECTIONS: tuple[Callable[[Path], list[Row]], ...] = (
-    _width_rows, lambda results: [_llama_numbers(results)], _certificate_rows, _intervention_rows)
+    _width_rows, lambda results: [_llama_numbers(results)], _certificate_rows, _intervention_rows, _growth_rows)
 
 
 def claims_table(results: str | Path) -> pd.DataFrame:

@@ -20,6 +20,7 @@ from collections import Counter
 
 import pandas as pd
 
+from dalign_core import growth
 from dalign_core.claims import NOT_RUN
 
 __all__ = ["FAMILIES", "GROUPS", "VERDICTS", "claim_group", "claims_grid_html", "headline", "headline_text",
@@ -33,6 +34,7 @@ GROUPS = {
         "empirical ≤ B_exact ≤ B_align", "certificates track the empirical rate", "misalignment falls with M and K")),
     "intervention": ("the intervention claims", (
         "positive alignment predicts a decrease", "retention at small steps")),
+    "growth": ("the growth claim (ours, beyond the paper)", (growth.CLAIM,)),
 }
 """Group key -> (its name in the headline, its claims in the paper's order)."""
 
@@ -43,7 +45,7 @@ VERDICTS = ("reproduced", "partly", "inconclusive", "contradicted", "not reprodu
 """Every label, in the order the headline lists them."""
 
 CHAPTER_NAMES = {"01_theory": "theory", "02_llama_width": "LLaMA", "03_pythia_width": "Pythia",
-                 "04_resnet_width": "ResNet-20", "05_interventions": "interventions"}
+                 "04_resnet_width": "ResNet-20", "05_interventions": "interventions", "08_growth": "growth"}
 
 _SYMBOLS = (("d_align", "d<sub>align</sub>"), ("B_exact", "B<sub>exact</sub>"), ("B_align", "B<sub>align</sub>"),
             ("(M, K)", "(<i>M</i>, <i>K</i>)"), (" N = ", " <i>N</i> = "))
@@ -192,7 +194,7 @@ def claims_grid_html(table: pd.DataFrame, link: bool = True) -> str:
 
 
 def headline(table: pd.DataFrame) -> dict[str, Counter]:
-    """``{group: Counter(verdict -> rows)}`` for width, theorem and intervention claims (rows are claim × scope)."""
+    """``{group: Counter(verdict -> rows)}`` for width, theorem, intervention and growth claims (rows: claim × scope)."""
     counts = {group: Counter() for group in GROUPS}
     for row in table.itertuples(index=False):
         counts.setdefault(claim_group(row.claim), Counter())[row.verdict] += 1

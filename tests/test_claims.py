@@ -7,11 +7,12 @@ import json
 import pandas as pd
 import pytest
 
-from dalign_core import claims
+from dalign_core import claims, growth
 from dalign_core.config import REPO_ROOT
 from dalign_core.experiments import claims as claims_experiment
 from dalign_core.experiments._runner import run_experiment
 from dalign_core.experiments.llama_width import Config as LlamaConfig
+from dalign_core.intervention_report import FAMILY_NAMES
 from dalign_core.report import width_verdicts
 
 LABELS = {"reproduced", "partly", "not reproduced", "contradicted", "inconclusive", claims.NOT_RUN}
@@ -45,6 +46,14 @@ def test_the_committed_cpu_results_are_judged_by_the_chapters_own_verdicts():
     assert llama["d_align rises with width (matched loss)"] == label(loss)
     assert llama["misalignment falls with width at fixed (M, K)"] == label(budget)
     assert llama["d_align from N = 512 to 3072"] == claims.NOT_RUN  # the paper's widths are not trained at cpu
+    if (CPU / "growth.csv").exists():  # the growth claim, ours: one row per family, growth.verdict's label
+        grown = pd.read_csv(CPU / "growth.csv")
+        scores = growth.score(grown, ["d_align", "grad_norm"])
+        rows = table[table.claim == growth.CLAIM].set_index("scope")
+        assert set(rows.paper.str.startswith("not a claim of the paper")) == {True}
+        for family, name in FAMILY_NAMES.items():
+            judged = growth.verdict(scores, family=family)
+            assert rows.verdict[name] == label(judged) and f"{judged.slope:+.2f}" in rows.ours[name]
 
 
 def _geometry(d512: float, d3072: float) -> pd.DataFrame:

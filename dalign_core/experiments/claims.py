@@ -37,7 +37,7 @@ class Config(ExperimentConfig):
     PROFILES = {profile: {} for profile in PROFILES}
 
 
-JUDGES = ("claims.py", "intervention_report.py", "report.py", "trend.py")
+JUDGES = ("claims.py", "growth.py", "intervention_report.py", "report.py", "trend.py")
 """The modules whose code decides a verdict: a change to them makes the table stale too."""
 
 
