@@ -317,3 +317,20 @@ def test_the_sweeps_run_on_every_rank_before_the_rank_0_part(tmp_path, monkeypat
                         lambda name, tables, config, compute, **kw: calls.append(("rank 0 part", name)))
     interventions.run(interventions.Config.for_profile("smoke"), out_dir=tmp_path)
     assert calls == [("sweep", "llama"), ("sweep", "pythia"), ("sweep", "resnet"), ("rank 0 part", "interventions")]
+
+
+def test_only_rank_0_removes_a_studys_kept_models(tmp_path, monkeypatch):
+    """Under torchrun every rank calls run(), and the others return while rank 0 still computes into the folder."""
+    from dalign_core.experiments import _models
+
+    config = interventions.Config.for_profile("smoke")
+    folder = _models.jobs_folder("interventions", config, tmp_path)
+    folder.mkdir(parents=True)
+    (folder / "kept.json").write_text("{}")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    _models.remove_model_jobs("interventions", config, tmp_path)
+    assert (folder / "kept.json").is_file()
+    monkeypatch.setenv("RANK", "0")
+    _models.remove_model_jobs("interventions", config, tmp_path)
+    assert not folder.exists() and not (tmp_path / "partial").exists()

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from dalign_core.config import ExperimentConfig
-from dalign_core.distributed import Job, remove_jobs, run_jobs
+from dalign_core.distributed import Job, context, remove_jobs, run_jobs
 from dalign_core.family import Family, SweepConfig
 from dalign_core.sweep import _train_config, prepare
 
@@ -97,5 +97,7 @@ def run_model_jobs(experiment: str, config: ExperimentConfig, out_dir: str | Pat
 
 
 def remove_model_jobs(experiment: str, config: ExperimentConfig, out_dir: str | Path) -> None:
-    """Remove the study's jobs folder once its tables are written."""
-    remove_jobs(jobs_folder(experiment, config, out_dir))
+    """Remove the study's jobs folder once its tables are written (by rank 0: under torchrun the other ranks
+    return at once, while rank 0 may still be computing into the folder)."""
+    if context().is_main:
+        remove_jobs(jobs_folder(experiment, config, out_dir))
