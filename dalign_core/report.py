@@ -19,7 +19,7 @@ from dalign_core.results import read_table
 from dalign_core.sweep import lr_check
 from dalign_core.trend import PAPER_SLOPE, Verdict, verdict
 
-__all__ = ["by_regime", "judged_only", "rerun_box", "describe_accuracy", "describe_runs", "describe_learning_rates", "describe_final_geometry",
+__all__ = ["by_regime", "judged_only", "rerun_box", "sweep_records", "describe_accuracy", "describe_runs", "describe_learning_rates", "describe_final_geometry",
            "describe_rate_resolution", "width_verdicts", "judged_rows", "WIDTH_CLAIMS", "trials", "describe_power", "describe_redundancy", "describe_bounds", "summarize", "styled", "runs_summary",
            "describe_trajectory", "describe_limiting_dimension", "describe_layers", "describe_budget",
            "describe_context", "describe_sample_choice", "paper_comparison", "verdict_table", "number"]
@@ -67,6 +67,12 @@ def by_regime(tables: dict[str, pd.DataFrame], column: str) -> dict:
                     for name, frame in tables.items()} for value in values}
 
 
+def sweep_records(provenance: dict) -> list[dict]:
+    """The per-sweep part of a width experiment's provenance: one record per regime of a family with sibling sweeps
+    (``provenance["sweeps"]``: Pythia's depths, ResNet's data sets), else the provenance itself (one sweep)."""
+    return provenance.get("sweeps") or [provenance]
+
+
 def rerun_box(chapter: str, module: str | None, profile: str, provenance: dict | None, *, first: str = "",
               example: str = "", seconds: float | None = None) -> str:
     """The "Rerun this chapter" box: the command, the wall time the shown results took, what must run first, and
@@ -90,7 +96,7 @@ def rerun_box(chapter: str, module: str | None, profile: str, provenance: dict |
                      + (f" on {provenance.get('device', 'this machine')}" if provenance else "")
                      + (f" ({workers} worker process(es) of {hardware.get('threads_per_process', 1)} thread(s))"
                         if workers else "") + ".")
-        runs = [sweep.get("runs", {}) for sweep in (provenance or {}).get("sweeps", [])]  # one per depth regime
+        runs = [sweep.get("runs", {}) for sweep in sweep_records(provenance or {})]
         loaded, measured = sum(r.get("training_loaded", 0) for r in runs), sum(r.get("count", 0) for r in runs)
         if loaded:
             lines.append(f"That run loaded {loaded} of its {measured} measured models from the checkpoints of an "
@@ -576,10 +582,11 @@ def summarize(results_dir: str | Path) -> str:
     lines = []
     for runs_csv in sorted(results_dir.glob("*_runs.csv")):
         family = runs_csv.name[: -len("_runs.csv")]
-        tables = {name: read_table(results_dir, f"{family}_{name}")[0] for name in ("runs", "lr", "trend", "misalignment")}
-        provenance = read_table(results_dir, f"{family}_runs")[1]
+        runs, provenance = read_table(results_dir, f"{family}_runs")
+        tables = {"runs": runs, **{name: read_table(results_dir, f"{family}_{name}")[0]
+                                   for name in ("lr", "trend", "misalignment")}}
         git = provenance.get("git", {})
-        device = provenance.get("device") or ", ".join(sorted({str(s.get("device")) for s in provenance.get("sweeps", [])}))
+        device = ", ".join(sorted({str(s.get("device")) for s in sweep_records(provenance)}))
         lines += [f"== {family} at profile {provenance.get('profile')}: {device}, "
                   f"{provenance.get('wall_time_s', 0) / 60:.1f} min, commit {str(git.get('commit'))[:10]}"
                   f"{' (dirty tree)' if git.get('dirty') else ''}"]

@@ -127,6 +127,8 @@ def test_rerun_box_says_when_the_shown_run_loaded_trained_models():
     assert "loaded 16 of its 16 measured models from the checkpoints of an earlier one" in box
     fresh = rerun_box("04_resnet_width", "resnet_width", "cpu", {**provenance, "sweeps": [{"runs": {"count": 16}}]})
     assert "loaded" not in fresh and "python -m dalign_core.experiments.resnet_width --profile cpu --force" in fresh
+    one_sweep = {"wall_time_s": 600.0, "device": "cpu", "runs": {"count": 24, "training_loaded": 6}}  # LLaMA's shape
+    assert "loaded 6 of its 24 measured models" in rerun_box("02_llama_width", "llama_width", "cpu", one_sweep)
 
 
 def test_summarize_reads_each_regime_of_a_family_apart():
