@@ -126,13 +126,19 @@ def _current(results: Path, name: str, provenance: dict) -> bool:
     return provenance.get("config_hash") == config.for_profile(results.name).config_hash()
 
 
-def _read(results: Path, name: str) -> pd.DataFrame | None:
-    """The table, or None when it does not exist or another config than the profile's wrote it (:func:`_stale`)."""
+def _load(results: Path, name: str) -> tuple[pd.DataFrame | None, dict]:
+    """The table and its provenance; (None, {}) when it does not exist or another config than the profile's wrote
+    it (:func:`_stale`)."""
     try:
         table, provenance = read_table(results, name)
     except FileNotFoundError:
-        return None
-    return table if _current(results, name, provenance) else None
+        return None, {}
+    return (table, provenance) if _current(results, name, provenance) else (None, {})
+
+
+def _read(results: Path, name: str) -> pd.DataFrame | None:
+    """The table alone (:func:`_load`)."""
+    return _load(results, name)[0]
 
 
 def _stale(results: Path, name: str) -> bool:
@@ -284,13 +290,12 @@ def _certificate_rows(results: Path) -> list[Row]:
 
 
 def _intervention_rows(results: Path) -> list[Row]:
-    table, chapter = _read(results, "interventions"), "05_interventions"
+    (table, provenance), chapter = _load(results, "interventions"), "05_interventions"
     claims = (("positive alignment predicts a decrease", "consistently (§3)"), ("retention at small steps", "96–99% (§3)"))
     if table is None or table.empty or "eval_observed" not in table:  # an older table: no change on fresh examples
         ours = STALE if table is not None or _stale(results, "interventions") else "—"
         return [Row(claim, name, paper, ours, NOT_RUN, chapter) for claim, paper in claims
                 for name in FAMILY_NAMES.values()]
-    _, provenance = read_table(results, "interventions")
     step = provenance["config"]["sign_step"]
     rows = []
     for family, (label, r) in intervention_report.sign_verdict(table, step).items():

@@ -22,7 +22,7 @@ from dalign_core.distributed import Job, context, remove_jobs, run_jobs
 from dalign_core.family import Family, SweepConfig
 from dalign_core.sweep import _train_config, prepare
 
-__all__ = ["TrainedModel", "chosen_runs", "trained_models", "jobs_folder", "run_model_jobs", "remove_model_jobs"]
+__all__ = ["TrainedModel", "in_regime", "chosen_runs", "checkpoints_present", "trained_models", "jobs_folder", "run_model_jobs", "remove_model_jobs"]
 
 
 @dataclass
@@ -39,12 +39,17 @@ class TrainedModel:
     job: Job
 
 
+def in_regime(runs: pd.DataFrame, columns: dict) -> pd.DataFrame:
+    """The rows of ``runs`` of one sweep: those whose regime ``columns`` (a depth, a data set) match."""
+    for column, value in columns.items():
+        runs = runs[runs[column] == value]
+    return runs
+
+
 def chosen_runs(runs: pd.DataFrame, columns: dict, per_width: int, failed_runs: bool = False) -> pd.DataFrame:
     """The first ``per_width`` seeds of every width in the regime ``columns`` (only trained ones unless
     ``failed_runs``), ordered by width and seed."""
-    mine = runs
-    for column, value in columns.items():
-        mine = mine[mine[column] == value]
+    mine = in_regime(runs, columns)
     if not failed_runs:
         mine = mine[mine.trained_ok.astype(bool)]
     return mine.sort_values(["width", "seed"]).groupby("width").head(per_width)
@@ -74,7 +79,7 @@ def trained_models(name: str, experiment_config: Any, sweeps: Callable[[Any], li
                         lr=float(run.lr), heldout_loss=float(run.heldout_loss))
             job_name = "_".join(str(v) for v in (name, *columns.values(), run.model, f"seed{run.seed}", sweep_hash))
             models.append(TrainedModel(name, sweep_config, family, splits, pools, base,
-                                       Job(job_name, cost=float(run.width), payload=name)))
+                                       Job(job_name, cost=float(run.width))))
     return models
 
 

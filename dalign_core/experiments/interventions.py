@@ -55,7 +55,8 @@ import torch
 from dalign_core._tensor import derived_seed, resolve_device
 from dalign_core.config import ExperimentConfig, default_results_dir
 from dalign_core.experiments import llama_width, pythia_width, resnet_width
-from dalign_core.experiments._models import TrainedModel, chosen_runs, remove_model_jobs, run_model_jobs, trained_models
+from dalign_core.experiments._models import (TrainedModel, chosen_runs, in_regime, remove_model_jobs, run_model_jobs,
+                                             trained_models)
 from dalign_core.experiments._runner import main, run_experiment
 from dalign_core.family import Family, SweepConfig, count, take
 from dalign_core.intervention import train_decrease_draws
@@ -236,8 +237,8 @@ def _left_out(config: Config, name: str, experiment_config, runs: pd.DataFrame) 
     source, left = SOURCES[name], []
     for sweep_config in source.sweeps(experiment_config):
         columns = source.family(sweep_config).columns(sweep_config)
-        mine = chosen_runs(runs, columns, len(runs), failed_runs=True)
         last = chosen_runs(runs, columns, config.runs_per_width).groupby("width").seed.max()
+        mine = in_regime(runs, columns).sort_values(["width", "seed"])
         failed = mine[~mine.trained_ok.astype(bool)]
         left += [dict(family=name, **columns, model=r.model, width=int(r.width), seed=int(r.seed),
                       left_out=f"failed run: {r.failure}")
