@@ -726,7 +726,7 @@ def dry_run(config: SweepConfig, family: Family, steps: int = 2) -> str:
                      f"{per_capture['primary']:.2f} s x {primary_only}) per run x {config.seeds} = {capture:.0f} s "
                      "capture")
         del model
-    lines.append(f"projected: {total:.0f} s ({total / 60:.1f} min) plus evaluation, resampling and start-up")
+    lines.append(f"projected: {_seconds(total)} s ({total / 60:.1f} min) plus evaluation, resampling and start-up")
     def shared(world: int) -> float:  # the plan's makespan: rates first, then seeds, longest job first
         return sum(max((a.end for a in distributed.plan(jobs, world)), default=0.0) for jobs in _job_grid(
             config, distributed.ranks_per_job(config.widths, world), training_seconds, measuring_seconds))
@@ -734,13 +734,19 @@ def dry_run(config: SweepConfig, family: Family, steps: int = 2) -> str:
     local = workers.count() if distributed.context().world_size == 1 else 1
     if local > 1:  # what a plain `python -m ...` on this machine does by default
         seconds = shared(local)
-        lines.append(f"on this machine's {local} one-thread workers (the default; DALIGN_WORKERS): {seconds:.0f} s "
-                     f"({seconds / 60:.1f} min), if nothing else runs")
+        lines.append(f"on this machine's {local} one-thread workers (the default; DALIGN_WORKERS): "
+                     f"{_seconds(seconds)} s ({seconds / 60:.1f} min), if nothing else runs")
     for world in sorted({8, distributed.context().world_size} - {1}):
         seconds = shared(world)
         lines.append(f"on {world} such devices sharing the jobs (torchrun --nproc_per_node={world}; the plan of "
-                     f"dalign_core.distributed, rates first, then seeds): {seconds:.0f} s ({seconds / 60:.1f} min)")
+                     f"dalign_core.distributed, rates first, then seeds): {_seconds(seconds)} s "
+                     f"({seconds / 60:.1f} min)")
     return "\n".join(lines)
+
+
+def _seconds(seconds: float) -> str:
+    """Seconds to at least 4 significant digits, and no exponent: a short toy run's projection stays readable."""
+    return f"{seconds:.0f}" if seconds >= 1000 else f"{seconds:.4g}"
 
 
 def _sync(device: torch.device) -> None:

@@ -218,7 +218,8 @@ def test_dry_run_projects_this_machines_workers(checkpoints, monkeypatch):
     text = sweep.dry_run(ToyConfig(), ToyFamily())
     serial = float(text.split("projected: ")[1].split(" s")[0])
     shared = float(text.split("one-thread workers (the default; DALIGN_WORKERS): ")[1].split(" s")[0])
-    assert serial / 2 - 1 <= shared < serial  # two workers share the jobs: at best half the time
+    # two workers share the jobs: at best half the time (the figures are printed to 4 significant digits)
+    assert serial / 2 * (1 - 1e-3) <= shared < serial
     monkeypatch.setattr(workers, "count", lambda: 1)
     assert "one-thread workers" not in sweep.dry_run(ToyConfig(), ToyFamily())
 
