@@ -63,8 +63,9 @@ RULES = {
         f"of that share above {COVERAGE:.0%}: reproduced; below: not reproduced; else inconclusive). B_exact ≤ "
         "B_align is an identity and is not tested",
     "certificates track the empirical rate":
-        f"rank correlation across models of B_exact with p̂ on fresh examples, median over budgets, "
-        f"≥ {TRACKING['reproduced']} (partly ≥ {TRACKING['partly']})",
+        f"rank correlation across models of B_exact with p̂ on fresh examples, median over the budgets whose median "
+        f"B_exact is below {UNINFORMATIVE}, ≥ {TRACKING['reproduced']} (partly ≥ {TRACKING['partly']}); "
+        "inconclusive when no budget's certificates are informative",
     "misalignment falls with M and K": "every model: the largest budget's interval of p̂ below the smallest's",
     "positive alignment predicts a decrease":
         f"judged on evaluation examples the step never saw, at the judged single step: "
@@ -267,14 +268,24 @@ def _certificate_rows(results: Path) -> list[Row]:
             # Within one budget, across models: does the certificate follow the differences between models? (Across
             # budgets both fall with M + K, which would make any certificate look as if it tracked.) p̂ comes from
             # fresh examples, so a shared estimation error cannot make the two agree.
-            per_budget = [g.b_exact.rank().corr(g.p_misalign.rank()) for _, g in fresh.groupby(["M", "K"]) if len(g) > 2]
+            # Only budgets whose median certificate is informative: ranking certificates of 0.5 or more against p̂
+            # would credit a bound that certifies nothing.
+            budgets = [g for _, g in fresh.groupby(["M", "K"]) if len(g) > 2]
+            informative = [g for g in budgets if g.b_exact.median() < UNINFORMATIVE]
+            per_budget = [g.b_exact.rank().corr(g.p_misalign.rank()) for g in informative]
             rho = float(np.nanmedian(per_budget)) if np.isfinite(per_budget).any() else math.nan
             tracks = ("not reproduced" if not rho >= TRACKING["partly"] else
                       "reproduced" if rho >= TRACKING["reproduced"] else "partly")
-            rows.append(Row("certificates track the empirical rate", scope, "track (§2)",
-                            f"rank correlation {rho:.2f} of B_exact with p̂ on fresh examples across models (median "
-                            "over budgets)" if np.isfinite(rho) else "—",
-                            tracks if np.isfinite(rho) else NOT_RUN, chapter))
+            if np.isfinite(rho):
+                ours = (f"rank correlation {rho:.2f} of B_exact with p̂ on fresh examples across models (median "
+                        f"over the {len(informative)} of {len(budgets)} budgets whose median B_exact is below "
+                        f"{UNINFORMATIVE})")
+            elif budgets and not informative:
+                ours, tracks = (f"median B_exact ≥ {UNINFORMATIVE} at every budget: the certificates certify "
+                                "nothing to track", "inconclusive")
+            else:
+                ours, tracks = "—", NOT_RUN
+            rows.append(Row("certificates track the empirical rate", scope, "track (§2)", ours, tracks, chapter))
             holds = total = 0
             for _, model in part.groupby(["model", "seed"]):
                 model = model.assign(size=model.M + model.K).sort_values("size")

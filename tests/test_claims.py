@@ -106,9 +106,17 @@ def test_certificate_claims_follow_their_rules(tmp_path):
     assert llama.loc["empirical ≤ B_exact ≤ B_align"].verdict == "inconclusive"
     # certificates of 0.5 or more certify nothing: counted apart, never as support
     _write(tmp_path, "llama_misalignment", _misalignment([1.7, 1.8, 2.0]))
-    row = claims.claims_table(tmp_path)[lambda t: t.scope == "LLaMA"].set_index("claim").loc[
-        "empirical ≤ B_exact ≤ B_align"]
+    llama = claims.claims_table(tmp_path)[lambda t: t.scope == "LLaMA"].set_index("claim")
+    row = llama.loc["empirical ≤ B_exact ≤ B_align"]
     assert row.verdict == "inconclusive" and "no informative cell" in row.ours
+    # ... nor do they track: certificates that all say "1" may rank like p̂, and still certify nothing
+    row = llama.loc["certificates track the empirical rate"]
+    assert row.verdict == "inconclusive" and "certify nothing" in row.ours
+    # a budget whose median certificate is uninformative is left out of the ranking; the other one still counts
+    _write(tmp_path, "llama_misalignment", _misalignment([0.9 - 0.01 * i for i in range(12)]))
+    row = claims.claims_table(tmp_path)[lambda t: t.scope == "LLaMA"].set_index("claim").loc[
+        "certificates track the empirical rate"]
+    assert row.verdict == "reproduced" and "the 1 of 2 budgets" in row.ours
     # without fresh examples (tables of an older design) the claim is not run, never judged in-sample
     _write(tmp_path, "llama_misalignment", _misalignment(MANY).query("setting == 'heldout/heldout'"))
     llama = claims.claims_table(tmp_path)[lambda t: t.scope == "LLaMA"].set_index("claim")
