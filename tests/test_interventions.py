@@ -334,3 +334,30 @@ def test_only_rank_0_removes_a_studys_kept_models(tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "0")
     _models.remove_model_jobs("interventions", config, tmp_path)
     assert not folder.exists() and not (tmp_path / "partial").exists()
+
+
+
+def test_the_sign_verdict_is_calibrated_at_the_committed_cpu_design():
+    """At the cpu design's cells (a family's draws share models, layers and E, so they are not independent: each
+    cell draws its own rate about the family's), when 98% of positive draws lower the loss on E "reproduced" comes
+    out most of the time; when 85% do (short of "consistently") or half do (no effect), at most 5% of the time."""
+    from dalign_core.config import REPO_ROOT
+
+    table, provenance = read_table(REPO_ROOT / "results" / "cpu", "interventions")
+    design = report.sign_design(table, provenance["config"]["sign_step"])
+    assert design.groupby("family").n.sum().min() >= 40, design.groupby("family").n.sum()
+    assert report.simulate_sign_verdict(design, 0.98).get("reproduced", 0) >= 0.8
+    for rate in (0.85, 0.5):
+        assert report.simulate_sign_verdict(design, rate).get("reproduced", 0) <= 0.05, rate
+    assert report.simulate_sign_verdict(design, 0.5).get("not reproduced", 0) >= 0.95
+    text = report.describe_sign_calibration(design)
+    assert "What the sign rule can detect" in text and "positive draws in" in text
+
+
+def test_the_sign_design_counts_the_draws_the_verdict_counts():
+    rows = _sign_rows([1.0, 2.0, -1.0, 3.0], [-1.0] * 4, eval_observed=[-1.0, 1.0, -1.0, 0.0],
+                      tie=[False, False, False, True])
+    design = report.sign_design(pd.concat([rows, rows.assign(layer="m2"), rows.assign(kind="block")]), 1e-3)
+    assert design.n.tolist() == [2, 2] and design.layer.tolist() == ["l", "m2"]
+    assert report.sign_design(rows.iloc[0:0], 1e-3).empty
+    assert "not simulated" in report.describe_sign_calibration(report.sign_design(rows.iloc[0:0], 1e-3))
