@@ -173,7 +173,7 @@ def test_lab_profile_reaches_the_command_line():
     _runner.main(llama_width.Config, lambda *a, **k: None, argv=["--profile", "lab", "--dry-run"],
                  dry_run=lambda config: seen.setdefault("config", config) and "dry")
     config = seen["config"]
-    assert config.profile == "lab" and config.seeds == 2 and config.widths == (32, 64, 128)
+    assert config.profile == "lab" and config.seeds == 2 and config.widths == (32, 64, 96)
 
 
 @pytest.mark.parametrize("name", ["llama_width", "pythia_width", "resnet_width"])

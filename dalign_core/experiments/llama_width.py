@@ -82,13 +82,14 @@ class Config(LMSweepConfig):
         # A classroom's run: the cpu design with 2 seeds of 3 widths and one rate per width (the one the cpu sweep
         # chose, 1e-2 x 32/N), no rate trials and lighter measurement. Its 600 steps are what a model needs to pass
         # the bigram baseline (4.36 nats): at 300 steps N = 32 stayed at 4.61 (context 128) and 4.78 (context 64).
-        # Measured (2026-12-01, one worker on a 2-core machine shared with a cpu sweep): 15 CPU-minutes, 28 min of
-        # wall time; about 8 min on 2 free cores with 2 workers. Every model beat its baseline (held-out 4.08 to
-        # 4.23); the slope intervals are wide (matched steps -0.10 [-0.52, +0.33], detects >= 0.58).
+        # Widths 32 / 64 / 96, 5 analysis checkpoints and a pool of 256 (widths to 128, 13 checkpoints and a pool of
+        # 512 took 8 min). Measured 2026-12-02 on 2 idle cores, `make notebooks ONLY=02_llama_width PROFILE=lab`:
+        # 5.8 min for the chapter (the sweep 325 s), every model past its baseline (held-out 4.11 to 4.23).
         "lab": dict(
-            widths=(32, 64, 128), seeds=2, lr_candidates=(1e-2,), lr_extend=0, lr_trial_fraction=1.0,
-            all_layer_steps=(0, 200, 600), pool_size=512, eval_examples=256, validation_examples=256,
-            budgets=((4, 4), (16, 16), (32, 32), (64, 64)), resamples=5_000, redundancy_examples=128,
+            widths=(32, 64, 96), seeds=2, lr_candidates=(1e-2,), lr_extend=0, lr_trial_fraction=1.0,
+            checkpoint_steps=(0, 100, 400, 500, 600), all_layer_steps=(0, 600), train_pool_steps=(0, 600),
+            pool_size=256, eval_examples=256, validation_examples=256,
+            budgets=((4, 4), (16, 16), (32, 32)), resamples=2_000, redundancy_examples=128,
             unit_contexts=(32, 128),
         ),
         "cpu": {},

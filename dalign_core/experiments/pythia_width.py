@@ -92,14 +92,17 @@ class Config(LMSweepConfig):
             eval_examples=32, validation_examples=32, capture_batch=32, budgets=((2, 2), (4, 4)), resamples=1_000,
             width_scale=8,
         ),
-        # A classroom's run: minutes on a 2-core laptop (not timed yet). The 6-layer regime alone (no deep one), 2 seeds
-        # of widths 64 / 96 / 128 (N = 32 barely passed the bigram model in the cpu sweep's 500 steps) at one rate per
-        # width (1e-2 x 64/N), no rate trials, lighter measurement: wide slope intervals, and the chapter states the
-        # slope it could detect.
+        # A classroom's run. The 6-layer regime alone (no deep one), 2 seeds of widths 48 / 64 / 96 (N = 32 barely
+        # passed the bigram model in the cpu sweep's 500 steps) for 400 steps at one rate per width (1e-2 x 48/N), no
+        # rate trials, 5 analysis checkpoints and a pool of 256: wide slope intervals, and the chapter states the
+        # slope it could detect. Widths to 128 for 500 steps took 12 min. Measured 2026-12-02 on 2 idle cores, `make
+        # notebooks ONLY=03_pythia_width PROFILE=lab`: 6.4 min for the chapter (the sweep 366 s), every model past
+        # its baseline (4.36), N = 48 only just (4.33-4.34).
         "lab": dict(
-            widths=(64, 96, 128), heads=(4, 4, 4), deep_depth=None, seeds=2, lr_candidates=(1e-2,), lr_extend=0,
-            lr_trial_fraction=1.0, all_layer_steps=(0, 340, 500), pool_size=512, eval_examples=256,
-            validation_examples=256, budgets=((4, 4), (16, 16), (32, 32), (64, 64)), resamples=5_000,
+            widths=(48, 64, 96), heads=(3, 4, 6), deep_depth=None, seeds=2, steps=400, warmup_steps=40,
+            lr_candidates=(1e-2,), lr_extend=0, lr_trial_fraction=1.0, checkpoint_steps=(0, 100, 270, 335, 400),
+            all_layer_steps=(0, 400), train_pool_steps=(0, 400), pool_size=256, eval_examples=256,
+            validation_examples=256, budgets=((4, 4), (16, 16), (32, 32)), resamples=2_000,
             redundancy_examples=128,
         ),
         "cpu": {},
