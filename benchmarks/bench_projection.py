@@ -35,8 +35,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 SWEEPS = {"llama_width": "llama", "pythia_width": "pythia", "resnet_width": "resnet"}
-SERIAL = re.compile(r"^projected: (\d+) s", re.M)
-WORKERS = re.compile(r"on this machine's (\d+) one-thread workers .*?: (\d+) s", re.M)
+SERIAL = re.compile(r"^projected: ([\d.]+) s", re.M)
+WORKERS = re.compile(r"on this machine's (\d+) one-thread workers .*?: ([\d.]+) s", re.M)
 
 
 def project(sweep: str, profile: str, timeout: int) -> dict:
@@ -48,8 +48,8 @@ def project(sweep: str, profile: str, timeout: int) -> dict:
     if done.returncode:
         record["error"] = (done.stderr.strip().splitlines() or [""])[-1][:300]
         return record
-    serial = [int(x) for x in SERIAL.findall(done.stdout)]
-    shared = [(int(n), int(s)) for n, s in WORKERS.findall(done.stdout)]
+    serial = [float(x) for x in SERIAL.findall(done.stdout)]
+    shared = [(int(n), float(s)) for n, s in WORKERS.findall(done.stdout)]
     record.update(projected_serial_s=sum(serial), regimes=len(serial),
                   workers=shared[0][0] if shared else 1,
                   projected_workers_s=sum(s for _, s in shared) if shared else sum(serial))
