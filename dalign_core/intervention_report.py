@@ -47,7 +47,8 @@ from dalign_core.report import _num
 __all__ = ["PAPER_RETENTION", "Z_BINS", "SIGN_BANDS", "FIRST_ORDER_TOLERANCE", "FAILS", "single_steps",
            "conditional_decrease", "agreement", "sign_agreement", "retention_curve", "retention_verdict",
            "sign_verdict", "sign_design", "simulate_sign_verdict", "describe_sign_calibration", "block_explained",
-           "theory_vs_observation", "describe_retention", "describe_sign", "describe_steps", "describe_lowest_bin", "describe_positive_share", "FAMILY_NAMES"]
+           "theory_vs_observation", "describe_retention", "describe_sign", "describe_steps", "describe_lowest_bin",
+           "describe_positive_share", "FAMILY_NAMES"]
 
 PAPER_RETENTION = (0.96, 0.99)
 CLOSE_TO_ONE = 0.04
@@ -216,12 +217,16 @@ def _sign_label(share: float, lo: float, hi: float) -> str:
             "partly" if share >= SIGN_BANDS["partly"] else "not reproduced")
 
 
+def _judged_steps(table: pd.DataFrame, step: float, kind: str) -> pd.DataFrame:
+    """The rows a sign verdict reads: the single steps at ``step`` of the insertion ``kind``."""
+    rows = single_steps(table, step)
+    return rows[rows.kind == kind] if len(rows) else rows
+
+
 def sign_verdict(table: pd.DataFrame, step: float, kind: str = "bias", on: str = "eval") -> dict[str, tuple[str, dict]]:
     """Family → (verdict, facts) at the single step ``step``, judged on E (``on="eval"``) by default: the facts are
     a :func:`conditional_decrease` row (``p_pos`` is P(ΔL < 0 | μ_Mᵀg_K > 0)); see the module docstring."""
-    rows = single_steps(table, step)
-    rows = rows[rows.kind == kind] if len(rows) else rows
-    cond = conditional_decrease(rows, by=("family",), on=on)
+    cond = conditional_decrease(_judged_steps(table, step, kind), by=("family",), on=on)
     return {r["family"]: (_sign_label(r["p_pos"], r["p_pos_lo"], r["p_pos_hi"]), r)
             for r in cond.to_dict("records")}
 
@@ -229,8 +234,7 @@ def sign_verdict(table: pd.DataFrame, step: float, kind: str = "bias", on: str =
 def sign_design(table: pd.DataFrame, step: float, kind: str = "bias") -> pd.DataFrame:
     """The sign verdict's design: per family and (model, layer, setting, M, K) cell, ``n`` the draws at the single
     step ``step`` with positive alignment whose change on E is measured (the draws the verdict counts)."""
-    rows = single_steps(table, step)
-    kept, _, _ = _changes(rows[rows.kind == kind] if len(rows) else rows, "eval")
+    kept, _, _ = _changes(_judged_steps(table, step, kind), "eval")
     positive = kept[kept.alignment > 0] if len(kept) else kept
     cells = [c for c in _DRAW if c != "kind"]
     return positive.groupby(cells).size().rename("n").reset_index() if len(positive) else pd.DataFrame(

@@ -22,7 +22,8 @@ from dalign_core.distributed import Job, context, remove_jobs, run_jobs
 from dalign_core.family import Family, SweepConfig
 from dalign_core.sweep import _train_config, prepare
 
-__all__ = ["TrainedModel", "in_regime", "chosen_runs", "checkpoints_present", "trained_models", "jobs_folder", "run_model_jobs", "remove_model_jobs"]
+__all__ = ["TrainedModel", "in_regime", "chosen_runs", "checkpoints_present", "trained_models", "jobs_folder",
+           "run_model_jobs", "remove_model_jobs"]
 
 
 @dataclass
