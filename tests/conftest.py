@@ -24,10 +24,25 @@ SHARED_FILES = {"test_browser.py": "test_notebooks.py"}
 """Test files that run on the worker of another file under pytest-xdist: the browser test builds the book from
 the chapters that test_notebooks.py executed into the session's ``smoke_chapters`` folder."""
 
+OWN_SCOPE = ("tests/test_notebooks.py::test_notebook_runs_at_smoke_profile[07_your_model]",)
+"""Tests that xdist may run on another worker than the rest of their file: chapter 7 reads no other chapter's
+results, so it runs beside the chapters that share theirs (the browser test waits for it in ``smoke_chapters``)."""
+
+
+def _scheduling_rank(item) -> int:
+    """Collection order: the chapters first (the longest scope), the tests of :data:`OWN_SCOPE` next, the browser
+    test last (it builds the book from the chapters); the rest keep their order between."""
+    if item.path.name == "test_browser.py":
+        return 3
+    if item.nodeid in OWN_SCOPE:
+        return 1
+    return 0 if item.path.name == "test_notebooks.py" else 2
+
 
 def pytest_collection_modifyitems(config, items):
-    """Run tests/test_browser.py last, so it can build the book from the notebooks test_notebooks.py executed."""
-    items.sort(key=lambda item: item.path.name == "test_browser.py")  # stable: the rest keep their order
+    """The chapters first and the browser test last (see :func:`_scheduling_rank`); xdist hands out scopes in this
+    order, so the worker that takes the chapters starts on them at once and another takes chapter 7."""
+    items.sort(key=_scheduling_rank)  # stable: the rest keep their order
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -35,14 +50,20 @@ def pytest_xdist_make_scheduler(config, log):
     """``make test`` (``-n auto --dist loadfile``): one file per worker at a time, the browser test with the chapters.
 
     Each file runs on one worker, so its module-scoped fixtures are built once; :data:`SHARED_FILES` joins a
-    file to another's worker. Other ``--dist`` modes keep pytest-xdist's own scheduler.
+    file to another's worker and :data:`OWN_SCOPE` takes single tests out of theirs. Scopes are handed out in
+    collection order (:func:`pytest_collection_modifyitems`), not largest first. Other ``--dist`` modes keep
+    pytest-xdist's own scheduler.
     """
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
 
+    config.option.loadscopereorder = False
+
     class SharedFileScheduling(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
+            if nodeid in OWN_SCOPE:
+                return nodeid
             scope = super()._split_scope(nodeid)
             head, _, name = scope.rpartition("/")
             return f"{head}/{SHARED_FILES[name]}" if name in SHARED_FILES else scope
@@ -52,12 +73,17 @@ def pytest_xdist_make_scheduler(config, log):
 
 @pytest.fixture(scope="session")
 def smoke_chapters(tmp_path_factory) -> Path:
-    """A folder of notebooks executed at the smoke profile, shared by the session.
+    """A folder of notebooks executed at the smoke profile, shared by the session's xdist workers.
 
-    tests/test_notebooks.py puts each notebook here once it ran cleanly; tests/test_browser.py
-    builds the book from them (and executes whatever is missing itself).
+    tests/test_notebooks.py puts each notebook here once it ran cleanly, holding the lock of
+    :func:`tests.test_notebooks.chapter_lock` while it executes it; tests/test_browser.py builds the book from them
+    (waiting on a chapter another worker is executing, and executing whatever is missing itself).
+    Under xdist every worker's base folder (``popen-gw<i>``) sits in the session's, where this one is.
     """
-    return tmp_path_factory.mktemp("smoke_chapters")
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "smoke_chapters"
+    folder.mkdir(exist_ok=True)
+    return folder
 
 
 @pytest.fixture(scope="session")

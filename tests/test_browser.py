@@ -57,7 +57,7 @@ import pytest
 import yaml
 
 from dalign_core.config import REPO_ROOT
-from tests.test_notebooks import _toc_files
+from tests.test_notebooks import _toc_files, chapter_lock
 
 BOOK = REPO_ROOT / "book"
 SCREENSHOTS = BOOK / "_build" / "screenshots"
@@ -105,7 +105,8 @@ from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 
 def _execute_chapters(chapters: Path, reuse: Path, results: Path) -> tuple[int, int]:
-    """Executed smoke copies of every notebook into ``chapters``: from ``reuse`` where there, else run now.
+    """Executed smoke copies of every notebook into ``chapters``: from ``reuse`` where there (after waiting for a
+    chapter that a worker of tests/test_notebooks.py is executing), else executed now.
 
     Returns (how many were reused, how many executed here).
     """
@@ -117,32 +118,31 @@ def _execute_chapters(chapters: Path, reuse: Path, results: Path) -> tuple[int, 
     runner = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(runner)
     chapters.mkdir(parents=True, exist_ok=True)
-    todo = []
-    for path in runner.find_notebooks():
-        if (reuse / path.name).exists():
-            shutil.copy2(reuse / path.name, chapters / path.name)
-        else:
-            todo.append(path)
-    reused = len(runner.find_notebooks()) - len(todo)
-    if not todo:
-        return reused, 0
     saved = {name: os.environ.get(name) for name in ("DALIGN_RESULTS", "MPLBACKEND")}
     os.environ.update(DALIGN_RESULTS=str(results), MPLBACKEND=INLINE_BACKEND)
+    reused = executed = 0
     try:
-        kernel = runner.kernel_name()
-        for path in todo:
-            try:
-                runner.execute(path, "smoke", chapters, kernel, force=False, cell_timeout_s=CELL_TIMEOUT_S)
-            except PapermillExecutionError as error:
-                pytest.fail(f"cannot build the book: {path.name} fails at the smoke profile in cell "
-                            f"{error.exec_count}: {error.ename}: {error.evalue}", pytrace=False)
+        for path in runner.find_notebooks():
+            # Held by a worker of tests/test_notebooks.py while it executes the chapter: wait for it.
+            with chapter_lock(reuse, path.stem):
+                if (reuse / path.name).exists():
+                    shutil.copy2(reuse / path.name, chapters / path.name)
+                    reused += 1
+                    continue
+                try:
+                    runner.execute(path, "smoke", chapters, runner.kernel_name(), force=False,
+                                   cell_timeout_s=CELL_TIMEOUT_S)
+                except PapermillExecutionError as error:
+                    pytest.fail(f"cannot build the book: {path.name} fails at the smoke profile in cell "
+                                f"{error.exec_count}: {error.ename}: {error.evalue}", pytrace=False)
+                executed += 1
     finally:
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-    return reused, len(todo)
+    return reused, executed
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from dalign_core.config import PROFILES, REPO_ROOT
+from tests.conftest import OWN_SCOPE
 
 
 def _load_runner():
@@ -39,6 +40,22 @@ INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 @pytest.fixture(scope="module")
 def kernel() -> str:
     return runner.kernel_name()
+
+
+def chapter_lock(smoke_chapters: Path, stem: str):
+    """The lock a worker holds while it executes chapter ``stem`` into ``smoke_chapters`` (a ``filelock.FileLock``):
+    tests/test_browser.py takes it before it reads the chapter, so it waits for a chapter another worker executes."""
+    from filelock import FileLock
+
+    return FileLock(str(smoke_chapters / f"{stem}.lock"))
+
+
+@pytest.fixture(scope="module")
+def chapter_results(tmp_path_factory) -> Path:
+    """One ``DALIGN_RESULTS`` folder for the chapters this module executes in order, as ``make book`` shares
+    ``results/<profile>``: chapters 5 and 8 find the width sweeps of chapters 2 to 4 there instead of running
+    them again, and chapter 6 judges what they all wrote. (A chapter run alone still runs what it lacks.)"""
+    return tmp_path_factory.mktemp("chapter_results")
 
 
 def _files_under(folder) -> dict[str, int]:
@@ -126,18 +143,31 @@ def test_force_reaches_the_notebook_and_the_book_shows_one_parameters_cell(tmp_p
 
 @pytest.mark.slow  # executes a chapter
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
-def test_notebook_runs_at_smoke_profile(path, tmp_path, results_root, monkeypatch, kernel, smoke_chapters):
+def test_notebook_runs_at_smoke_profile(path, tmp_path, results_root, chapter_results, monkeypatch, kernel,
+                                        smoke_chapters, request):
     from papermill.exceptions import PapermillExecutionError
 
     # As in `make notebooks`: the inline backend, so plotting cells run exactly as they do for the book.
     monkeypatch.setenv("MPLBACKEND", INLINE_BACKEND)
+    # The chapters share one results folder, as in `make book`; one that xdist may run on another worker
+    # (conftest.OWN_SCOPE) keeps its own.
+    if request.node.nodeid not in OWN_SCOPE:
+        monkeypatch.setenv("DALIGN_RESULTS", str(chapter_results))
     repo_smoke = REPO_ROOT / "results" / "smoke"
     before = _files_under(repo_smoke)
-    try:
-        out = runner.execute(path, "smoke", tmp_path, kernel, force=False, cell_timeout_s=CELL_TIMEOUT_S)
-    except PapermillExecutionError as error:
-        pytest.fail(f"{path.name} failed in cell {error.exec_count}: {error.ename}: {error.evalue}", pytrace=False)
+    with chapter_lock(smoke_chapters, path.stem):
+        try:
+            out = runner.execute(path, "smoke", tmp_path, kernel, force=False, cell_timeout_s=CELL_TIMEOUT_S)
+        except PapermillExecutionError as error:
+            pytest.fail(f"{path.name} failed in cell {error.exec_count}: {error.ename}: {error.evalue}",
+                        pytrace=False)
+        _check_executed(path, out, repo_smoke, before)
+        # tests/test_browser.py builds the book from these instead of executing every notebook again.
+        shutil.copy2(out, smoke_chapters / out.name)
 
+
+def _check_executed(path: Path, out: Path, repo_smoke: Path, before: dict[str, int]) -> None:
+    """The executed chapter ``out`` has no error output and wrote nothing into the repository's results."""
     executed = nbformat.read(out, as_version=4)
     errors = [
         (index, output.get("ename"), output.get("evalue"))
@@ -154,8 +184,6 @@ def test_notebook_runs_at_smoke_profile(path, tmp_path, results_root, monkeypatc
     assert not failed, f"{path.name}: cells {failed} raised"
     # Smoke results went to the temporary DALIGN_RESULTS folder, not into the repository.
     assert _files_under(repo_smoke) == before, f"{path.name} wrote into {repo_smoke}; it should honour DALIGN_RESULTS"
-    # tests/test_browser.py builds the book from these instead of executing every notebook again.
-    shutil.copy2(out, smoke_chapters / out.name)
 
 
 # ---------------------------------------------------------------------------

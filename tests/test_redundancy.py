@@ -16,7 +16,8 @@ from dalign_core.hooks import CaptureError
 from dalign_core.models.llama import build_llama
 from dalign_core.models.pythia import build_pythia, pythia_width_variant
 from dalign_core.models.resnet import resnet20
-from dalign_core.redundancy import REDUNDANT, Redundancy, candidate_parameters, redundancy, redundancy_rows
+from dalign_core.redundancy import (MICRO_BATCH, REDUNDANT, Redundancy, _collect, candidate_parameters, redundancy,
+                                   redundancy_rows)
 
 pytest.importorskip("transformers")
 
@@ -121,9 +122,33 @@ def test_bad_input_gives_clear_errors(pythia, resnet):
         redundancy(pythia, "gpt_neox.layers.0", batches, fit_fraction=1.0)
     with pytest.raises(CaptureError, match="reduction"):
         redundancy(pythia, "gpt_neox.layers.0", batches, reduction="mean")
+    for bad in (0, 2.5, True):
+        with pytest.raises(CaptureError, match="micro_batch must be a positive int or None"):
+            redundancy(pythia, "gpt_neox.layers.0", batches, micro_batch=bad)
     resnet.train()
     try:
         with pytest.raises(CaptureError, match="model.eval"):
             redundancy(resnet, "layer2.2", _image_batches(8))
     finally:
         resnet.eval()
+
+
+@pytest.mark.parametrize("model, layer, batches", [
+    ("llama", "model.layers.0", _token_batches(40, batch=16)),
+    ("resnet", "layer2.2", _image_batches(40, batch=32)),
+], ids=["llama", "resnet"])
+def test_micro_batches_give_the_whole_batchs_gradients(model, layer, batches, request):
+    """Slicing a batch into forward passes of MICRO_BATCH rows (the cost of each per-example backward pass falls
+    with the rows of its graph) changes no q and no parameter gradient beyond rounding, nor which examples count:
+    ``examples`` stops inside a micro-batch and a batch's last, shorter one is taken."""
+    model = request.getfixturevalue(model)
+    names = candidate_parameters(model, layer)
+    whole = _collect(model, [layer], names, batches, ("shared", "full"), "auto", None, 37, micro_batch=None)
+    for micro_batch in (MICRO_BATCH, 3):
+        sliced = _collect(model, [layer], names, batches, ("shared", "full"), "auto", None, 37, micro_batch=micro_batch)
+        for reference, rows in zip(whole[:2], sliced[:2]):
+            assert reference.keys() == rows.keys()
+            for key in reference:
+                assert rows[key].shape == reference[key].shape and rows[key].shape[0] == 37
+                relative = float((rows[key] - reference[key]).norm() / reference[key].norm())
+                assert relative <= 1e-6, (micro_batch, key, relative)  # float32 rounding
