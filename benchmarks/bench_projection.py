@@ -2,13 +2,15 @@
 
 For each width sweep (LLaMA, Pythia, ResNet-20) this runs ``python -m
 dalign_core.experiments.<sweep> --profile <profile> --dry-run`` in a fresh process (it
-builds the data and every model, times a few training steps and one capture batch, and
-projects the whole sweep on this machine's one-thread workers), and reads the committed
+builds the data and every model, times a few training steps, one capture batch, one
+evaluation batch and the redundancy check, and projects the whole sweep on this machine's
+one-thread workers), and reads the committed
 tables' provenance (``results/<profile>/<family>_runs.json``: ``wall_time_s``, the
 workers and the commit) for the time the sweep actually took. Printed and saved per sweep:
 the projection on one process, on this machine's workers, and ``measured / projected``
 (above 1: the run took longer than projected, e.g. on a machine shared with other work).
-The projection counts training and capture only (not evaluation, resampling and start-up).
+The projection counts training, capture, evaluation and the redundancy check (not resampling,
+the sample-unit study and start-up).
 
 Usage::
 

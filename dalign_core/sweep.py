@@ -659,7 +659,8 @@ def run_sweeps(configs: list[SweepConfig], family: Family, out_dir: str | Path |
 
 
 def dry_run(config: SweepConfig, family: Family, steps: int = 2) -> str:
-    """Build the data and every model, time ``steps`` training steps and one capture batch, and project the full run.
+    """Build the data and every model, time ``steps`` training steps, one capture batch, one evaluation batch and the
+    redundancy check on one batch, and project the full run.
 
     Each model first takes ``steps`` warm-up steps; on a GPU at least 20 steps are timed.
 
@@ -671,7 +672,7 @@ def dry_run(config: SweepConfig, family: Family, steps: int = 2) -> str:
     # (seen on an H200: 472 ms/step timed over 2 steps where whole runs went more than twice as fast).
     steps = steps if device.type == "cpu" else max(steps, 20)
     splits, facts, pools = prepare(config, family)
-    heldout = take(splits.test, pools.heldout)
+    heldout, evaluation = take(splits.test, pools.heldout), take(splits.test, pools.evaluation)
     short = config.trial_steps < config.steps
     rates = len(config.lr_candidates)
     # full-run equivalents: the trials at their fraction of the steps, the seeds (the first reuses its trial when
@@ -716,17 +717,38 @@ def dry_run(config: SweepConfig, family: Family, steps: int = 2) -> str:
                                 check_determinism=False)
             _sync(device)
             per_capture[which] = (time.perf_counter() - start) * config.pool_size / config.capture_batch
+        # the rest of a measured run: the held-out evaluation at every checkpoint, the capture of the evaluation
+        # set for the certificates' out-of-sample check, and the redundancy check's per-example gradients
+        probe_examples = take(evaluation, torch.arange(min(config.capture_batch, count(evaluation))))
+        family.evaluate(model, probe_examples, config)  # warm-up
+        _sync(device)
+        start = time.perf_counter()
+        family.evaluate(model, probe_examples, config)
+        _sync(device)
+        per_evaluation = (time.perf_counter() - start) * config.eval_examples / count(probe_examples)
+        per_redundancy = 0.0
+        if config.redundancy_examples:
+            probe = min(config.redundancy_examples, config.capture_batch, count(heldout))
+            start = time.perf_counter()
+            redundancy_rows(model, [family.primary_layer(config)],
+                            family.batches(take(heldout, torch.arange(probe)), config.capture_batch),
+                            reductions=family.reductions, device=device, seed=config.seed)
+            _sync(device)
+            per_redundancy = (time.perf_counter() - start) * config.redundancy_examples / probe
         training = per_step * config.steps * (train_runs + (short and width == max(config.widths)))
-        per_run = per_capture["every"] * every_layer + per_capture["primary"] * primary_only
-        capture = per_run * config.seeds
-        total += training + capture
+        per_run = (per_capture["every"] * every_layer + per_capture["primary"] * primary_only
+                   + per_evaluation * len(config.checkpoint_steps)
+                   + per_capture["primary"] * config.eval_examples / config.pool_size + per_redundancy)
+        measuring = per_run * config.seeds
+        total += training + measuring
         training_seconds[width], measuring_seconds[width] = per_step * config.steps, per_run
         lines.append(f"  N={width}: {per_step * 1e3:.1f} ms/step x {config.steps} steps x {train_runs:.3g} = "
                      f"{training:.0f} s training; ({per_capture['every']:.2f} s x {every_layer} + "
-                     f"{per_capture['primary']:.2f} s x {primary_only}) per run x {config.seeds} = {capture:.0f} s "
-                     "capture")
+                     f"{per_capture['primary']:.2f} s x {primary_only} capture, {per_evaluation:.2f} s x "
+                     f"{len(config.checkpoint_steps)} evaluation, {per_redundancy:.2f} s redundancy) per run x "
+                     f"{config.seeds} = {measuring:.0f} s measuring")
         del model
-    lines.append(f"projected: {_seconds(total)} s ({total / 60:.1f} min) plus evaluation, resampling and start-up")
+    lines.append(f"projected: {_seconds(total)} s ({total / 60:.1f} min) plus resampling and start-up")
     def shared(world: int) -> float:  # the plan's makespan: rates first, then seeds, longest job first
         return sum(max((a.end for a in distributed.plan(jobs, world)), default=0.0) for jobs in _job_grid(
             config, distributed.ranks_per_job(config.widths, world), training_seconds, measuring_seconds))

@@ -34,3 +34,12 @@ def test_bench_projection_reads_the_dry_run_and_the_committed_provenance(tmp_pat
     record = json.loads((tmp_path / "bench_projection.json").read_text())["records"][0]
     assert record["returncode"] == 0 and record["projected_serial_s"] >= record["projected_workers_s"] > 0
     assert "llama_width: projected" in done.stdout
+
+
+def test_bench_redundancy_times_whole_batches_against_micro_batches(tmp_path):
+    done = _bench("bench_redundancy.py", "--profile", "smoke", "--widths", "16", "--examples", "8", tmp_path=tmp_path)
+    row = pd.read_csv(tmp_path / "bench_redundancy.csv").iloc[0]
+    assert row.width == 16 and row.examples == 8 and row.speedup > 0
+    assert row.max_relative_difference <= 1e-6  # the same rows, to rounding
+    assert f"({row.speedup:.1f}x)" in done.stdout
+    assert json.loads((tmp_path / "bench_redundancy.json").read_text())["records"][0]["micro_batch"] == row.micro_batch

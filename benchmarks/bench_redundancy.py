@@ -1,0 +1,124 @@
+"""The redundancy check's per-example gradients: whole capture batches against micro-batches (``make bench``).
+
+:mod:`dalign_core.redundancy` needs each example's gradient of the candidate parameters, so it
+runs one backward pass per example. A backward pass costs as much as the forward graph it
+runs through, so from a forward pass of the whole capture batch (64 sequences in the LLaMA
+sweep) every example pays for 64; from forward passes of ``MICRO_BATCH`` rows it pays for
+those. This times ``redundancy._collect`` both ways at the primary insertion point of a
+LLaMA built at the sweep profile's shapes (random weights and token ids: the arithmetic does
+not depend on training), and checks that the rows agree:
+
+* ``whole_s_per_example`` and ``micro_s_per_example``: seconds per example;
+* ``speedup``: whole / micro;
+* ``max_relative_difference``: the largest relative Frobenius difference between the two
+  ways' q rows and gradient rows (0 where they are bit for bit the same).
+
+Timing: the two ways alternate over ``--repeats`` rounds after a warm-up round, and the best
+round is kept; torch runs on ``--threads`` threads (default 1, what each worker of a CPU sweep uses).
+
+Usage::
+
+    python benchmarks/bench_redundancy.py                     # the cpu profile's widths, results/bench
+    python benchmarks/bench_redundancy.py --widths 64 --examples 16 --repeats 1
+
+Writes ``DIR/bench_redundancy.csv`` and ``DIR/bench_redundancy.json`` atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+
+def time_width(config, width: int, examples: int, repeats: int, seed: int) -> dict:
+    """One width: seconds per example of ``_collect`` from whole batches and from micro-batches, and their agreement."""
+    import torch
+
+    from dalign_core.experiments.llama_width import FAMILY
+    from dalign_core.models.llama import LlamaWidthSpec, build_llama
+    from dalign_core.redundancy import MICRO_BATCH, _collect, candidate_parameters
+
+    spec = LlamaWidthSpec(width=width, depth=config.depth, head_dim=config.head_dim, vocab_size=config.vocab_size,
+                          context=config.context)
+    model = build_llama(spec, seed=seed).eval()
+    layer = FAMILY.primary_layer(config)
+    names = candidate_parameters(model, layer)
+    ids = torch.randint(config.vocab_size, (examples, config.context), generator=torch.Generator().manual_seed(seed))
+    batches = [{"input_ids": ids[i:i + config.capture_batch]} for i in range(0, examples, config.capture_batch)]
+
+    def collect(micro_batch):
+        start = time.perf_counter()
+        qs, gs, _ = _collect(model, [layer], names, batches, tuple(FAMILY.reductions), "auto", None, None,
+                             micro_batch=micro_batch)
+        return time.perf_counter() - start, {**{f"q {k}": v for k, v in qs.items()}, **gs}
+
+    collect(MICRO_BATCH)  # warm-up
+    best = {None: float("inf"), MICRO_BATCH: float("inf")}
+    rows = {}
+    for _ in range(repeats):
+        for micro_batch in best:
+            seconds, rows[micro_batch] = collect(micro_batch)
+            best[micro_batch] = min(best[micro_batch], seconds)
+    difference = max(float((rows[MICRO_BATCH][k] - rows[None][k]).norm() / rows[None][k].norm().clamp_min(1e-300))
+                     for k in rows[None])
+    return dict(width=width, examples=examples, capture_batch=config.capture_batch, micro_batch=MICRO_BATCH,
+                layer=layer, candidates=len(names), whole_s_per_example=best[None] / examples,
+                micro_s_per_example=best[MICRO_BATCH] / examples, speedup=best[None] / best[MICRO_BATCH],
+                max_relative_difference=difference)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("BENCH_OUT") or REPO / "results" / "bench"),
+                        help="output folder (default: $BENCH_OUT, else results/bench)")
+    parser.add_argument("--profile", default="cpu", help="the LLaMA sweep's profile whose shapes are timed (default cpu)")
+    parser.add_argument("--widths", type=int, nargs="+", help="widths to time (default: the profile's)")
+    parser.add_argument("--examples", type=int, default=64, help="examples per timed pass (default 64)")
+    parser.add_argument("--repeats", type=int, default=1, help="timed rounds after the warm-up (the best is kept)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: a sweep worker's)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.examples < 4 or args.repeats < 1 or args.threads < 1:
+        parser.error("--examples must be at least 4, --repeats and --threads at least 1")
+
+    import pandas as pd
+    import torch
+
+    from dalign_core.atomic import atomic_write_text
+    from dalign_core.experiments import llama_width
+
+    torch.set_num_threads(args.threads)
+    config = llama_width.Config.for_profile(args.profile)
+    started = time.perf_counter()
+    records = []
+    for width in args.widths or list(config.widths):
+        record = time_width(config, width, args.examples, args.repeats, args.seed)
+        records.append(record)
+        print(f"  N={width:5d}: whole batches of {record['capture_batch']} {record['whole_s_per_example'] * 1e3:7.1f} "
+              f"ms/example, micro-batches of {record['micro_batch']} {record['micro_s_per_example'] * 1e3:6.1f} "
+              f"ms/example ({record['speedup']:.1f}x); rows differ by {record['max_relative_difference']:.1e} "
+              "(relative)", flush=True)
+    print(f"\nredundancy at LLaMA {args.profile} shapes, {args.examples} examples, {args.threads} thread(s), "
+          f"best of {args.repeats} round(s)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(args.out / "bench_redundancy.csv", pd.DataFrame(records).to_csv(index=False))
+    meta = {"benchmark": "bench_redundancy", "profile": args.profile, "threads": args.threads,
+            "examples": args.examples, "repeats": args.repeats, "platform": platform.platform(),
+            "torch": torch.__version__, "records": records, "total_wall_s": round(time.perf_counter() - started, 1),
+            "loadavg_end": os.getloadavg(), "written_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    atomic_write_text(args.out / "bench_redundancy.json", json.dumps(meta, indent=2) + "\n")
+    print(f"wrote {args.out / 'bench_redundancy.csv'} and bench_redundancy.json")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
