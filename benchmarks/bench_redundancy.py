@@ -26,10 +26,6 @@ Writes ``DIR/bench_redundancy.csv`` and ``DIR/bench_redundancy.json`` atomically
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -77,23 +73,16 @@ def time_width(config, width: int, examples: int, repeats: int, seed: int) -> di
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=Path(os.environ.get("BENCH_OUT") or REPO / "results" / "bench"),
-                        help="output folder (default: $BENCH_OUT, else results/bench)")
-    parser.add_argument("--profile", default="cpu", help="the LLaMA sweep's profile whose shapes are timed (default cpu)")
-    parser.add_argument("--widths", type=int, nargs="+", help="widths to time (default: the profile's)")
+    from _llama_bench import parser as bench_parser, save
+
+    parser = bench_parser(__doc__.split("\n\n")[0], repeats=1)
     parser.add_argument("--examples", type=int, default=64, help="examples per timed pass (default 64)")
-    parser.add_argument("--repeats", type=int, default=1, help="timed rounds after the warm-up (the best is kept)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: a sweep worker's)")
-    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.examples < 4 or args.repeats < 1 or args.threads < 1:
         parser.error("--examples must be at least 4, --repeats and --threads at least 1")
 
-    import pandas as pd
     import torch
 
-    from dalign_core.atomic import atomic_write_text
     from dalign_core.experiments import llama_width
 
     torch.set_num_threads(args.threads)
@@ -109,14 +98,8 @@ def main(argv=None) -> int:
               "(relative)", flush=True)
     print(f"\nredundancy at LLaMA {args.profile} shapes, {args.examples} examples, {args.threads} thread(s), "
           f"best of {args.repeats} round(s)")
-    args.out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.out / "bench_redundancy.csv", pd.DataFrame(records).to_csv(index=False))
-    meta = {"benchmark": "bench_redundancy", "profile": args.profile, "threads": args.threads,
-            "examples": args.examples, "repeats": args.repeats, "platform": platform.platform(),
-            "torch": torch.__version__, "records": records, "total_wall_s": round(time.perf_counter() - started, 1),
-            "loadavg_end": os.getloadavg(), "written_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    atomic_write_text(args.out / "bench_redundancy.json", json.dumps(meta, indent=2) + "\n")
-    print(f"wrote {args.out / 'bench_redundancy.csv'} and bench_redundancy.json")
+    save(args.out, "bench_redundancy", records, started, profile=args.profile, threads=args.threads,
+         examples=args.examples, repeats=args.repeats)
     return 0
 
 

@@ -31,11 +31,7 @@ Writes ``DIR/bench_training.csv`` and ``DIR/bench_training.json`` atomically.
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -158,23 +154,16 @@ def time_width(config, width: int, steps: int, repeats: int, seed: int) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=Path(os.environ.get("BENCH_OUT") or REPO / "results" / "bench"),
-                        help="output folder (default: $BENCH_OUT, else results/bench)")
-    parser.add_argument("--profile", default="cpu", help="the LLaMA sweep's profile whose shapes are timed (default cpu)")
-    parser.add_argument("--widths", type=int, nargs="+", help="widths to time (default: the profile's)")
+    from _llama_bench import parser as bench_parser, save
+
+    parser = bench_parser(__doc__.split("\n\n")[0], repeats=2)
     parser.add_argument("--steps", type=int, default=10, help="optimizer steps per timed loop (default 10)")
-    parser.add_argument("--repeats", type=int, default=2, help="timed rounds after the warm-up (the best is kept)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: a sweep worker's)")
-    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.steps < 1 or args.repeats < 1 or args.threads < 1:
         parser.error("--steps, --repeats and --threads must be at least 1")
 
-    import pandas as pd
     import torch
 
-    from dalign_core.atomic import atomic_write_text
     from dalign_core.experiments import llama_width
 
     torch.set_num_threads(args.threads)
@@ -191,15 +180,8 @@ def main(argv=None) -> int:
               f"limit at these shapes ({record['achieved_over_limit']:.0%})", flush=True)
     print(f"\nLLaMA {args.profile} shapes (depth {config.depth}, head dim {config.head_dim}, context {config.context}, "
           f"batch {config.batch_size}), {args.threads} thread(s), best of {args.repeats} rounds")
-    args.out.mkdir(parents=True, exist_ok=True)
-    frame = pd.DataFrame(records)
-    atomic_write_text(args.out / "bench_training.csv", frame.to_csv(index=False))
-    meta = {"benchmark": "bench_training", "profile": args.profile, "threads": args.threads, "steps": args.steps,
-            "repeats": args.repeats, "platform": platform.platform(), "torch": torch.__version__,
-            "records": records, "total_wall_s": round(time.perf_counter() - started, 1),
-            "loadavg_end": os.getloadavg(), "written_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    atomic_write_text(args.out / "bench_training.json", json.dumps(meta, indent=2) + "\n")
-    print(f"wrote {args.out / 'bench_training.csv'} and bench_training.json")
+    save(args.out, "bench_training", records, started, profile=args.profile, threads=args.threads, steps=args.steps,
+         repeats=args.repeats)
     return 0
 
 
