@@ -489,15 +489,26 @@ def _device_of(model: nn.Module) -> torch.device:
 def _to(value: Any, device: torch.device, float_dtype: torch.dtype | None = None) -> Any:
     """``value`` (a tensor, or tensors nested in mappings and sequences) on ``device``; with ``float_dtype``,
     floating tensors also take that dtype (token ids and labels keep theirs)."""
+    return _map_tensors(value, lambda tensor: tensor.to(device, float_dtype)
+                        if float_dtype is not None and tensor.is_floating_point() else tensor.to(device))
+
+
+def _map_tensors(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    """``fn`` applied to every tensor of ``value`` (a tensor, or tensors nested in mappings, which become dicts,
+    and in tuples and lists); everything else is passed as it is."""
     if isinstance(value, torch.Tensor):
-        if float_dtype is not None and value.is_floating_point():
-            return value.to(device, float_dtype)
-        return value.to(device)
+        return fn(value)
     if isinstance(value, Mapping):
-        return {k: _to(v, device, float_dtype) for k, v in value.items()}
+        return {k: _map_tensors(v, fn) for k, v in value.items()}
     if isinstance(value, (tuple, list)):
-        return type(value)(_to(v, device, float_dtype) for v in value)
+        return type(value)(_map_tensors(v, fn) for v in value)
     return value
+
+
+def _batch_rows(value: Any, batch: int, index: Any) -> Any:
+    """Rows ``index`` (a slice or an index tensor) of the tensors in ``value`` whose leading dimension is the
+    batch's ``batch`` examples; other tensors and values are passed as they are."""
+    return _map_tensors(value, lambda tensor: tensor[index] if tensor.ndim and tensor.shape[0] == batch else tensor)
 
 
 def _check_options(reduction: Any, task: Any, loss_fn: Any) -> None:
@@ -580,14 +591,7 @@ def _take_first(value: Any, batch: int) -> Any:
 
     The same batch size keeps the kernels' arithmetic (a batch of one can take other code paths, whose rounding
     flips a ReLU at an exact zero and moves q by percents); the other examples change, so batch statistics do."""
-    if isinstance(value, torch.Tensor):
-        return value[torch.zeros(batch, dtype=torch.long, device=value.device)] \
-            if value.ndim and value.shape[0] == batch else value
-    if isinstance(value, Mapping):
-        return {k: _take_first(v, batch) for k, v in value.items()}
-    if isinstance(value, (tuple, list)):
-        return type(value)(_take_first(v, batch) for v in value)
-    return value
+    return _batch_rows(value, batch, [0] * batch)
 
 
 def _in_place_error(names: Sequence[str]) -> CaptureError:

@@ -51,6 +51,7 @@ from dalign_core.hooks import (
     REDUCTIONS,
     CaptureError,
     LossFn,
+    _batch_rows,
     _call,
     _check_batch,
     _check_batches,
@@ -184,18 +185,6 @@ def _check_parameters(model: nn.Module, names: Any) -> list[str]:
 # Per-example gradients
 
 
-def _rows(value: Any, batch: int, start: int, stop: int) -> Any:
-    """Rows ``start:stop`` of a batch of ``batch`` examples: tensors with that leading dimension (also inside
-    mappings and sequences) are sliced; everything else is passed as it is."""
-    if isinstance(value, torch.Tensor):
-        return value[start:stop] if value.ndim and value.shape[0] == batch else value
-    if isinstance(value, dict):
-        return {k: _rows(v, batch, start, stop) for k, v in value.items()}
-    if isinstance(value, (tuple, list)):
-        return type(value)(_rows(v, batch, start, stop) for v in value)
-    return value
-
-
 def _collect(model, layers: list[str], names: list[str], batches, reductions, task, loss_fn, examples,
              micro_batch: int | None = None):
     """q rows per (layer, reduction) and gradient rows per name: one forward per micro-batch, one backward per example.
@@ -225,10 +214,9 @@ def _collect(model, layers: list[str], names: list[str], batches, reductions, ta
         for start in range(0, size, step):
             if examples is not None and seen >= examples:
                 break
-            stop = min(start + step, size)
-            part = (inputs, targets) if (start, stop) == (0, size) else \
-                (_rows(inputs, size, start, stop), _rows(targets, size, start, stop))
-            seen += _per_example(model, modules, params, names, *part, reductions, task, loss_fn,
+            rows = slice(start, start + step)
+            seen += _per_example(model, modules, params, names, _batch_rows(inputs, size, rows),
+                                 _batch_rows(targets, size, rows), reductions, task, loss_fn,
                                  None if examples is None else examples - seen, qs, gs)
     if seen < 4:
         raise CaptureError(f"the batches hold {seen} example(s); the held-out fit needs at least 4")

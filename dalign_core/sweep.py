@@ -403,6 +403,14 @@ def trend_table(config: SweepConfig, geometry: pd.DataFrame, misalignment: pd.Da
     return table
 
 
+def _redundancy(config, family, model, heldout, examples: int, device, seed: int) -> list[dict]:
+    """The redundancy check's rows (:func:`~dalign_core.redundancy.redundancy_rows`) at the primary layer, on the
+    first ``examples`` of the held-out pool ``heldout``, with the model in eval mode."""
+    batches = family.batches(take(heldout, torch.arange(min(examples, count(heldout)))), config.capture_batch)
+    return redundancy_rows(model.eval(), [family.primary_layer(config)], batches, reductions=family.reductions,
+                           device=device, seed=seed)
+
+
 def _measured_run(config, family, splits, pools, width, seed, lr, baseline, device, group=None) -> dict | None:
     """Train (or load) one (width, seed) run at rate ``lr`` and measure it: its rows for every table.
 
@@ -432,11 +440,7 @@ def _measured_run(config, family, splits, pools, width, seed, lr, baseline, devi
     heldout = take(splits.test, pools.heldout)
     redundancy = [] if not config.redundancy_examples else [
         {**{k: run[k] for k in ("family", "model", "width", "seed")}, **row, "trained_ok": trained_ok}
-        for row in redundancy_rows(model.eval(), [family.primary_layer(config)],
-                                   family.batches(take(heldout, torch.arange(min(config.redundancy_examples,
-                                                                                 count(heldout)))),
-                                                  config.capture_batch),
-                                   reductions=family.reductions, device=device, seed=seed)]
+        for row in _redundancy(config, family, model, heldout, config.redundancy_examples, device, seed)]
     rows = {"geometry": geometry_rows, "redundancy": redundancy,
             "misalignment": _misalignment(config, final, run, family.primary_layer(config), family.reductions[0]),
             **family.extra_rows(config, model, heldout, run)}
@@ -730,9 +734,7 @@ def dry_run(config: SweepConfig, family: Family, steps: int = 2) -> str:
         if config.redundancy_examples:
             probe = min(config.redundancy_examples, config.capture_batch, count(heldout))
             start = time.perf_counter()
-            redundancy_rows(model, [family.primary_layer(config)],
-                            family.batches(take(heldout, torch.arange(probe)), config.capture_batch),
-                            reductions=family.reductions, device=device, seed=config.seed)
+            _redundancy(config, family, model, heldout, probe, device, config.seed)
             _sync(device)
             per_redundancy = (time.perf_counter() - start) * config.redundancy_examples / probe
         training = per_step * config.steps * (train_runs + (short and width == max(config.widths)))
