@@ -73,7 +73,7 @@ def time_width(config, width: int, examples: int, repeats: int, seed: int) -> di
 
 
 def main(argv=None) -> int:
-    from _llama_bench import parser as bench_parser, save
+    from _bench import parser as bench_parser, save
 
     parser = bench_parser(__doc__.split("\n\n")[0], repeats=1)
     parser.add_argument("--examples", type=int, default=64, help="examples per timed pass (default 64)")

@@ -154,7 +154,7 @@ def time_width(config, width: int, steps: int, repeats: int, seed: int) -> dict:
 
 
 def main(argv=None) -> int:
-    from _llama_bench import parser as bench_parser, save
+    from _bench import parser as bench_parser, save
 
     parser = bench_parser(__doc__.split("\n\n")[0], repeats=2)
     parser.add_argument("--steps", type=int, default=10, help="optimizer steps per timed loop (default 10)")

@@ -43,3 +43,12 @@ def test_bench_redundancy_times_whole_batches_against_micro_batches(tmp_path):
     assert row.max_relative_difference <= 1e-6  # the same rows, to rounding
     assert f"({row.speedup:.1f}x)" in done.stdout
     assert json.loads((tmp_path / "bench_redundancy.json").read_text())["records"][0]["micro_batch"] == row.micro_batch
+
+
+def test_bench_resnet_memory_times_both_memory_orders_of_one_model(tmp_path):
+    done = _bench("bench_resnet_memory.py", "--profile", "smoke", "--widths", "4", "--steps", "1", "--repeats", "1",
+                  tmp_path=tmp_path)
+    row = pd.read_csv(tmp_path / "bench_resnet_memory.csv").iloc[0]
+    assert row.width == 4 and row.train_ratio > 0 and row.capture_ratio > 0
+    assert 0 < row.q_relative_difference < 1e-4 and 0 < row.q_error_nchw < 1e-4 and 0 < row.q_error_nhwc < 1e-4
+    assert f"({row.train_ratio:.2f}x)" in done.stdout

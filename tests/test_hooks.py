@@ -42,9 +42,9 @@ def tiny_neox(seed: int = 0):
     return transformers.GPTNeoXForCausalLM(config).eval()
 
 
-def tiny_resnet(seed: int = 0):
+def tiny_resnet(seed: int = 0, channels_last: bool = False):
     torch.manual_seed(seed)
-    model = resnet20(width=1, num_classes=10)
+    model = resnet20(width=1, num_classes=10, channels_last=channels_last)
     # Non-trivial running statistics, as after training.
     for module in model.modules():
         if isinstance(module, nn.BatchNorm2d):
@@ -144,9 +144,11 @@ def test_lm_capture_matches_per_example_autograd(factory, layer, reduction):
     assert_unchanged(model, before)
 
 
+@pytest.mark.parametrize("channels_last", [False, True])
 @pytest.mark.parametrize("reduction", ["shared", "full"])
-def test_resnet_capture_matches_per_example_autograd(reduction):
-    model = tiny_resnet()
+def test_resnet_capture_matches_per_example_autograd(reduction, channels_last):
+    """Also in NHWC memory order, whose gradients are strided differently: q is in logical (C, H, W) order."""
+    model = tiny_resnet(channels_last=channels_last)
     before = snapshot(model)
     generator = torch.Generator().manual_seed(2)
     images = torch.randn(4, 3, 16, 16, generator=generator)

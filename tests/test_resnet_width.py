@@ -1,6 +1,8 @@
 """The ResNet-20 family: SGD recipe, bitwise resume with augmentation, the accuracy floor, and a smoke sweep."""
 
+import copy
 import math
+from dataclasses import replace
 
 import pandas as pd
 import pytest
@@ -9,7 +11,7 @@ import torch
 from dalign_core.experiments import resnet_width
 from dalign_core.family import Splits
 from dalign_core.models.resnet import resnet20
-from dalign_core.training import TrainConfig, list_checkpoints, train
+from dalign_core.training import TrainConfig, list_checkpoints, load_weights, train
 
 
 def _images(n=48, classes=4, seed=0):
@@ -54,7 +56,8 @@ def test_fractional_width_multiplier_builds_the_stated_channels():
         resnet20(0.3)
 
 
-def test_resume_with_augmentation_is_bitwise_identical(tmp_path):
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_resume_with_augmentation_is_bitwise_identical(tmp_path, channels_last):
     family = resnet_width.ResNetFamily(augment=True)
     data = _images()
 
@@ -64,7 +67,7 @@ def test_resume_with_augmentation_is_bitwise_identical(tmp_path):
                            checkpoint_dir=str(tmp_path / folder), progress=False)
 
     torch.manual_seed(1)
-    full = resnet20(0.25, num_classes=4)
+    full = resnet20(0.25, num_classes=4, channels_last=channels_last)
     train(full, data, config("full"), loss_fn=family.train_loss)
 
     calls = {"n": 0}
@@ -77,12 +80,49 @@ def test_resume_with_augmentation_is_bitwise_identical(tmp_path):
 
     torch.manual_seed(1)
     with pytest.raises(_Interrupt):
-        train(resnet20(0.25, num_classes=4), data, config("part"), loss_fn=dies_at_step_5)
+        train(resnet20(0.25, num_classes=4, channels_last=channels_last), data, config("part"),
+              loss_fn=dies_at_step_5)
     assert list(list_checkpoints(tmp_path / "part", resumable=True)) == [3]
     torch.manual_seed(99)  # the resumed run restores the generator state of step 3, whatever it is now
-    fresh = resnet20(0.25, num_classes=4)
+    fresh = resnet20(0.25, num_classes=4, channels_last=channels_last)
     result = train(fresh, data, config("part"), loss_fn=family.train_loss)
     assert result.resumed_from == 3 and _same(fresh, full)
+
+
+def test_channels_last_is_the_same_model_in_another_memory_order(tmp_path):
+    """NHWC weights and activations: the same state dict, the same outputs and gradients to float precision, and
+    checkpoints that load into either order; the sweep keys its checkpoints by the order (the weights it trains
+    differ at float precision)."""
+    torch.manual_seed(3)
+    nchw = resnet20(0.5, num_classes=4)
+    torch.manual_seed(3)
+    nhwc = resnet20(0.5, num_classes=4, channels_last=True)
+    assert nhwc.conv1.weight.is_contiguous(memory_format=torch.channels_last)
+    assert not nhwc.conv1.weight.is_contiguous()
+    assert _same(nchw, nhwc)  # the same draws, stored in another order
+    images, labels = _images(n=8)
+    # In float64, where the kernels' summation order cannot hide a wrong stride: a training-mode float32 backward
+    # through BatchNorm over 8 images amplifies rounding to 1e-2 relative in the first stages, in either order.
+    inputs = images.double() / 255
+    pair = [copy.deepcopy(m).double() for m in (nchw, nhwc)]
+    assert pair[1].layer2[0].conv1.weight.is_contiguous(memory_format=torch.channels_last)
+    losses = [torch.nn.functional.cross_entropy(m(inputs), labels) for m in pair]
+    torch.testing.assert_close(losses[0], losses[1], rtol=1e-12, atol=0)
+    for loss in losses:
+        loss.backward()
+    for (name, a), b in zip(pair[0].named_parameters(), pair[1].parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-9, atol=1e-12, msg=name)
+
+    config = TrainConfig(steps=1, batch_size=8, lr=0.05, optimizer="sgd", grad_clip=None, checkpoint_steps=(1,),
+                         checkpoint_dir=str(tmp_path / "nhwc"), progress=False)
+    train(nhwc, (images, labels), config, loss_fn=resnet_width.FAMILY.train_loss)
+    back = load_weights(resnet20(0.5, num_classes=4), list_checkpoints(tmp_path / "nhwc")[1])
+    assert _same(back, nhwc) and back.conv1.weight.is_contiguous()
+
+    from dalign_core.sweep import checkpoint_root
+    config = resnet_width.Config.for_profile("smoke")
+    roots = {checkpoint_root(replace(config, channels_last=flag), resnet_width.FAMILY) for flag in (False, True)}
+    assert len(roots) == 2
 
 
 def test_augment_crops_and_flips_within_the_padding():

@@ -81,6 +81,10 @@ class Config(SweepConfig):
     """The rate is divided by 10 at these fractions of training (epochs 100 and 150 of 200)."""
     augment: bool = False
     """Random crop (padding 4) and horizontal flip of every training image."""
+    channels_last: bool = True
+    """Convolutions in NHWC memory order (:mod:`dalign_core.models.resnet`): a training step takes 0.77-0.83 of
+    its NCHW time on this machine's CPU (``benchmarks/bench_resnet_memory.py``). The kernels sum in another order, so the trained weights differ at float
+    precision; the checkpoints are keyed by it."""
     checkpoint_steps: tuple[int, ...] = (0, 50, 150, 340, 360, 380, 400, 420, 440, 460, 480, 500)
     all_layer_steps: tuple[int, ...] | None = (0, 150, 340, 500)
     train_pool_steps: tuple[int, ...] | None = (0, 500)
@@ -157,7 +161,7 @@ class ResNetFamily(Family):
     reductions = ("full", "shared")
     """The shared q at a block output lies almost wholly in the span of the next block's BatchNorm biases'
     gradients (:mod:`dalign_core.redundancy`): width claims are judged on the per-position q."""
-    training_fields = ("dataset", "validation_images", "momentum", "milestones", "augment")
+    training_fields = ("dataset", "validation_images", "momentum", "milestones", "augment", "channels_last")
 
     def load_data(self, config: Config) -> Splits:
         data = load_images(config.dataset, root=config.data_root)
@@ -179,7 +183,7 @@ class ResNetFamily(Family):
     def build(self, config: Config, width: int, seed: int, splits: Splits):
         torch.manual_seed(seed)
         return resnet20(width / STAGE_WIDTH, num_classes=splits.summary["num_classes"],
-                        normalize=(splits.summary["mean"], splits.summary["std"]))
+                        normalize=(splits.summary["mean"], splits.summary["std"]), channels_last=config.channels_last)
 
     def insertion_points(self, config: Config, model) -> list[str]:
         return residual_block_names(model)

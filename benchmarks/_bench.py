@@ -1,4 +1,4 @@
-"""What the benchmarks at the LLaMA sweep's shapes share: their command line and how they save what they measured."""
+"""What the benchmarks at a sweep's shapes share: their command line and how they save what they measured."""
 
 from __future__ import annotations
 
@@ -12,12 +12,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def parser(description: str, repeats: int) -> argparse.ArgumentParser:
-    """--out, --profile, --widths, --repeats (default ``repeats``), --threads and --seed; a benchmark adds its own."""
+def parser(description: str, repeats: int, sweep: str = "LLaMA") -> argparse.ArgumentParser:
+    """--out, --profile (of the ``sweep``), --widths, --repeats (default ``repeats``), --threads and --seed; a
+    benchmark adds its own."""
     made = argparse.ArgumentParser(description=description)
     made.add_argument("--out", type=Path, default=Path(os.environ.get("BENCH_OUT") or REPO / "results" / "bench"),
                       help="output folder (default: $BENCH_OUT, else results/bench)")
-    made.add_argument("--profile", default="cpu", help="the LLaMA sweep's profile whose shapes are timed (default cpu)")
+    made.add_argument("--profile", default="cpu",
+                      help=f"the {sweep} sweep's profile whose shapes are timed (default cpu)")
     made.add_argument("--widths", type=int, nargs="+", help="widths to time (default: the profile's)")
     made.add_argument("--repeats", type=int, default=repeats,
                       help=f"timed rounds after the warm-up (the best is kept; default {repeats})")
