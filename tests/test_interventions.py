@@ -189,6 +189,35 @@ def test_a_changed_sweep_makes_the_table_stale(toy_source, monkeypatch):
     assert interventions._sweeps_changed(config, toy_source)
 
 
+def test_models_of_unchanged_sweeps_are_taken_from_the_table(toy_source, monkeypatch):
+    """A study recomputed because some family's sweep changed takes the rows of the families whose sweep did not
+    change from its table, exactly (the table written again is the same); ``force`` recomputes every model, and a
+    family whose sweep hash differs is recomputed."""
+    import json
+
+    monkeypatch.setenv("DALIGN_WORKERS", "1")  # the models computed in this process, where they are counted
+    config = _config()
+    first, _ = read_table(interventions.run(config, out_dir=toy_source), "interventions")
+    csv_before = (toy_source / "interventions.csv").read_bytes()
+    computed, real = [], interventions.model_rows
+    monkeypatch.setattr(interventions, "model_rows", lambda *a, **k: computed.append(a[-1]["model"]) or real(*a, **k))
+    monkeypatch.setattr(interventions, "_sweeps_changed", lambda *a: True)  # as if another family's sweep changed
+
+    interventions.run(config, out_dir=toy_source)
+    assert computed == [] and (toy_source / "interventions.csv").read_bytes() == csv_before
+    provenance = json.loads((toy_source / "interventions.json").read_text())
+    ran = [m for m in provenance["families"]["toy"]["models"] if "left_out" not in m]
+    assert ran and all(m["reused_from"]["written_utc"] for m in ran)
+
+    provenance["families"]["toy"]["sweep_config_hash"] = "another sweep"
+    (toy_source / "interventions.json").write_text(json.dumps(provenance))
+    interventions.run(config, out_dir=toy_source)
+    assert len(computed) == len(ran)
+    forced, _ = read_table(interventions.run(config, out_dir=toy_source, force=True), "interventions")
+    assert len(computed) == 2 * len(ran)
+    pd.testing.assert_frame_equal(first, forced)
+
+
 def test_failed_runs_are_left_out_and_recorded(tmp_path, monkeypatch):
     monkeypatch.setenv("DALIGN_CHECKPOINTS", str(tmp_path / "checkpoints"))
     source = interventions.Source(lambda profile: replace(ToyConfig(), beatable=False, widths=(8,), seeds=1),

@@ -7,10 +7,18 @@ on the machine's workers and keeps each finished model's rows in
 ``<out>/partial/<experiment>-<config hash>/`` until the experiment's tables are written, so
 an interrupted study resumes where it stopped (a job's name carries its sweep's config hash:
 a job of a changed sweep is never reused).
+
+A model's rows depend only on the study's config, its sweep's config and the model, so
+when one family's sweep changes, :func:`earlier_results` takes the other families' rows
+and facts from the study's existing table and provenance instead of computing them again
+(each such model's facts say ``reused_from``: when and at which commit its rows were
+computed). A study's ``force`` recomputes every model.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -23,7 +31,9 @@ from dalign_core.family import Family, SweepConfig
 from dalign_core.sweep import _train_config, prepare
 
 __all__ = ["TrainedModel", "in_regime", "chosen_runs", "checkpoints_present", "trained_models", "jobs_folder",
-           "run_model_jobs", "remove_model_jobs"]
+           "earlier_results", "run_model_jobs", "remove_model_jobs"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -38,6 +48,8 @@ class TrainedModel:
     base: dict
     """The study's leading columns: family, the regime columns, model, width, seed, lr, heldout_loss."""
     job: Job
+    sweep_hash: str = ""
+    """The config hash of the family's sweep experiment (what a study's provenance records per family)."""
 
 
 def in_regime(runs: pd.DataFrame, columns: dict) -> pd.DataFrame:
@@ -80,7 +92,7 @@ def trained_models(name: str, experiment_config: Any, sweeps: Callable[[Any], li
                         lr=float(run.lr), heldout_loss=float(run.heldout_loss))
             job_name = "_".join(str(v) for v in (name, *columns.values(), run.model, f"seed{run.seed}", sweep_hash))
             models.append(TrainedModel(name, sweep_config, family, splits, pools, base,
-                                       Job(job_name, cost=float(run.width))))
+                                       Job(job_name, cost=float(run.width)), experiment_config.config_hash()))
     return models
 
 
@@ -89,17 +101,68 @@ def jobs_folder(experiment: str, config: ExperimentConfig, out_dir: str | Path) 
     return Path(out_dir) / "partial" / f"{experiment}-{config.config_hash()}"
 
 
+def earlier_results(experiment: str, table: str, config: ExperimentConfig, out_dir: str | Path,
+                    models: list[TrainedModel]) -> dict[str, dict]:
+    """Job name → ``{"rows": …, "facts": …}`` of each model whose rows the study's existing table already holds.
+
+    A model qualifies when the table (``<out>/<table>.csv`` with ``<out>/<experiment>.json``) was computed with
+    this study config (same config hash) and the model's family with this sweep config (same
+    ``sweep_config_hash``), and the table and provenance hold its rows and its facts. pandas reads floats back
+    exactly, so the table written again is the same (a test checks it byte for byte).
+    """
+    out_dir = Path(out_dir)
+    csv, provenance_path = out_dir / f"{table}.csv", out_dir / f"{experiment}.json"
+    if not (csv.is_file() and provenance_path.is_file()):
+        return {}
+    provenance = json.loads(provenance_path.read_text())
+    if provenance.get("config_hash") != config.config_hash():
+        return {}
+    families = provenance.get("families", {})
+    candidates = [m for m in models if m.sweep_hash and families.get(m.family_name, {}).get("sweep_config_hash")
+                  == m.sweep_hash]
+    if not candidates:
+        return {}
+    earlier = pd.read_csv(csv)
+    found = {}
+    for m in candidates:
+        identity = {key: m.base[key] for key in ("family", *m.family.columns(m.sweep_config), "model", "seed")}
+        rows = earlier
+        for key, value in identity.items():
+            rows = rows[rows[key] == value] if key in rows else rows.iloc[0:0]
+        facts = [f for f in families[m.family_name].get("models", [])
+                 if "left_out" not in f and all(f.get(key) == value for key, value in identity.items())]
+        if len(rows) and len(facts) == 1:
+            reused_from = facts[0].get("reused_from") or {"commit": provenance.get("git", {}).get("commit"),
+                                                          "written_utc": provenance.get("written_utc")}
+            found[m.job.name] = {"rows": [{key: _plain(value) for key, value in row.items()}
+                                          for row in rows.to_dict("records")],
+                                 "facts": {**facts[0], "reused_from": reused_from}}
+    return found
+
+
+def _plain(value: Any) -> Any:
+    """A table cell as the JSON value a job would have kept (numpy scalars to Python)."""
+    return value.item() if hasattr(value, "item") else value
+
+
 def run_model_jobs(experiment: str, config: ExperimentConfig, out_dir: str | Path, models: list[TrainedModel],
-                   work: Callable[[TrainedModel], dict]) -> dict[str, dict]:
+                   work: Callable[[TrainedModel], dict], earlier: dict[str, dict] | None = None) -> dict[str, dict]:
     """``work(model)`` for every model (a JSON-able dict), on the machine's workers, each kept as it finishes;
-    job name → result. Models already finished in the jobs folder are reused, not recomputed.
+    job name → result. Models already finished in the jobs folder are reused, not recomputed, and so are those
+    in ``earlier`` (:func:`earlier_results`).
 
     A study runs on rank 0 alone under torchrun (:mod:`dalign_core.experiments._runner`), so its jobs are local."""
     by_name = {model.job.name: model for model in models}
     if len(by_name) != len(models):
         raise RuntimeError("two models of a study share a job name")
-    return run_jobs(jobs_folder(experiment, config, out_dir), [m.job for m in models],
-                    lambda job, _group: work(by_name[job.name]), local=True)
+    earlier = {name: result for name, result in (earlier or {}).items() if name in by_name}
+    if earlier:
+        log.info("%s: %d of %d models' rows taken from the existing table (their sweeps are unchanged)",
+                 experiment, len(earlier), len(models))
+    todo = [m.job for m in models if m.job.name not in earlier]
+    computed = run_jobs(jobs_folder(experiment, config, out_dir), todo,
+                        lambda job, _group: work(by_name[job.name]), local=True) if todo else {}
+    return {**earlier, **computed}
 
 
 def remove_model_jobs(experiment: str, config: ExperimentConfig, out_dir: str | Path) -> None:

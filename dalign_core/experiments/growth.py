@@ -43,8 +43,8 @@ import torch
 from dalign_core import growth
 from dalign_core._tensor import derived_seed, resolve_device
 from dalign_core.config import ExperimentConfig, default_results_dir
-from dalign_core.experiments._models import (TrainedModel, checkpoints_present, remove_model_jobs, run_model_jobs,
-                                             trained_models)
+from dalign_core.experiments._models import (TrainedModel, checkpoints_present, earlier_results, remove_model_jobs,
+                                             run_model_jobs, trained_models)
 from dalign_core.experiments._runner import main, run_experiment
 from dalign_core.experiments.interventions import SOURCES
 from dalign_core.family import Family, SweepConfig, count, take
@@ -192,7 +192,10 @@ def sweep_status(config: Config, name: str, out_dir: Path) -> tuple[Any, str]:
     return experiment_config, ""
 
 
-def compute(config: Config, out_dir: Path) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
+def compute(config: Config, out_dir: Path,
+            reuse: bool = True) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
+    """The study's tables and provenance; ``reuse``: take the rows of models whose sweep is unchanged from the
+    existing table (:func:`~dalign_core.experiments._models.earlier_results`)."""
     torch.use_deterministic_algorithms(True, warn_only=True)
     device = resolve_device(config.device)
     out_dir = Path(out_dir)
@@ -226,7 +229,8 @@ def compute(config: Config, out_dir: Path) -> tuple[dict[str, pd.DataFrame], dic
         log.info("growth: %s done in %.0f s", m.job.name, seconds)
         return {"rows": rows, "facts": {**m.base, **facts, "sweep_lr": m.base["lr"], "seconds": seconds}}
 
-    results = run_model_jobs("growth", config, out_dir, models, work) if models else {}
+    earlier = earlier_results("growth", "growth", config, out_dir, models) if reuse else {}
+    results = run_model_jobs("growth", config, out_dir, models, work, earlier) if models else {}
     rows = []
     for m in models:
         rows += results[m.job.name]["rows"]
@@ -245,8 +249,8 @@ def compute(config: Config, out_dir: Path) -> tuple[dict[str, pd.DataFrame], dic
 def run(config: Config, out_dir: str | Path | None = None, force: bool = False) -> Path:
     """Grow every family's trained models at every insertion point (skipped when current, unless ``force``)."""
     out_dir = Path(out_dir) if out_dir is not None else default_results_dir(config.profile)
-    written = run_experiment("growth", TABLES, config, compute, out_dir=out_dir,
-                             force=force or _sweeps_changed(config, out_dir))
+    written = run_experiment("growth", TABLES, config, lambda c, out: compute(c, out, reuse=not force),
+                             out_dir=out_dir, force=force or _sweeps_changed(config, out_dir))
     remove_model_jobs("growth", config, out_dir)  # the table holds every model's rows now
     return written
 

@@ -55,8 +55,8 @@ import torch
 from dalign_core._tensor import derived_seed, resolve_device
 from dalign_core.config import ExperimentConfig, default_results_dir
 from dalign_core.experiments import llama_width, pythia_width, resnet_width
-from dalign_core.experiments._models import (TrainedModel, chosen_runs, in_regime, remove_model_jobs, run_model_jobs,
-                                             trained_models)
+from dalign_core.experiments._models import (TrainedModel, chosen_runs, earlier_results, in_regime, remove_model_jobs,
+                                             run_model_jobs, trained_models)
 from dalign_core.experiments._runner import main, run_experiment
 from dalign_core.family import Family, SweepConfig, count, take
 from dalign_core.intervention import train_decrease_draws
@@ -270,7 +270,10 @@ def _models(config: Config, out_dir: Path) -> tuple[list[TrainedModel], dict]:
     return models, provenance
 
 
-def compute(config: Config, out_dir: Path) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
+def compute(config: Config, out_dir: Path,
+            reuse: bool = True) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
+    """The study's tables and provenance; ``reuse``: take the rows of models whose sweep is unchanged from the
+    existing table (:func:`~dalign_core.experiments._models.earlier_results`)."""
     torch.use_deterministic_algorithms(True, warn_only=True)
     device = resolve_device(config.device)
     out_dir = Path(out_dir)
@@ -288,7 +291,8 @@ def compute(config: Config, out_dir: Path) -> tuple[dict[str, pd.DataFrame], dic
         log.info("interventions: %s done in %.0f s", m.job.name, seconds)
         return {"rows": rows, "facts": {**m.base, "seconds": seconds}}
 
-    results = run_model_jobs("interventions", config, out_dir, models, work)
+    earlier = earlier_results("interventions", "interventions", config, out_dir, models) if reuse else {}
+    results = run_model_jobs("interventions", config, out_dir, models, work, earlier)
     rows = []
     for m in models:  # in the order of the families, regimes, widths and seeds, whatever order the workers took
         rows += results[m.job.name]["rows"]
@@ -306,7 +310,8 @@ def run(config: Config, out_dir: str | Path | None = None, force: bool = False) 
     for name in config.families:
         source = SOURCES[name]
         source.run(source.config(config.profile), out_dir=out_dir)  # skipped when its tables are current
-    written = run_experiment("interventions", TABLES, config, compute, out_dir=out_dir,
+    written = run_experiment("interventions", TABLES, config, lambda c, out: compute(c, out, reuse=not force),
+                             out_dir=out_dir,
                              force=force or _sweeps_changed(config, out_dir))
     remove_model_jobs("interventions", config, out_dir)  # the tables hold every model's rows now
     return written
