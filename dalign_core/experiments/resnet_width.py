@@ -110,10 +110,10 @@ class Config(SweepConfig):
             budgets=((2, 2), (4, 4)), resamples=1_000, min_test_accuracy=0.5,
         ),
         # A classroom's run: 5.4 min for its chapter on 2 idle cores (measured 2026-12-02 with `make notebooks
-        # ONLY=04_resnet_width PROFILE=lab`; every model at 0.81-0.85 test accuracy). Fashion-MNIST, 2 seeds of
-        # k = 0.5 / 0.75 / 1 for 300 steps at the cpu sweep's rate (0.05, chosen at every width there); the
-        # test-accuracy floor is 0.7 (the cpu runs reached 0.85 in 500 steps; guessing scores 0.1). Wide slope
-        # intervals, as at LLaMA's.
+        # ONLY=04_resnet_width PROFILE=lab`, in NCHW order; every model at 0.81-0.85 test accuracy). Fashion-MNIST,
+        # 2 seeds of k = 0.5 / 0.75 / 1 for 300 steps at one rate, 0.05, with no rate fit (the cpu sweep's short
+        # trials choose between 0.025 and 0.2 across widths and runs); the test-accuracy floor is 0.7 (the cpu runs
+        # reached 0.85 in 500 steps; guessing scores 0.1). Wide slope intervals, as at LLaMA's.
         "lab": dict(
             widths=(8, 12, 16), seeds=2, steps=300, warmup_steps=20, lr_candidates=(0.05,), lr_extend=0,
             lr_trial_fraction=1.0,
