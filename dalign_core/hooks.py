@@ -606,8 +606,29 @@ def _in_place_error(names: Sequence[str]) -> CaptureError:
 def _gradients(model, modules: dict[str, nn.Module], inputs, targets, task, loss_fn) -> dict[str, torch.Tensor]:
     """One forward pass and one backward pass down to the layers' outputs z: ∂(Σ_i ℓ_i)/∂z per layer (z's shape).
 
-    Refuses what the graph shows would give a wrong gradient: a layer that does not run exactly once, an in-place
-    change of z after the hook saw it (z's version counter moved), and a loss that no gradient path links to z.
+    Refuses what :func:`_forward_to_losses` refuses, and a layer whose output no gradient path links to the loss.
+    """
+    zs, losses = _forward_to_losses(model, modules, inputs, targets, task, loss_fn)
+    with torch.enable_grad():
+        grads = torch.autograd.grad(losses.sum(), zs, allow_unused=True)
+    unreached = [name for name, grad in zip(modules, grads) if grad is None]
+    if unreached:
+        raise CaptureError(
+            f"no gradient reaches the output of {', '.join(map(repr, unreached))}: the loss does not depend on it "
+            "through autograd (used only under torch.no_grad(), detached, or not used at all), so q would be "
+            "silently 0; capture at a layer the loss depends on with gradients enabled"
+        )
+    return {name: grad.detach() for name, grad in zip(modules, grads)}
+
+
+def _forward_to_losses(model, modules: dict[str, nn.Module], inputs, targets, task,
+                       loss_fn) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """One forward pass with gradients on: each layer's output z (in the order of ``modules``) and the per-example
+    losses (batch,), ready for backward passes down to the zs.
+
+    Refuses what the graph shows would give a wrong gradient: a layer that does not run exactly once, an output that
+    is not batch-first, an in-place change of z after the hook saw it (z's version counter moved), non-finite
+    losses, and a loss that no gradient path links to any z.
     """
     captured: dict[str, list[tuple[torch.Tensor, int]]] = {name: [] for name in modules}
 
@@ -667,18 +688,10 @@ def _gradients(model, modules: dict[str, nn.Module], inputs, targets, task, loss
                     f"the loss does not depend on the output of {list(modules)} through autograd (was the forward, or "
                     "the part after the layer, run under torch.no_grad() or on detached tensors?); q would be 0"
                 )
-            grads = torch.autograd.grad(losses.sum(), zs, allow_unused=True)
     finally:
         for handle in handles:
             handle.remove()
-    unreached = [name for name, grad in zip(modules, grads) if grad is None]
-    if unreached:
-        raise CaptureError(
-            f"no gradient reaches the output of {', '.join(map(repr, unreached))}: the loss does not depend on it "
-            "through autograd (used only under torch.no_grad(), detached, or not used at all), so q would be "
-            "silently 0; capture at a layer the loss depends on with gradients enabled"
-        )
-    return {name: grad.detach() for name, grad in zip(modules, grads)}
+    return zs, losses
 
 
 def _determinism_tolerance(dtype: torch.dtype) -> float:

@@ -52,23 +52,22 @@ from dalign_core.hooks import (
     CaptureError,
     LossFn,
     _batch_rows,
-    _call,
     _check_batch,
     _check_batches,
     _check_options,
     _device_of,
-    _primary,
+    _forward_to_losses,
     _reduce,
     _split_batch,
     _targets_from_labels,
     conform_batch,
     check_capturable,
     insertion_points,
-    per_example_loss,
     resolve_layers,
 )
 
-__all__ = ["REDUNDANT", "EXACT_RTOL", "MICRO_BATCH", "RIDGES", "Redundancy", "candidate_parameters", "redundancy", "redundancy_rows"]
+__all__ = ["REDUNDANT", "EXACT_RTOL", "MICRO_BATCH", "RIDGES", "Redundancy", "candidate_parameters", "redundancy",
+           "redundancy_rows"]
 
 REDUNDANT = 0.9
 """A q with :attr:`Redundancy.fraction` above this is owned by trained parameters: its d_align says little."""
@@ -238,38 +237,10 @@ def _batch_size(inputs: Any, targets: Any) -> int:
 
 
 def _per_example(model, modules, params, names, inputs, targets, reductions, task, loss_fn, limit, qs, gs) -> int:
-    """One forward of ``inputs``, then one backward per example (at most ``limit``): appends their q and gradient
-    rows to ``qs`` and ``gs``; returns how many examples it took."""
-    captured: dict[str, list[torch.Tensor]] = {l: [] for l in modules}
-
-    def make_hook(name):
-        def hook(module, args, output):
-            tensor, rebuild = _primary(output)
-            if not tensor.requires_grad:
-                tensor = tensor.detach().requires_grad_(True)
-                captured[name].append(tensor)
-                return rebuild(tensor)
-            captured[name].append(tensor)
-            return None
-        return hook
-
-    handles = [m.register_forward_hook(make_hook(l)) for l, m in modules.items()]
-    try:
-        with torch.enable_grad():
-            output = _call(model, inputs)
-    finally:
-        for handle in handles:
-            handle.remove()
-    for name, seen_z in captured.items():
-        if len(seen_z) != 1:
-            raise CaptureError(f"layer {name!r} ran {len(seen_z)} times in one forward pass; an insertion point "
-                               "must run exactly once")
-    with torch.enable_grad():
-        losses = loss_fn(output, targets) if loss_fn is not None else \
-            per_example_loss(output, inputs, targets, task)
-    if losses.ndim != 1 or not torch.isfinite(losses.detach()).all():
-        raise CaptureError(f"per-example losses must be finite and of shape (batch,), got {tuple(losses.shape)}")
-    zs = [captured[l][0] for l in modules]
+    """One forward of ``inputs`` (with the capture's refusals: :func:`~dalign_core.hooks._forward_to_losses`), then
+    one backward per example (at most ``limit``): appends their q and gradient rows to ``qs`` and ``gs``; returns
+    how many examples it took."""
+    zs, losses = _forward_to_losses(model, modules, inputs, targets, task, loss_fn)
     take = losses.shape[0] if limit is None else min(losses.shape[0], limit)
     for i in range(take):
         grads = torch.autograd.grad(losses[i], zs + params, retain_graph=i < take - 1, allow_unused=True,

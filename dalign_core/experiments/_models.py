@@ -48,7 +48,7 @@ class TrainedModel:
     base: dict
     """The study's leading columns: family, the regime columns, model, width, seed, lr, heldout_loss."""
     job: Job
-    sweep_hash: str = ""
+    sweep_hash: str
     """The config hash of the family's sweep experiment (what a study's provenance records per family)."""
 
 
@@ -81,7 +81,7 @@ def trained_models(name: str, experiment_config: Any, sweeps: Callable[[Any], li
 
     Each job's name says family, regime, model, seed and the sweep's config hash; its cost is the width (it
     balances the workers' plan only)."""
-    sweep_hash = experiment_config.config_hash()[:8]
+    sweep_hash = experiment_config.config_hash()
     models = []
     for sweep_config in sweeps(experiment_config):
         family = family_of(sweep_config)
@@ -90,9 +90,10 @@ def trained_models(name: str, experiment_config: Any, sweeps: Callable[[Any], li
         for run in chosen_runs(runs, columns, per_width, failed_runs).itertuples():
             base = dict(family=name, **columns, model=run.model, width=int(run.width), seed=int(run.seed),
                         lr=float(run.lr), heldout_loss=float(run.heldout_loss))
-            job_name = "_".join(str(v) for v in (name, *columns.values(), run.model, f"seed{run.seed}", sweep_hash))
+            job_name = "_".join(str(v) for v in (name, *columns.values(), run.model, f"seed{run.seed}",
+                                                 sweep_hash[:8]))
             models.append(TrainedModel(name, sweep_config, family, splits, pools, base,
-                                       Job(job_name, cost=float(run.width)), experiment_config.config_hash()))
+                                       Job(job_name, cost=float(run.width)), sweep_hash))
     return models
 
 
@@ -118,8 +119,7 @@ def earlier_results(experiment: str, table: str, config: ExperimentConfig, out_d
     if provenance.get("config_hash") != config.config_hash():
         return {}
     families = provenance.get("families", {})
-    candidates = [m for m in models if m.sweep_hash and families.get(m.family_name, {}).get("sweep_config_hash")
-                  == m.sweep_hash]
+    candidates = [m for m in models if families.get(m.family_name, {}).get("sweep_config_hash") == m.sweep_hash]
     if not candidates:
         return {}
     earlier = pd.read_csv(csv)
