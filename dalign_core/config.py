@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Iterable, Mapping
 
 __all__ = ["PROFILES", "REPO_ROOT", "SOURCE_ROOT", "STEP_SCHEDULES", "ExperimentConfig", "check_profile", "default_results_dir",
-           "overrides_tag", "parse_overrides", "work_root"]
+           "measurement_only", "overrides_tag", "parse_overrides", "work_root"]
 
 PROFILES = ("smoke", "lab", "cpu", "gpu", "paper")
 """smoke: seconds, for tests; lab: a classroom's five minutes a chapter; cpu: the default reproduction on a laptop;
@@ -298,6 +298,36 @@ def _rescaled_schedules(cls: type, values: Mapping[str, Any], overrides: Mapping
     return scaled
 
 
+MEASUREMENT_ONLY = "dalign_measurement_only"
+"""The metadata key of a :func:`measurement_only` field."""
+
+
+def measurement_only(default: Any, *, neutral: Any) -> Any:
+    """A config field that changes only what an experiment measures on its models, never the models, their
+    training or the example pools drawn for them (e.g. how many pool examples a checkpoint before the last
+    captures).
+
+    ``neutral`` is the value that measures as the experiment did before the field existed. The field keys the
+    experiment's own results where it differs from ``neutral`` (:meth:`ExperimentConfig.config_hash`), and never the
+    studies that load the models (:meth:`ExperimentConfig.models_hash`). A subclass that changes the default
+    declares the field again with the same ``neutral``.
+    """
+    return dataclasses.field(default=default, metadata={MEASUREMENT_ONLY: True, "neutral": neutral})
+
+
+def _is_measurement_only(field: dataclasses.Field) -> bool:
+    return bool(field.metadata.get(MEASUREMENT_ONLY))
+
+
+def _hash_of(config: Any, omit) -> str:
+    """The first 16 hex digits of the SHA-256 of ``config``'s JSON, without the fields ``omit`` (a predicate)."""
+    values = config.to_dict()
+    for field in dataclasses.fields(config):
+        if omit(field):
+            values.pop(field.name)
+    return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]
+
+
 @dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
     """Base class of every experiment's config dataclass.
@@ -347,6 +377,16 @@ class ExperimentConfig:
         return json.loads(json.dumps(dataclasses.asdict(self), default=str))
 
     def config_hash(self) -> str:
-        """A short stable hash of the config: equal configs give equal hashes."""
-        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
-        return hashlib.sha256(blob).hexdigest()[:16]
+        """A short stable hash of the config: equal configs give equal hashes.
+
+        A measurement-only field (:func:`measurement_only`) enters it only where it differs from its neutral value
+        (the one that measures as before the field existed), so adding such a field leaves every existing config's
+        hash, and so its committed results, current.
+        """
+        return _hash_of(self, omit=lambda f: _is_measurement_only(f) and getattr(self, f.name) == f.metadata["neutral"])
+
+    def models_hash(self) -> str:
+        """A short stable hash of what determines the config's trained models and example pools: every field but
+        the measurement-only ones (:func:`measurement_only`). Equal to :meth:`config_hash` where each of those is
+        at its neutral value. The studies that load a sweep's models (interventions, growth) key their reuse on it."""
+        return _hash_of(self, omit=_is_measurement_only)

@@ -263,12 +263,21 @@ def _prune_candidates(config, family, width, rows) -> None:
                               ignore_errors=True)
 
 
+def checkpoint_pool(config: SweepConfig, examples: Any, step: int) -> Any:
+    """The examples of a q pool captured at checkpoint ``step``: all of them at the final step, else the first
+    ``config.checkpoint_pool_size`` (the pools are drawn in random order, so a uniform subsample)."""
+    if step == config.steps or config.checkpoint_pool_size is None:
+        return examples
+    return take(examples, torch.arange(min(config.checkpoint_pool_size, count(examples))))
+
+
 def _measure(config, family, model, result, splits, pools, base, device):
     """Geometry rows at every analysis checkpoint; the final checkpoint's accumulators at the primary layer.
 
     Every checkpoint captures the primary insertion point; those of ``all_layer_steps`` capture every
-    insertion point. Each of the family's ``reductions`` is a row of its own (``reduction`` column); the
-    final accumulators (for the misalignment study) are the judged reduction's.
+    insertion point. The checkpoints before the last capture the first ``checkpoint_pool_size`` examples of each
+    pool (:func:`checkpoint_pool`), the last one the whole pool. Each of the family's ``reductions`` is a row of its
+    own (``reduction`` column); the final accumulators (for the misalignment study) are the judged reduction's.
     """
     layers, primary = family.insertion_points(config, model), family.primary_layer(config)
     pool_examples = {"train": take(splits.train, pools.train), "heldout": take(splits.test, pools.heldout)}
@@ -282,7 +291,7 @@ def _measure(config, family, model, result, splits, pools, base, device):
         for pool in ("heldout", "train"):
             if pool == "train" and step not in config.train_pool_checkpoints:
                 continue
-            batches = family.batches(pool_examples[pool], config.capture_batch)
+            batches = family.batches(checkpoint_pool(config, pool_examples[pool], step), config.capture_batch)
             # every reduction from one backward pass; the forward's determinism is checked once per run
             by_reduction = accumulate_geometry(model, captured, batches, reduction=list(family.reductions),
                                                device=device, check_determinism=not rows)
@@ -684,9 +693,13 @@ def dry_run(config: SweepConfig, family: Family, steps: int = 2) -> str:
     train_runs = rates * config.trial_steps / config.steps + (config.seeds if short else config.seeds - 1)
     # pool captures per measured run, as _measure makes them: every layer at all_layer_steps, else the primary one;
     # all reductions share each pass
+    # in pools' worth of examples: the checkpoints before the last capture checkpoint_pool_size of them
     passes = [(step in config.train_pool_checkpoints) + 1 for step in config.checkpoint_steps]
-    every_layer = sum(n for step, n in zip(config.checkpoint_steps, passes) if config.layer_steps(step))
-    primary_only = sum(passes) - every_layer
+    share = [1.0 if step == config.steps else
+             min(config.checkpoint_pool_size or config.pool_size, config.pool_size) / config.pool_size
+             for step in config.checkpoint_steps]
+    every_layer = sum(n * f for step, n, f in zip(config.checkpoint_steps, passes, share) if config.layer_steps(step))
+    primary_only = sum(n * f for n, f in zip(passes, share)) - every_layer
     pool_passes = every_layer + primary_only
     lines = [f"dry run of {family.name} at profile {config.profile} on {device}: {count(splits.train)} train, "
              f"{count(splits.validation)} validation, {count(splits.test)} test {splits.unit}; "
@@ -694,8 +707,10 @@ def dry_run(config: SweepConfig, family: Family, steps: int = 2) -> str:
              f"per width: {train_runs:.3g} full trainings of {config.steps} steps ({rates} rate trials of "
              f"{config.trial_steps} steps + {config.seeds if short else config.seeds - 1} seeds; at the widest width "
              f"{int(short)} more for the check; grid extensions not counted); {config.seeds} measured runs x "
-             f"{pool_passes} pool captures ({every_layer} at every insertion point, {primary_only} at the primary "
-             f"one; {len(family.reductions)} reduction(s) from each backward pass) of {config.pool_size} examples"]
+             f"{pool_passes:.3g} pool captures ({every_layer:.3g} at every insertion point, {primary_only:.3g} at the "
+             f"primary one; {len(family.reductions)} reduction(s) from each backward pass) of {config.pool_size} "
+             f"examples" + (f" (checkpoints before the last capture {config.checkpoint_pool_size} of them)"
+                            if config.checkpoint_pool_size else "")]
     total = 0.0
     training_seconds, measuring_seconds = {}, {}
     for width in config.widths:
@@ -745,8 +760,8 @@ def dry_run(config: SweepConfig, family: Family, steps: int = 2) -> str:
         total += training + measuring
         training_seconds[width], measuring_seconds[width] = per_step * config.steps, per_run
         lines.append(f"  N={width}: {per_step * 1e3:.1f} ms/step x {config.steps} steps x {train_runs:.3g} = "
-                     f"{training:.0f} s training; ({per_capture['every']:.2f} s x {every_layer} + "
-                     f"{per_capture['primary']:.2f} s x {primary_only} capture, {per_evaluation:.2f} s x "
+                     f"{training:.0f} s training; ({per_capture['every']:.2f} s x {every_layer:.3g} + "
+                     f"{per_capture['primary']:.2f} s x {primary_only:.3g} capture, {per_evaluation:.2f} s x "
                      f"{len(config.checkpoint_steps)} evaluation, {per_redundancy:.2f} s redundancy) per run x "
                      f"{config.seeds} = {measuring:.0f} s measuring")
         del model

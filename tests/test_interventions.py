@@ -209,7 +209,7 @@ def test_models_of_unchanged_sweeps_are_taken_from_the_table(toy_source, monkeyp
     ran = [m for m in provenance["families"]["toy"]["models"] if "left_out" not in m]
     assert ran and all(m["reused_from"]["written_utc"] for m in ran)
 
-    provenance["families"]["toy"]["sweep_config_hash"] = "another sweep"
+    provenance["families"]["toy"]["sweep_models_hash"] = "another sweep"
     (toy_source / "interventions.json").write_text(json.dumps(provenance))
     interventions.run(config, out_dir=toy_source)
     assert len(computed) == len(ran)

@@ -8,8 +8,9 @@ on the machine's workers and keeps each finished model's rows in
 an interrupted study resumes where it stopped (a job's name carries its sweep's config hash:
 a job of a changed sweep is never reused).
 
-A model's rows depend only on the study's config, its sweep's config and the model, so
-when one family's sweep changes, :func:`earlier_results` takes the other families' rows
+A model's rows depend only on the study's config, its sweep's models (the sweep's config but
+the fields that change only what the sweep measures: ``models_hash``) and the model, so
+when one family's sweep models change, :func:`earlier_results` takes the other families' rows
 and facts from the study's existing table and provenance instead of computing them again
 (each such model's facts say ``reused_from``: when and at which commit its rows were
 computed). A study's ``force`` recomputes every model.
@@ -31,7 +32,7 @@ from dalign_core.family import Family, SweepConfig
 from dalign_core.sweep import _train_config, prepare
 
 __all__ = ["TrainedModel", "in_regime", "chosen_runs", "checkpoints_present", "trained_models", "jobs_folder",
-           "earlier_results", "run_model_jobs", "remove_model_jobs"]
+           "recorded_sweep_hash", "sweep_changed", "earlier_results", "run_model_jobs", "remove_model_jobs"]
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,9 @@ class TrainedModel:
     """The study's leading columns: family, the regime columns, model, width, seed, lr, heldout_loss."""
     job: Job
     sweep_hash: str
-    """The config hash of the family's sweep experiment (what a study's provenance records per family)."""
+    """The models hash of the family's sweep experiment (:meth:`~dalign_core.config.ExperimentConfig.models_hash`:
+    its config but the fields that change only what the sweep measures), which a study's provenance records per
+    family as ``sweep_models_hash``."""
 
 
 def in_regime(runs: pd.DataFrame, columns: dict) -> pd.DataFrame:
@@ -81,7 +84,7 @@ def trained_models(name: str, experiment_config: Any, sweeps: Callable[[Any], li
 
     Each job's name says family, regime, model, seed and the sweep's config hash; its cost is the width (it
     balances the workers' plan only)."""
-    sweep_hash = experiment_config.config_hash()
+    sweep_hash = experiment_config.models_hash()
     models = []
     for sweep_config in sweeps(experiment_config):
         family = family_of(sweep_config)
@@ -102,13 +105,27 @@ def jobs_folder(experiment: str, config: ExperimentConfig, out_dir: str | Path) 
     return Path(out_dir) / "partial" / f"{experiment}-{config.config_hash()}"
 
 
+def recorded_sweep_hash(family_facts: dict) -> str | None:
+    """The sweep models hash a study's provenance records for one family (``sweep_models_hash``; provenance
+    written before measurement-only fields existed has ``sweep_config_hash``, which equals it there)."""
+    return family_facts.get("sweep_models_hash", family_facts.get("sweep_config_hash"))
+
+
+def sweep_changed(experiment: str, name: str, family_facts: dict, experiment_config: ExperimentConfig) -> bool:
+    """Whether family ``name``'s sweep models differ from those a study's existing table was computed on (logged)."""
+    changed = recorded_sweep_hash(family_facts) != experiment_config.models_hash()
+    if changed:
+        log.info("%s: the %s sweep's models changed since the table was computed; recomputing", experiment, name)
+    return changed
+
+
 def earlier_results(experiment: str, table: str, config: ExperimentConfig, out_dir: str | Path,
                     models: list[TrainedModel]) -> dict[str, dict]:
     """Job name → ``{"rows": …, "facts": …}`` of each model whose rows the study's existing table already holds.
 
     A model qualifies when the table (``<out>/<table>.csv`` with ``<out>/<experiment>.json``) was computed with
-    this study config (same config hash) and the model's family with this sweep config (same
-    ``sweep_config_hash``), and the table and provenance hold its rows and its facts. pandas reads floats back
+    this study config (same config hash) and the model's family with the same sweep models (same
+    :func:`recorded_sweep_hash`), and the table and provenance hold its rows and its facts. pandas reads floats back
     exactly, so the table written again is the same (a test checks it byte for byte).
     """
     out_dir = Path(out_dir)
@@ -119,7 +136,7 @@ def earlier_results(experiment: str, table: str, config: ExperimentConfig, out_d
     if provenance.get("config_hash") != config.config_hash():
         return {}
     families = provenance.get("families", {})
-    candidates = [m for m in models if families.get(m.family_name, {}).get("sweep_config_hash") == m.sweep_hash]
+    candidates = [m for m in models if recorded_sweep_hash(families.get(m.family_name, {})) == m.sweep_hash]
     if not candidates:
         return {}
     earlier = pd.read_csv(csv)

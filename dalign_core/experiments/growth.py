@@ -44,7 +44,7 @@ from dalign_core import growth
 from dalign_core._tensor import derived_seed, resolve_device
 from dalign_core.config import ExperimentConfig, default_results_dir
 from dalign_core.experiments._models import (TrainedModel, checkpoints_present, earlier_results, remove_model_jobs,
-                                             run_model_jobs, trained_models)
+                                             run_model_jobs, sweep_changed, trained_models)
 from dalign_core.experiments._runner import main, run_experiment
 from dalign_core.experiments.interventions import SOURCES
 from dalign_core.family import Family, SweepConfig, count, take
@@ -203,7 +203,7 @@ def compute(config: Config, out_dir: Path,
     models: list[TrainedModel] = []
     for name in config.families:
         experiment_config, reason = sweep_status(config, name, out_dir)
-        facts: dict[str, Any] = {"sweep_config_hash": experiment_config.config_hash()}
+        facts: dict[str, Any] = {"sweep_models_hash": experiment_config.models_hash()}
         provenance[name] = facts
         if reason:
             facts.update(status="not run", reason=reason)
@@ -256,7 +256,7 @@ def run(config: Config, out_dir: str | Path | None = None, force: bool = False) 
 
 
 def _sweeps_changed(config: Config, out_dir: Path) -> bool:
-    """Whether a family's sweep config, or its availability, differs from what the existing table used."""
+    """Whether a family's sweep models, or their availability, differ from what the existing table used."""
     import json
 
     path = out_dir / "growth.json"
@@ -266,8 +266,7 @@ def _sweeps_changed(config: Config, out_dir: Path) -> bool:
     for name in config.families:
         used = families.get(name, {})
         experiment_config = SOURCES[name].config(config.profile)
-        if used.get("sweep_config_hash") != experiment_config.config_hash():
-            log.info("growth: the %s sweep changed since the table was computed; recomputing", name)
+        if sweep_changed("growth", name, used, experiment_config):
             return True
         if used.get("status") == "not run" and results_current(out_dir, (f"{name}_runs",), experiment_config):
             log.info("growth: the %s sweep has results now; recomputing", name)

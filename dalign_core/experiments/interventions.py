@@ -56,7 +56,7 @@ from dalign_core._tensor import derived_seed, resolve_device
 from dalign_core.config import ExperimentConfig, default_results_dir
 from dalign_core.experiments import llama_width, pythia_width, resnet_width
 from dalign_core.experiments._models import (TrainedModel, chosen_runs, earlier_results, in_regime, remove_model_jobs,
-                                             run_model_jobs, trained_models)
+                                             run_model_jobs, sweep_changed, trained_models)
 from dalign_core.experiments._runner import main, run_experiment
 from dalign_core.family import Family, SweepConfig, count, take
 from dalign_core.intervention import train_decrease_draws
@@ -259,7 +259,7 @@ def _models(config: Config, out_dir: Path) -> tuple[list[TrainedModel], dict]:
         mine = trained_models(name, experiment_config, source.sweeps, source.family, runs, config.runs_per_width)
         sets = {tuple(m.family.columns(m.sweep_config).items()): m for m in mine}
         provenance[name] = {
-            "sweep_config_hash": experiment_config.config_hash(), "models": [],
+            "sweep_models_hash": experiment_config.models_hash(), "models": [],
             "left_out": _left_out(config, name, experiment_config, runs),
             "evaluation": {"source": "the sweep's evaluation examples (Pools.evaluation), test split",
                            "disjoint_from": "the held-out pool (K, and M in heldout/heldout) and the train split",
@@ -318,17 +318,13 @@ def run(config: Config, out_dir: str | Path | None = None, force: bool = False) 
 
 
 def _sweeps_changed(config: Config, out_dir: Path) -> bool:
-    """Whether a family's sweep config differs from the one the existing table was computed on (then: recompute)."""
+    """Whether a family's sweep models differ from those the existing table was computed on (then: recompute)."""
     path = out_dir / "interventions.json"
     if not path.is_file():
         return False
     families = json.loads(path.read_text()).get("families", {})
-    for name in config.families:
-        used = families.get(name, {}).get("sweep_config_hash")
-        if used != SOURCES[name].config(config.profile).config_hash():
-            log.info("interventions: the %s sweep changed since the table was computed; recomputing", name)
-            return True
-    return False
+    return any(sweep_changed("interventions", name, families.get(name, {}), SOURCES[name].config(config.profile))
+               for name in config.families)
 
 
 if __name__ == "__main__":

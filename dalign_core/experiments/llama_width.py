@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from dalign_core.config import measurement_only
 from dalign_core.estimators import estimate_geometry
 from dalign_core.experiments._runner import main, run_experiment
 from dalign_core.family import Splits
@@ -66,6 +67,9 @@ class Config(LMSweepConfig):
     """Every 1/24 of training through the last third (9 checkpoints), where each run's mean is taken."""
     all_layer_steps: tuple[int, ...] | None = (0, 100, 200, 400, 600)
     train_pool_steps: tuple[int, ...] | None = (0, 600)
+    checkpoint_pool_size: int | None = measurement_only(256, neutral=None)
+    """A quarter of each pool at the 12 checkpoints before the last (see the field of
+    :class:`~dalign_core.family.SweepConfig`): capture took 55% of the sweep's time at the whole pool."""
     insertion_layer: int = 0
     """The decoder layer whose output is the primary insertion point (``model.layers.<i>``)."""
     unit_contexts: tuple[int, ...] = (32, 64, 128)
@@ -77,7 +81,7 @@ class Config(LMSweepConfig):
             lr_candidates=(1e-2, 3e-2), checkpoint_steps=(0, 10, 14, 17, 20), all_layer_steps=None,
             train_pool_steps=None, pool_size=64, run_sd=None, lr_trial_fraction=0.5,
             eval_examples=32, validation_examples=32, capture_batch=32, budgets=((2, 2), (4, 4)), resamples=1_000,
-            unit_contexts=(16, 32),
+            unit_contexts=(16, 32), checkpoint_pool_size=32,
         ),
         # A classroom's run: the cpu design with 2 seeds of 3 widths and one rate per width (the one the cpu sweep
         # chose, 1e-2 x 32/N), no rate trials and lighter measurement. Its 600 steps are what a model needs to pass
@@ -90,7 +94,7 @@ class Config(LMSweepConfig):
             checkpoint_steps=(0, 100, 400, 500, 600), all_layer_steps=(0, 600), train_pool_steps=(0, 600),
             pool_size=256, eval_examples=256, validation_examples=256,
             budgets=((4, 4), (16, 16), (32, 32)), resamples=2_000, redundancy_examples=128,
-            unit_contexts=(32, 128),
+            unit_contexts=(32, 128), checkpoint_pool_size=None,
         ),
         "cpu": {},
         # The paper's shapes (depth 8, head dim 64) at widths a 15-minute GPU window can train: 3 rates x 3 seeds.
@@ -105,6 +109,7 @@ class Config(LMSweepConfig):
             lr_candidates=(2e-4, 6e-4, 2e-3), train_pool_steps=(0, 300), all_layer_steps=(0, 100, 200, 300),
             checkpoint_steps=(0, 50, 100, 200, 213, 225, 238, 250, 263, 275, 288, 300),
             insertion_layer=3, autocast_dtype="bfloat16", prune_candidates=True, resume_points=1, resamples=10_000,
+            checkpoint_pool_size=None,
         ),
         # The paper's widths. Shakespeare holds 1.45M training tokens: 5,000 steps of 64 x 256 tokens would be
         # 56 epochs (the run warns), so bring a larger corpus: corpus="dir:/path" or "hf:<dataset>".
@@ -114,7 +119,7 @@ class Config(LMSweepConfig):
             checkpoint_steps=(0, 100, 300, 1000, 2000, 3350, 3550, 3750, 3950, 4150, 4350, 4550, 4750, 5000),
             all_layer_steps=(0, 1000, 3350, 5000),
             train_pool_steps=(0, 1000, 5000), insertion_layer=3, unit_contexts=(64, 128, 256),
-            autocast_dtype="bfloat16", prune_candidates=True,
+            autocast_dtype="bfloat16", prune_candidates=True, checkpoint_pool_size=None,
         ),
     }
 
