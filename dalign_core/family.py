@@ -81,12 +81,13 @@ class SweepConfig(ExperimentConfig):
     pool_size: int = 1024
     """Examples per q pool, drawn at random without replacement (train pool from train, held-out from test)."""
     checkpoint_pool_size: int | None = measurement_only(None, neutral=None)
-    """Examples of each q pool captured at the analysis checkpoints before the last: the first of the pool's random
-    order, so a uniform subsample (None: the whole pool). The final checkpoint always captures the whole pool (the
-    reported d_align and the misalignment study). A run's late-window mean averages 9 checkpoints whose scatter
-    around it dwarfs one checkpoint's estimation error (LLaMA at cpu: log d_align's SD between checkpoints 1.05,
-    its estimation SD 0.19 at 1,024 examples, so about 0.37 at 256), so a quarter of the pool costs a quarter of
-    the capture and raises the run mean's expected SD by about 5% (0.35 to 0.37)."""
+    """Examples of each q pool captured at the analysis checkpoints before the last (None: the whole pool): the
+    next block of the pool's random order at each successive checkpoint (:func:`dalign_core.sweep.checkpoint_pool`),
+    so a run's late window sees the whole pool across its checkpoints. The final checkpoint always captures the
+    whole pool (the reported d_align and the misalignment study). A run's late-window mean averages 9 checkpoints
+    whose scatter around it (an SD of about 1 in log d_align for LLaMA at cpu) dwarfs one checkpoint's estimation
+    error (0.19 at 1,024 examples, about 0.37 at 256), so a quarter of the pool costs a quarter of the capture and
+    little of the power."""
     eval_examples: int = 512
     """Held-out examples scored for the held-out loss, disjoint from the held-out q pool."""
     validation_examples: int = 512

@@ -5,6 +5,7 @@ Fast: the entry points run with stand-ins for the experiments' work (nothing is 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import subprocess
@@ -12,7 +13,8 @@ import subprocess
 import pandas as pd
 import pytest
 
-from dalign_core.config import PROFILES, REPO_ROOT, default_results_dir, overrides_tag, parse_overrides
+from dalign_core.config import (PROFILES, REPO_ROOT, ExperimentConfig, default_results_dir, measurement_only,
+                                overrides_tag, parse_overrides)
 from dalign_core.experiments import _runner, llama_width, resnet_width, theory
 
 EXPERIMENTS = ("llama_width", "pythia_width", "resnet_width", "theory", "claims", "pythia_checkpoints")
@@ -20,9 +22,10 @@ EXPERIMENTS = ("llama_width", "pythia_width", "resnet_width", "theory", "claims"
 
 # Config hashes of the committed profiles: results/<profile>/ are matched against these, so adding a profile or
 # the override machinery must never move them. A config change that moves one comes with that profile's results
-# regenerated (resnet_width cpu: the channels_last field, with the NHWC tables).
+# regenerated (resnet_width cpu: the channels_last field, with the NHWC tables; llama_width cpu and smoke: the
+# checkpoint_pool_size field, with the cpu tables).
 COMMITTED_HASHES = {
-    ("llama_width", "smoke"): "8d05bf196d50d3da", ("llama_width", "cpu"): "9578d32d21067c05",
+    ("llama_width", "smoke"): "b9f740c8cc75eea4", ("llama_width", "cpu"): "be7d6100470516a7",
     ("llama_width", "gpu"): "43f9b4cb4945c45c", ("llama_width", "paper"): "757b709137f6f930",
     ("pythia_width", "cpu"): "1bf10f8513a72337", ("resnet_width", "cpu"): "66360a02ed78cb23",
     ("theory", "cpu"): "9afd21668f24167d", ("claims", "cpu"): "cdb629be5f2bed61",
@@ -92,6 +95,38 @@ def test_a_changed_config_has_a_results_folder_of_its_own(results_root):
 def test_config_hashes_of_the_committed_profiles_are_unchanged(module, profile):
     config = importlib.import_module(f"dalign_core.experiments.{module}").Config.for_profile(profile)
     assert config.config_hash() == COMMITTED_HASHES[module, profile]
+
+
+@pytest.mark.parametrize("study", ["interventions", "growth"])
+def test_the_committed_studies_ran_on_the_committed_sweeps_models(study):
+    """results/cpu/<study>.json records, per family, the models hash of the sweep it loaded: it must be the committed
+    cpu sweep's, or the study's committed rows came from other models (rerun the study)."""
+    from dalign_core.experiments._models import recorded_sweep_hash
+    from dalign_core.experiments.interventions import SOURCES
+
+    families = json.loads((REPO_ROOT / "results" / "cpu" / f"{study}.json").read_text())["families"]
+    assert families
+    for name, facts in families.items():
+        assert recorded_sweep_hash(facts) == SOURCES[name].config("cpu").models_hash(), name
+
+
+def test_a_measurement_only_field_keys_the_results_but_not_the_models():
+    @dataclasses.dataclass(frozen=True)
+    class Probe(ExperimentConfig):
+        steps: int = 10
+        subsample: int | None = measurement_only(None, neutral=None)
+
+    @dataclasses.dataclass(frozen=True)
+    class Denser(Probe):  # a subclass whose default measures differently
+        subsample: int | None = measurement_only(4, neutral=None)
+
+    # the config as it was before the field existed
+    before = dataclasses.make_dataclass("Probe", [("steps", int, 10)], bases=(ExperimentConfig,), frozen=True)
+    assert Probe().config_hash() == Probe().models_hash() == before().config_hash()
+    assert Probe(subsample=4).config_hash() == Denser().config_hash() != Probe().config_hash()
+    assert Denser().models_hash() == Probe(subsample=4).models_hash() == Probe().models_hash()
+    assert Probe(steps=11).models_hash() != Probe().models_hash()
+    assert Probe(subsample=4).to_dict()["subsample"] == 4  # the provenance still records it
 
 
 def _probe_compute(config, out_dir):

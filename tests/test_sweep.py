@@ -167,6 +167,42 @@ def test_the_sweep_is_deterministic(toy_tables, checkpoints, tmp_path, monkeypat
                                       again[name].drop(columns=["seconds"], errors="ignore"), check_exact=True)
 
 
+def test_checkpoints_before_the_last_capture_a_subsample_of_each_pool(toy_tables):
+    """checkpoint_pool_size changes what the checkpoints before the last measure, and nothing else: the models (loaded
+    from the same checkpoints), the final checkpoint's rows, the misalignment study and the runs are the same."""
+    full, _ = toy_tables
+    config = ToyConfig(checkpoint_pool_size=16)
+    assert config.models_hash() == ToyConfig().models_hash() != config.config_hash()
+    tables, _ = sweep.run_sweep(config, ToyFamily())
+    geometry, whole = tables["toy_geometry"], full["toy_geometry"]
+    final = geometry.step == config.steps
+    assert (geometry[final].n == config.pool_size).all() and (geometry[~final].n == 16).all()
+    pd.testing.assert_frame_equal(geometry[final].reset_index(drop=True),
+                                  whole[whole.step == config.steps].reset_index(drop=True), check_exact=True)
+    assert not np.allclose(geometry[~final].mean_sq.to_numpy(), whole[whole.step != config.steps].mean_sq.to_numpy())
+    # the held-out loss is the evaluation set's at every checkpoint, whatever the pool captured
+    pd.testing.assert_series_equal(geometry.heldout_loss, whole.heldout_loss, check_exact=True)
+    for name in ("toy_misalignment", "toy_redundancy", "toy_lr"):
+        pd.testing.assert_frame_equal(tables[name], full[name], check_exact=True)
+    pd.testing.assert_frame_equal(tables["toy_runs"].drop(columns="seconds"), full["toy_runs"].drop(columns="seconds"))
+    # each checkpoint before the last takes the next block of the pool's random order; the last, the whole pool
+    pools = sweep.draw_pools(config, ToyFamily().load_data(config))
+    assert torch.equal(sweep.checkpoint_pool(config, pools.heldout, 0), pools.heldout[:16])
+    assert torch.equal(sweep.checkpoint_pool(config, pools.heldout, 20), pools.heldout[16:32])
+    assert torch.equal(sweep.checkpoint_pool(config, pools.heldout, config.steps), pools.heldout)
+    wrapped = ToyConfig(checkpoint_pool_size=48, checkpoint_steps=(0, 10, 20, 30))
+    assert torch.equal(sweep.checkpoint_pool(wrapped, pools.heldout, 10), pools.heldout[torch.arange(48, 96) % 64])
+    text = sweep.dry_run(config, ToyFamily())
+    assert "3 pool captures (3 at every insertion point, 0 at the primary one" in text  # 2 pools x (1/4 + 1/4 + 1)
+    assert "checkpoints before the last capture 16 of them" in text
+
+
+@pytest.mark.parametrize("size", [1, 65])
+def test_a_checkpoint_pool_outside_the_pool_is_refused(size):
+    with pytest.raises(ValueError, match=f"checkpoint_pool_size {size} must be between 2 and pool_size 64"):
+        ToyConfig(checkpoint_pool_size=size)
+
+
 def test_failed_runs_are_reported_and_left_out_of_trends(checkpoints):
     tables, _ = sweep.run_sweep(ToyConfig(beatable=False, widths=(8, 16, 24), seeds=1), ToyFamily())
     assert not tables["toy_runs"].trained_ok.any()
