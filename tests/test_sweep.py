@@ -199,10 +199,15 @@ def test_checkpoints_before_the_last_capture_a_subsample_of_each_pool(toy_tables
     assert "checkpoints before the last capture 16 of them" in text
 
 
-@pytest.mark.parametrize("size", [1, 65])
-def test_a_checkpoint_pool_outside_the_pool_is_refused(size):
-    with pytest.raises(ValueError, match=f"checkpoint_pool_size {size} must be between 2 and pool_size 64"):
+@pytest.mark.parametrize("size", [0, 1])
+def test_a_checkpoint_pool_too_small_to_estimate_from_is_refused(size):
+    with pytest.raises(ValueError, match=f"checkpoint_pool_size {size} must be at least 2"):
         ToyConfig(checkpoint_pool_size=size)
+
+
+def test_a_checkpoint_pool_as_large_as_the_pool_is_the_whole_pool():
+    config, pools = ToyConfig(checkpoint_pool_size=65), torch.arange(64)  # e.g. after an override of pool_size
+    assert torch.equal(sweep.checkpoint_pool(config, pools, 0), pools)
 
 
 def test_failed_runs_are_reported_and_left_out_of_trends(checkpoints):
