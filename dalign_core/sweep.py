@@ -285,8 +285,9 @@ def _measure(config, family, model, result, splits, pools, base, device):
 
     Every checkpoint captures the primary insertion point; those of ``all_layer_steps`` capture every
     insertion point. The checkpoints before the last capture ``checkpoint_pool_size`` examples of each pool, a
-    different block at each (:func:`checkpoint_pool`), the last one the whole pool. Each of the family's ``reductions`` is a row of its
-    own (``reduction`` column); the final accumulators (for the misalignment study) are the judged reduction's.
+    different block at each (:func:`checkpoint_pool`), the last one the whole pool. Each of the family's
+    ``reductions`` is a row of its own (``reduction`` column); the final accumulators (for the misalignment study)
+    are the judged reduction's.
     """
     layers, primary = family.insertion_points(config, model), family.primary_layer(config)
     pool_examples = {"train": take(splits.train, pools.train), "heldout": take(splits.test, pools.heldout)}
@@ -700,12 +701,10 @@ def dry_run(config: SweepConfig, family: Family, steps: int = 2) -> str:
     # full-run equivalents: the trials at their fraction of the steps, the seeds (the first reuses its trial when
     # trials run at full length), and the widest width's full-length check of the runner-up rate
     train_runs = rates * config.trial_steps / config.steps + (config.seeds if short else config.seeds - 1)
-    # pool captures per measured run, as _measure makes them: every layer at all_layer_steps, else the primary one;
-    # all reductions share each pass
-    # in pools' worth of examples: the checkpoints before the last capture checkpoint_pool_size of them
+    # pool captures per measured run, in pools' worth of examples (each checkpoint's share is checkpoint_pool's), as
+    # _measure makes them: every layer at all_layer_steps, else the primary one; all reductions share each pass
     passes = [(step in config.train_pool_checkpoints) + 1 for step in config.checkpoint_steps]
-    share = [1.0 if step == config.steps else
-             min(config.checkpoint_pool_size or config.pool_size, config.pool_size) / config.pool_size
+    share = [len(checkpoint_pool(config, torch.arange(config.pool_size), step)) / config.pool_size
              for step in config.checkpoint_steps]
     every_layer = sum(n * f for step, n, f in zip(config.checkpoint_steps, passes, share) if config.layer_steps(step))
     primary_only = sum(n * f for n, f in zip(passes, share)) - every_layer
@@ -718,8 +717,8 @@ def dry_run(config: SweepConfig, family: Family, steps: int = 2) -> str:
              f"{int(short)} more for the check; grid extensions not counted); {config.seeds} measured runs x "
              f"{pool_passes:.3g} pool captures ({every_layer:.3g} at every insertion point, {primary_only:.3g} at the "
              f"primary one; {len(family.reductions)} reduction(s) from each backward pass) of {config.pool_size} "
-             f"examples" + (f" (checkpoints before the last capture {config.checkpoint_pool_size} of them)"
-                            if config.checkpoint_pool_size else "")]
+             f"examples" + (f" (checkpoints before the last capture {min(share) * config.pool_size:.0f} of them)"
+                            if min(share) < 1 else "")]
     total = 0.0
     training_seconds, measuring_seconds = {}, {}
     for width in config.widths:
