@@ -36,6 +36,7 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from dalign_core.config import measurement_only
 from dalign_core.experiments._runner import main, run_experiment
 from dalign_core.family import Splits
 from dalign_core.lm_family import CausalLMFamily, LMSweepConfig
@@ -81,6 +82,10 @@ class Config(LMSweepConfig):
     all_layer_steps: tuple[int, ...] | None = (0, 150, 340, 500)
     train_pool_steps: tuple[int, ...] | None = (0, 500)
     pool_size: int = 1024
+    checkpoint_pool_size: int | None = measurement_only(256, neutral=None)
+    """A quarter of each pool at the 11 checkpoints before the last (see the field of
+    :class:`~dalign_core.family.SweepConfig`), as the LLaMA sweep does: capture took half of the sweep's time at
+    the whole pool."""
     budgets: tuple[tuple[int, int], ...] = ((4, 4), (16, 16), (32, 32), (64, 64))
 
     PROFILES = {
@@ -90,7 +95,7 @@ class Config(LMSweepConfig):
             lr_candidates=(1e-2, 3e-2), checkpoint_steps=(0, 10, 14, 17, 20), train_pool_steps=None, pool_size=64,
             all_layer_steps=None, run_sd=None, lr_trial_fraction=0.5,
             eval_examples=32, validation_examples=32, capture_batch=32, budgets=((2, 2), (4, 4)), resamples=1_000,
-            width_scale=8,
+            width_scale=8, checkpoint_pool_size=None,
         ),
         # A classroom's run. The 6-layer regime alone (no deep one), 2 seeds of widths 48 / 64 / 96 (N = 32 barely
         # passed the bigram model in the cpu sweep's 500 steps) for 400 steps at one rate per width (1e-2 x 48/N), no
@@ -103,7 +108,7 @@ class Config(LMSweepConfig):
             lr_candidates=(1e-2,), lr_extend=0, lr_trial_fraction=1.0, checkpoint_steps=(0, 100, 270, 335, 400),
             all_layer_steps=(0, 400), train_pool_steps=(0, 400), pool_size=256, eval_examples=256,
             validation_examples=256, budgets=((4, 4), (16, 16), (32, 32)), resamples=2_000,
-            redundancy_examples=128,
+            redundancy_examples=128, checkpoint_pool_size=None,
         ),
         "cpu": {},
         # Pythia's real 6-layer widths, and a 16-layer regime at three widths, in minutes on one GPU.
@@ -112,7 +117,7 @@ class Config(LMSweepConfig):
             deep_heads=(8, 8, 8), context=128, batch_size=32, steps=1000, warmup_steps=100,
             lr_candidates=(1e-3, 3e-3, 1e-2), checkpoint_steps=(0, 100, 300, 700, 850, 1000),
             train_pool_steps=(0, 1000), pool_size=1024, autocast_dtype="bfloat16", resume_points=1, all_layer_steps=None,
-            prune_candidates=True, resamples=10_000,
+            prune_candidates=True, resamples=10_000, checkpoint_pool_size=None,
         ),
         # The released checkpoints are measured by pythia_checkpoints; this trains the 6-layer widths to 5k steps.
         "paper": dict(
@@ -120,7 +125,7 @@ class Config(LMSweepConfig):
             deep_heads=(8, 8, 8), context=256, vocab_size=8192, batch_size=64, steps=5000, warmup_steps=250,
             lr_candidates=(3e-4, 1e-3, 3e-3), checkpoint_steps=(0, 300, 1000, 2000, 3500, 4000, 4500, 5000),
             train_pool_steps=(0, 1000, 3500, 5000), pool_size=2048, autocast_dtype="bfloat16", prune_candidates=True,
-            all_layer_steps=None,
+            all_layer_steps=None, checkpoint_pool_size=None,
         ),
     }
 
