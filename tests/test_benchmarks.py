@@ -30,10 +30,14 @@ def test_bench_training_compares_the_loop_with_a_minimal_one_and_the_matmul_limi
 
 
 def test_bench_projection_reads_the_dry_run_and_the_committed_provenance(tmp_path):
-    done = _bench("bench_projection.py", "--profile", "smoke", "--sweeps", "llama_width", tmp_path=tmp_path)
+    done = _bench("bench_projection.py", "--profile", "smoke", "--sweeps", "llama_width", "--seeds", "4",
+                  tmp_path=tmp_path)
     record = json.loads((tmp_path / "bench_projection.json").read_text())["records"][0]
     assert record["returncode"] == 0 and record["projected_serial_s"] >= record["projected_workers_s"] > 0
     assert "llama_width: projected" in done.stdout
+    more = record["seeds4"]  # smoke has 2 seeds: the chapter at 4 takes longer
+    assert more["returncode"] == 0 and more["projected_serial_s"] > record["projected_serial_s"]
+    assert "at 4 seeds: projected" in done.stdout
 
 
 def test_bench_redundancy_times_whole_batches_against_micro_batches(tmp_path):
