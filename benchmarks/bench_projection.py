@@ -4,12 +4,14 @@ For each width sweep (LLaMA, Pythia, ResNet-20) this runs ``python -m
 dalign_core.experiments.<sweep> --profile <profile> --dry-run`` in a fresh process (it
 builds the data and every model, times a few training steps, one capture batch, one
 evaluation batch and the redundancy check, and projects the whole sweep on this machine's
-one-thread workers), and reads the committed
-tables' provenance (``results/<profile>/<family>_runs.json``: ``wall_time_s``, the
-workers and the commit) for the time the sweep actually took. Printed and saved per sweep:
-the projection on one process, on this machine's workers, and ``measured / projected``
-(above 1: the run took longer than projected, e.g. on a machine shared with other work).
-The projection counts training, capture, evaluation and the redundancy check (not resampling,
+one-thread workers), and reads the committed tables' provenance
+(``results/<profile>/<family>_runs.json``: ``wall_time_s``, the workers, the commit, and
+how many runs loaded their training from checkpoints) for the time the sweep actually took.
+A run whose training was loaded was only measured, so the committed time is comparable with
+the projection only where few runs were (one per regime is the rate check's model, reused).
+Printed and saved per sweep: the projection on one process, on this machine's workers, and
+``measured / projected`` (above 1: the run took longer than projected, e.g. on a machine
+shared with other work). The projection counts training, capture, evaluation and the redundancy check (not resampling,
 the sample-unit study and start-up).
 
 With ``--seeds`` (default 3, the seeds the chapters had before the width verdict asked for
@@ -71,8 +73,11 @@ def measured(family: str, profile: str) -> dict:
         return {}
     provenance = json.loads(path.read_text())
     hardware = provenance.get("hardware", {})
+    runs = [sweep["runs"] for sweep in provenance.get("sweeps", []) if sweep.get("runs")] or [provenance["runs"]]
     return {"measured_s": provenance.get("wall_time_s"), "measured_commit": provenance.get("git", {}).get("commit"),
             "measured_workers": hardware.get("workers"), "measured_threads": hardware.get("threads_per_process"),
+            "measured_runs": sum(r.get("count", 0) for r in runs),
+            "measured_training_loaded": sum(r.get("training_loaded", 0) for r in runs),
             "measured_utc": provenance.get("written_utc")}
 
 
@@ -102,7 +107,9 @@ def main(argv=None) -> int:
                 f"{record['projected_workers_s'] / 60:.1f} min on {record['workers']} one-thread worker(s)")
         if "measured_over_projected" in record:
             line += (f"; the committed run took {record['measured_s'] / 60:.1f} min "
-                     f"({record['measured_over_projected']:.2f}x the projection)")
+                     f"({record['measured_over_projected']:.2f}x the projection, with "
+                     f"{record['measured_training_loaded']} of its {record['measured_runs']} runs' training loaded "
+                     "from checkpoints)")
         print(line, flush=True)
         for seeds in args.seeds:
             other = project(sweep, args.profile, args.timeout, seeds)

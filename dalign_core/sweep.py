@@ -485,18 +485,31 @@ def _job_grid(config: SweepConfig, group_sizes: dict[int, int], training: dict[i
     ``training`` and ``measuring``: the cost of one full training and of measuring one trained
     run at each width (any unit); ``grids``: each width's rates (default :meth:`SweepConfig.lr_grid`).
     Where trials run at full length, the first seed's measured run reuses the chosen trial's
-    training, so it is a measurement on one rank.
+    training, so it is a measurement on one rank; with short trials, so does the widest width's,
+    which the full-length check (:func:`_check_jobs`) trained.
     """
     grids = grids or {width: config.lr_grid(width) for width in config.widths}
     short = config.trial_steps < config.steps
     fraction = config.trial_steps / config.steps
+
+    def reused(width: int, seed: int) -> bool:
+        return seed == config.seed and (not short or width == max(config.widths))
+
     trials = [distributed.Job(_trial_name(width, lr), cost=training[width] * fraction, ranks=group_sizes[width],
                               payload=(width, lr)) for width in config.widths for lr in grids[width]]
     runs = [distributed.Job(f"N{width}_seed{seed}", payload=(width, seed),
-                            cost=measuring[width] + (0.0 if seed == config.seed and not short else training[width]),
-                            ranks=1 if seed == config.seed and not short else group_sizes[width])
+                            cost=measuring[width] + (0.0 if reused(width, seed) else training[width]),
+                            ranks=1 if reused(width, seed) else group_sizes[width])
             for width in config.widths for seed in range(config.seed, config.seed + config.seeds)]
     return trials, runs
+
+
+def _check_jobs(config: SweepConfig, group_sizes: dict[int, int], training: dict[int, float],
+                rates: list[float]) -> list:
+    """The full-length check of a short-trial rate fit: the widest width trained at ``rates`` (its two best trials)."""
+    width = max(config.widths)
+    return [distributed.Job(f"full_N{width}_lr{lr:g}", cost=training[width], ranks=group_sizes[width],
+                            payload=(width, lr)) for lr in rates]
 
 
 def _fit_rates(config, family, splits, pools, device, folder, group_sizes, training) -> dict[int, list[dict]]:
@@ -535,8 +548,7 @@ def _fit_rates(config, family, splits, pools, device, folder, group_sizes, train
         width = max(config.widths)
         ranked = sorted((row for row in lr_rows[width] if math.isfinite(row["validation_loss"])),
                         key=lambda row: (row["validation_loss"], row["lr"]))
-        checks = [distributed.Job(f"full_N{width}_lr{row['lr']:g}", cost=training[width], ranks=group_sizes[width],
-                                  payload=(width, row["lr"])) for row in ranked[:2]]
+        checks = _check_jobs(config, group_sizes, training, [row["lr"] for row in ranked[:2]])
         full = distributed.run_jobs(folder, checks, lambda job, group: _rate_trial(
             config, family, splits, pools, *job.payload, device, group, trial=False))
         full_rows = [full[job.name] for job in checks]
@@ -774,9 +786,12 @@ def dry_run(config: SweepConfig, family: Family, steps: int = 2) -> str:
                      f"{config.seeds} = {measuring:.0f} s measuring")
         del model
     lines.append(f"projected: {_seconds(total)} s ({total / 60:.1f} min) plus resampling and start-up")
-    def shared(world: int) -> float:  # the plan's makespan: rates first, then seeds, longest job first
-        return sum(max((a.end for a in distributed.plan(jobs, world)), default=0.0) for jobs in _job_grid(
-            config, distributed.ranks_per_job(config.widths, world), training_seconds, measuring_seconds))
+    def shared(world: int) -> float:  # the plan's makespan: rates, their check, then seeds, longest job first
+        sizes = distributed.ranks_per_job(config.widths, world)
+        trials, runs = _job_grid(config, sizes, training_seconds, measuring_seconds)
+        rates = config.lr_grid(max(config.widths))[:2] if short else []  # the check's cost does not depend on them
+        checks = _check_jobs(config, sizes, training_seconds, list(rates))
+        return sum(max((a.end for a in distributed.plan(jobs, world)), default=0.0) for jobs in (trials, checks, runs))
 
     local = workers.count() if distributed.context().world_size == 1 else 1
     if local > 1:  # what a plain `python -m ...` on this machine does by default

@@ -267,6 +267,21 @@ def test_dry_run_projects_this_machines_workers(checkpoints, monkeypatch):
     assert "one-thread workers" not in sweep.dry_run(ToyConfig(), ToyFamily())
 
 
+@pytest.mark.parametrize("fraction", [1.0, 0.5])
+def test_the_job_grid_costs_a_reused_training_as_a_measurement(fraction):
+    """The first seed's run loads its training where a full-length trial (or, with short trials, the widest width's
+    check) made it: its job costs a measurement on one rank, every other run a training and a measurement."""
+    config = ToyConfig(lr_trial_fraction=fraction)
+    training, measuring = {8: 10.0, 16: 20.0, 32: 40.0}, {8: 1.0, 16: 2.0, 32: 4.0}
+    trials, runs = sweep._job_grid(config, {w: 1 for w in config.widths}, training, measuring)
+    assert [job.cost for job in trials] == [training[w] * fraction for w in config.widths for _ in range(2)]
+    reused = {(w, 0) for w in config.widths} if fraction == 1.0 else {(32, 0)}
+    assert {job.payload: job.cost for job in runs} == {
+        (w, s): measuring[w] + (0.0 if (w, s) in reused else training[w]) for w in config.widths for s in (0, 1)}
+    checks = sweep._check_jobs(config, {w: 1 for w in config.widths}, training, [3e-3, 3e-2])
+    assert [(job.name, job.cost) for job in checks] == [("full_N32_lr0.003", 40.0), ("full_N32_lr0.03", 40.0)]
+
+
 def test_pruning_keeps_only_the_chosen_rates_checkpoints(checkpoints):
     config = ToyConfig(widths=(8, 16, 24), seeds=1, prune_candidates=True)
     tables, _ = sweep.run_sweep(config, ToyFamily())
