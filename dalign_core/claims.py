@@ -80,7 +80,9 @@ RULES = {
         "per grown model, Spearman's ρ across insertion points between d_align and the realized gain on held-out "
         "examples, minus the same ρ of the zero-output block's gradient norm, at the longest growth budget: "
         "reproduced when the 95% t interval of the mean over models lies above 0, contradicted below 0, else "
-        "inconclusive (simulated at the cpu design: 1.5% reproduced without an effect)",
+        f"inconclusive (simulated at the cpu design's models and points: without an effect at most "
+        f"{growth.CALIBRATION['null_reproduced']:.0%} reproduced, with ρ ≈ 0.5 per model at least "
+        f"{growth.CALIBRATION['effect_reproduced']:.0%})",
 }
 """Each claim's rule, as the chapter states it."""
 

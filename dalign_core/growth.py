@@ -97,6 +97,11 @@ BASE_PREDICTORS = ("d_align", "d_par", "d_2", "mean_sq", "grad_norm", "random")
 
 CLAIM = "d_align ranks insertion points better than the gradient-norm baseline"
 
+CALIBRATION = {"null_reproduced": 0.05, "effect_reproduced": 0.80}
+"""What the test suite's simulation of :func:`verdict` at the cpu design's models and insertion points holds it to:
+without an effect it says "reproduced" at most ``null_reproduced`` of the time (and "contradicted" as rarely); with
+gains that follow d_align about as closely as ρ ≈ 0.5 per model, at least ``effect_reproduced`` of the time."""
+
 
 def predictor_names(budgets: Sequence[int]) -> list[str]:
     """Every predictor column for the budgets M = K in ``budgets``, in the table's order."""
