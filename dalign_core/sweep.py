@@ -768,6 +768,8 @@ def dry_run(config: SweepConfig, family: Family, steps: int = 2) -> str:
         per_redundancy = 0.0
         if config.redundancy_examples:
             probe = min(config.redundancy_examples, config.capture_batch, count(heldout))
+            _redundancy(config, family, model, heldout, min(8, probe), device, config.seed)  # warm-up, as above
+            _sync(device)
             start = time.perf_counter()
             _redundancy(config, family, model, heldout, probe, device, config.seed)
             _sync(device)
