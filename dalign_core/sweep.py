@@ -791,8 +791,8 @@ def dry_run(config: SweepConfig, family: Family, steps: int = 2) -> str:
     def shared(world: int) -> float:  # the plan's makespan: rates, their check, then seeds, longest job first
         sizes = distributed.ranks_per_job(config.widths, world)
         trials, runs = _job_grid(config, sizes, training_seconds, measuring_seconds)
-        rates = config.lr_grid(max(config.widths))[:2] if short else []  # the check's cost does not depend on them
-        checks = _check_jobs(config, sizes, training_seconds, list(rates))
+        checked = config.lr_grid(max(config.widths))[:2] if short else ()  # its cost does not depend on the rates
+        checks = _check_jobs(config, sizes, training_seconds, list(checked))
         return sum(max((a.end for a in distributed.plan(jobs, world)), default=0.0) for jobs in (trials, checks, runs))
 
     local = workers.count() if distributed.context().world_size == 1 else 1
