@@ -11,8 +11,8 @@ A run whose training was loaded was only measured, so the committed time is comp
 the projection only where few runs were (one per regime is the rate check's model, reused).
 Printed and saved per sweep: the projection on one process, on this machine's workers, and
 ``measured / projected`` (above 1: the run took longer than projected, e.g. on a machine
-shared with other work). The projection counts training, capture, evaluation and the redundancy check (not resampling,
-the sample-unit study and start-up).
+shared with other work). The projection counts training, capture, evaluation and the
+redundancy check (not resampling, the sample-unit study and start-up).
 
 With ``--seeds`` (default 3, the seeds the chapters had before the width verdict asked for
 more) each sweep is projected again with ``--set seeds=<n>``: the same chapter at n seeds,
@@ -73,7 +73,7 @@ def measured(family: str, profile: str) -> dict:
         return {}
     provenance = json.loads(path.read_text())
     hardware = provenance.get("hardware", {})
-    runs = [sweep["runs"] for sweep in provenance.get("sweeps", []) if sweep.get("runs")] or [provenance["runs"]]
+    runs = [sweep["runs"] for sweep in provenance.get("sweeps", []) if sweep.get("runs")] or [provenance.get("runs") or {}]
     return {"measured_s": provenance.get("wall_time_s"), "measured_commit": provenance.get("git", {}).get("commit"),
             "measured_workers": hardware.get("workers"), "measured_threads": hardware.get("threads_per_process"),
             "measured_runs": sum(r.get("count", 0) for r in runs),

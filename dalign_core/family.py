@@ -87,7 +87,9 @@ class SweepConfig(ExperimentConfig):
     The final checkpoint always captures the whole pool (the reported d_align and the misalignment study). A run's
     late-window mean averages 9 checkpoints whose scatter around it (an SD of about 1 in log d_align for LLaMA at
     cpu) dwarfs one checkpoint's estimation error (0.19 at 1,024 examples, about 0.37 at 256), so a quarter of the
-    pool costs a quarter of the capture and little of the power."""
+    pool costs a quarter of the capture and little of the power. Measure that premise before setting the field: it
+    fails for Pythia's per-position q, whose d_align barely moves between checkpoints
+    (:attr:`dalign_core.experiments.pythia_width.Config.checkpoint_pool_size`)."""
     eval_examples: int = 512
     """Held-out examples scored for the held-out loss, disjoint from the held-out q pool."""
     validation_examples: int = 512
