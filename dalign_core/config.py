@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Iterable, Mapping
 
 __all__ = ["PROFILES", "REPO_ROOT", "SOURCE_ROOT", "STEP_SCHEDULES", "ExperimentConfig", "check_profile", "default_results_dir",
-           "measurement_only", "overrides_tag", "parse_overrides", "work_root"]
+           "measurement_only", "added_field", "overrides_tag", "parse_overrides", "work_root"]
 
 PROFILES = ("smoke", "lab", "cpu", "gpu", "paper")
 """smoke: seconds, for tests; lab: a classroom's five minutes a chapter; cpu: the default reproduction on a laptop;
@@ -300,6 +300,8 @@ def _rescaled_schedules(cls: type, values: Mapping[str, Any], overrides: Mapping
 
 MEASUREMENT_ONLY = "dalign_measurement_only"
 """The metadata key of a :func:`measurement_only` field."""
+NEUTRAL = "dalign_neutral"
+"""The metadata key of a field's neutral value (:func:`measurement_only`, :func:`added_field`)."""
 
 
 def measurement_only(default: Any, *, neutral: Any) -> Any:
@@ -312,11 +314,27 @@ def measurement_only(default: Any, *, neutral: Any) -> Any:
     studies that load the models (:meth:`ExperimentConfig.models_hash`). A subclass that changes the default
     declares the field again with the same ``neutral``.
     """
-    return dataclasses.field(default=default, metadata={MEASUREMENT_ONLY: True, "neutral": neutral})
+    return dataclasses.field(default=default, metadata={MEASUREMENT_ONLY: True, NEUTRAL: neutral})
+
+
+def added_field(default: Any, *, neutral: Any) -> Any:
+    """A config field added after results were committed, which may change the models (e.g. how a sweep fits its
+    learning rates).
+
+    ``neutral`` is the value that behaves as the experiment did before the field existed. The field enters both
+    hashes only where it differs from ``neutral``, so adding it leaves every existing config's hashes, its committed
+    results and the studies that load its models current. A subclass that changes the default declares the field
+    again with the same ``neutral``.
+    """
+    return dataclasses.field(default=default, metadata={NEUTRAL: neutral})
 
 
 def _is_measurement_only(field: dataclasses.Field) -> bool:
     return bool(field.metadata.get(MEASUREMENT_ONLY))
+
+
+def _at_neutral(config: Any, field: dataclasses.Field) -> bool:
+    return NEUTRAL in field.metadata and getattr(config, field.name) == field.metadata[NEUTRAL]
 
 
 def _hash_of(config: Any, omit) -> str:
@@ -379,14 +397,15 @@ class ExperimentConfig:
     def config_hash(self) -> str:
         """A short stable hash of the config: equal configs give equal hashes.
 
-        A measurement-only field (:func:`measurement_only`) enters it only where it differs from its neutral value
-        (the one that measures as before the field existed), so adding such a field leaves every existing config's
-        hash, and so its committed results, current.
+        A field with a neutral value (:func:`measurement_only`, :func:`added_field`) enters it only where it differs
+        from that value (the one that behaves as before the field existed), so adding such a field leaves every
+        existing config's hash, and so its committed results, current.
         """
-        return _hash_of(self, omit=lambda f: _is_measurement_only(f) and getattr(self, f.name) == f.metadata["neutral"])
+        return _hash_of(self, omit=lambda f: _at_neutral(self, f))
 
     def models_hash(self) -> str:
         """A short stable hash of what determines the config's trained models and example pools: every field but
         the measurement-only ones (:func:`measurement_only`). Equal to :meth:`config_hash` where each of those is
-        at its neutral value. The studies that load a sweep's models (interventions, growth) key their reuse on it."""
-        return _hash_of(self, omit=_is_measurement_only)
+        at its neutral value; an :func:`added_field` enters it where it differs from its neutral value. The studies
+        that load a sweep's models (interventions, growth) key their reuse on it."""
+        return _hash_of(self, omit=lambda f: _is_measurement_only(f) or _at_neutral(self, f))

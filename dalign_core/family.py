@@ -38,10 +38,14 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from dalign_core.config import ExperimentConfig, measurement_only
+from dalign_core.config import ExperimentConfig, added_field, measurement_only
 from dalign_core.training import lm_loss
 
 __all__ = ["SweepConfig", "Splits", "Family", "take", "count"]
+
+
+LR_FITS = ("each_width", "transfer")
+"""The ways a sweep fits its learning rates (:attr:`SweepConfig.lr_fit`)."""
 
 
 @dataclass(frozen=True)
@@ -57,9 +61,17 @@ class SweepConfig(ExperimentConfig):
     batch_size: int = 16
     lr_candidates: tuple[float, ...] = (1e-3, 3e-3, 1e-2)
     """Peak learning rates tried at the narrowest width; each width keeps the one with the lowest validation loss."""
+    lr_fit: str = added_field("each_width", neutral="each_width")
+    """How each width gets its rate. ``each_width``: every width tries its own grid. ``transfer`` (μTransfer): only
+    the narrowest width tries its grid; the rate it keeps is carried to every width by the grid's own rule,
+    ``(widths[0] / N) ** lr_width_exponent``, and checked once, at the widest width, by training the carried rate
+    and its grid neighbour on the side of the narrowest width's runner-up at full length. The carried rate must win
+    on validation loss; if the neighbour wins, the transfer has failed and every width is fitted as under
+    ``each_width`` (:func:`dalign_core.sweep.lr_check` reports which happened)."""
     lr_trial_fraction: float = 1.0
     """Rate trials train for this fraction of ``steps`` (their own warmup and decay, no analysis checkpoints).
-    Below 1 the chosen rate is checked at the widest width against its runner-up at full length."""
+    Below 1 (under ``each_width``) the chosen rate is checked at the widest width against its runner-up at full
+    length."""
     lr_extend: int = 2
     """A width whose best rate is at the edge of its grid tries one more rate past that edge, up to this many
     times, so the chosen rate ends inside the rates tried."""
@@ -141,15 +153,35 @@ class SweepConfig(ExperimentConfig):
         if self.checkpoint_pool_size is not None and self.checkpoint_pool_size < 2:
             raise ValueError(f"checkpoint_pool_size {self.checkpoint_pool_size} must be at least 2 (or None: the "
                              "whole pool at every checkpoint)")
+        if self.lr_fit not in LR_FITS:
+            raise ValueError(f"lr_fit {self.lr_fit!r} is not one of {LR_FITS}: 'each_width' fits every width's grid, "
+                             "'transfer' fits the narrowest width and carries its rate by the grid's rule")
+        if self.lr_fit == "transfer" and len(self.lr_candidates) < 2:
+            raise ValueError("lr_fit='transfer' needs at least 2 lr_candidates: its check trains the carried rate's "
+                             "neighbour; with one rate, use lr_fit='each_width'")
         if not 0 < self.lr_trial_fraction <= 1:
             raise ValueError(f"lr_trial_fraction must be in (0, 1], got {self.lr_trial_fraction}")
         if self.judged_budget is not None and tuple(self.judged_budget) not in {tuple(b) for b in self.budgets}:
             raise ValueError(f"judged_budget {self.judged_budget} is not one of the budgets {self.budgets}")
 
+    def scaled_rate(self, lr: float, width: int) -> float:
+        """A rate of the narrowest width moved to ``width`` by the grid's rule (3 significant digits)."""
+        return float(f"{lr * (min(self.widths) / width) ** self.lr_width_exponent:.3g}")
+
     def lr_grid(self, width: int) -> tuple[float, ...]:
         """The candidate learning rates at ``width`` (3 significant digits), ascending."""
-        scale = (min(self.widths) / width) ** self.lr_width_exponent
-        return tuple(sorted(float(f"{lr * scale:.3g}") for lr in self.lr_candidates))
+        return tuple(sorted(self.scaled_rate(lr, width) for lr in self.lr_candidates))
+
+    @property
+    def fitted_widths(self) -> tuple[int, ...]:
+        """The widths whose grids the rate trials try: the narrowest under ``lr_fit='transfer'``, else all."""
+        return (min(self.widths),) if self.lr_fit == "transfer" else tuple(self.widths)
+
+    @property
+    def full_check(self) -> bool:
+        """Whether the widest width's rate is checked at full length: under ``transfer`` with several widths, or
+        with short trials."""
+        return (self.lr_fit == "transfer" and len(self.widths) > 1) or self.trial_steps < self.steps
 
     @property
     def trial_steps(self) -> int:

@@ -170,25 +170,48 @@ def trials(lr: pd.DataFrame) -> pd.DataFrame:
     return lr[~lr.check.astype(bool)] if "check" in lr and len(lr) else lr
 
 
-def describe_learning_rates(lr: pd.DataFrame) -> str:
-    """The rate each width kept, whether the choice sat at the edge of the candidates, and the full-length check."""
+def describe_learning_rates(lr: pd.DataFrame, runs: pd.DataFrame | None = None) -> str:
+    """The rate each width kept, whether the choice sat at the edge of the candidates, and the full-length check
+    (of short trials, or of a rate carried from the narrowest width: :attr:`~dalign_core.family.SweepConfig.lr_fit`).
+    ``runs`` (``<family>_runs``) names the rate each width's runs used where the rate was carried."""
     check = lr_check(lr) if len(lr) else {}
     lr = trials(lr)
     if lr.empty:
         return "No learning rate was fitted at this profile."
     chosen = lr[lr.chosen.astype(bool)].set_index("width").lr
-    text = "Learning rate kept per width (lowest validation loss): " + ", ".join(
-        f"N={w}: {r:g}" for w, r in chosen.items()) + "."
+    transfer = check.get("method") == "transfer"
+    if transfer and check["passed"]:
+        text = (f"The rate was fitted at N={check['fitted_width']} only, whose trials kept {check['fitted']:g} "
+                "(lowest validation loss), and carried to every width by the grid's rule (μTransfer)")
+        used = runs.groupby("width").lr.first() if runs is not None and len(runs) else None
+        text += (": " + ", ".join(f"N={w}: {r:g}" for w, r in used.items()) + "." if used is not None else ".")
+    else:
+        text = "Learning rate kept per width (lowest validation loss): " + ", ".join(
+            f"N={w}: {r:g}" for w, r in chosen.items()) + "."
     grids = lr.groupby("width").lr.agg(["min", "max", "count"])
     edge = [w for w, r in chosen.items() if grids.loc[w, "count"] > 1 and r in (grids.loc[w, "min"], grids.loc[w, "max"])]
     if edge:
         text += (f" At {', '.join(f'N={w}' for w in edge)} the kept rate is at the edge of that width's grid, so a "
                  "rate outside it might fit better.")
     else:
-        text += " Every kept rate lies inside its width's grid, with a worse rate on either side."
+        text += (" The kept rate lies inside the fitted grid, with a worse rate on either side." if transfer and
+                 check["passed"] else " Every kept rate lies inside its width's grid, with a worse rate on either side.")
     if len(chosen) > 2 and chosen.is_monotonic_decreasing and chosen.iloc[0] > chosen.iloc[-1]:
         text += " The best rate falls as width grows, as μP-style scaling predicts for Adam."
-    if "steps" in lr and check:
+    if transfer:
+        carried, neighbour = (f"{check[which]:g}" for which in ("carried", "neighbour"))
+        text += (f" The trials ran {int(lr.steps.iloc[0])} steps each. Checked at full length at N={check['width']}, "
+                 f"the carried rate {carried} gives a validation loss of {check['losses'][carried]:.4f} nats and its "
+                 f"neighbour {neighbour} (on the side of the narrow fit's runner-up) "
+                 f"{check['losses'][neighbour]:.4f}: ")
+        if check["passed"]:
+            text += (f"the carried rate wins by {check['margin']:.4f} nats" + (
+                ", a tie at this resolution: the check cannot show the carried rate wrong, nor better than its "
+                "neighbour." if check["margin"] < RATE_TIE else ", so the transfer holds at the widest width."))
+        else:
+            text += (f"the carried rate lost to its neighbour by {check['margin']:.4f} nats, so the transfer failed "
+                     "and every width was fitted on its own grid (the rates above).")
+    elif "steps" in lr and check:
         losses = ", ".join(f"{rate} gives {loss:.3f}" for rate, loss in check["losses"].items())
         text += (f" The trials ran {int(lr.steps.iloc[0])} steps each. Checked at full length at N={check['width']}, "
                  f"the two best short-trial rates give validation losses of: {losses}; "

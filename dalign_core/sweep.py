@@ -7,7 +7,10 @@ For each width N of a :class:`~dalign_core.family.SweepConfig`, with a
    width's grid (``lr_candidates``, moved with width by ``lr_width_exponent``) and keep
    the one with the lowest loss on the *validation* split (whole documents that are
    neither a q pool nor the test text). One rate for all widths would compare a
-   well-tuned narrow model with a badly tuned wide one.
+   well-tuned narrow model with a badly tuned wide one. Under ``lr_fit='transfer'``
+   (μTransfer) only the narrowest width is fitted; its rate is carried to every width
+   by the grid's rule and checked at full length at the widest width against its grid
+   neighbour; if the neighbour wins, every width is fitted after all.
 2. **Seeds.** Train the other seeds at that rate (the first seed's run is reused).
 3. **Geometry along training.** At every analysis checkpoint: the held-out loss on
    ``eval_examples`` test examples, and q at every insertion point on two pools drawn
@@ -222,7 +225,7 @@ def _train(config, family, splits, width, seed, lr, device, group=None, trial=Fa
 def _rate_trial(config, family, splits, pools, width, lr, device, group=None, trial=True) -> dict | None:
     """Train the first seed at rate ``lr`` and score it on the validation pool: one row of ``<family>_lr``.
 
-    ``trial=False`` trains at full length (the check of a short-trial fit). In a job group only the
+    ``trial=False`` trains at full length (the full-length check of the fit). In a job group only the
     group's first rank scores it (the others return None).
     """
     model, result, failure = _train(config, family, splits, width, config.seed, lr, device, group, trial)
@@ -483,20 +486,21 @@ def _job_grid(config: SweepConfig, group_sizes: dict[int, int], training: dict[i
     """The sweep's jobs: the (width, rate) trials of the rate fit, then the measured (width, seed) runs.
 
     ``training`` and ``measuring``: the cost of one full training and of measuring one trained
-    run at each width (any unit); ``grids``: each width's rates (default :meth:`SweepConfig.lr_grid`).
-    Where trials run at full length, the first seed's measured run reuses the chosen trial's
-    training, so it is a measurement on one rank; with short trials, so does the widest width's,
-    which the full-length check (:func:`_check_jobs`) trained.
+    run at each width (any unit); ``grids``: the rates to try, by width (default: the grid of each of
+    :attr:`SweepConfig.fitted_widths`). Where trials run at full length, the first seed's measured run
+    reuses the chosen trial's training, so it is a measurement on one rank; so does the widest width's
+    where the full-length check (:func:`_check_jobs`) trained it.
     """
-    grids = grids or {width: config.lr_grid(width) for width in config.widths}
+    grids = grids or {width: config.lr_grid(width) for width in config.fitted_widths}
     short = config.trial_steps < config.steps
     fraction = config.trial_steps / config.steps
 
     def reused(width: int, seed: int) -> bool:
-        return seed == config.seed and (not short or width == max(config.widths))
+        return seed == config.seed and ((not short and width in config.fitted_widths)
+                                        or (config.full_check and width == max(config.widths)))
 
     trials = [distributed.Job(_trial_name(width, lr), cost=training[width] * fraction, ranks=group_sizes[width],
-                              payload=(width, lr)) for width in config.widths for lr in grids[width]]
+                              payload=(width, lr)) for width in grids for lr in grids[width]]
     runs = [distributed.Job(f"N{width}_seed{seed}", payload=(width, seed),
                             cost=measuring[width] + (0.0 if reused(width, seed) else training[width]),
                             ranks=1 if reused(width, seed) else group_sizes[width])
@@ -506,20 +510,33 @@ def _job_grid(config: SweepConfig, group_sizes: dict[int, int], training: dict[i
 
 def _check_jobs(config: SweepConfig, group_sizes: dict[int, int], training: dict[int, float],
                 rates: list[float]) -> list:
-    """The full-length check of a short-trial rate fit: the widest width trained at ``rates`` (its two best trials)."""
+    """The full-length check of the rate fit: the widest width trained at ``rates`` (two of them)."""
     width = max(config.widths)
     return [distributed.Job(f"full_N{width}_lr{lr:g}", cost=training[width], ranks=group_sizes[width],
                             payload=(width, lr)) for lr in rates]
 
 
-def _fit_rates(config, family, splits, pools, device, folder, group_sizes, training) -> dict[int, list[dict]]:
-    """Every width's rate-fit rows (``<family>_lr``), the chosen rate marked; see the module docstring.
+def trainings(config: SweepConfig) -> dict[int, float]:
+    """Full trainings each width costs (trials at their fraction of ``steps``), from the sweep's own job grid:
+    the rate trials, the seeds whose training no trial or check made, and the widest width's full-length check.
+    Grid extensions and a failed transfer (:attr:`SweepConfig.lr_fit`) are not counted: they depend on results."""
+    ones, zeros = {w: 1.0 for w in config.widths}, {w: 0.0 for w in config.widths}
+    trials, runs = _job_grid(config, {w: 1 for w in config.widths}, ones, zeros)
+    checks = _check_jobs(config, {w: 1 for w in config.widths}, ones, [0.0, 0.0]) if config.full_check else []
+    return {width: sum(job.cost for job in trials + runs + checks if job.payload[0] == width)
+            for width in config.widths}
 
-    Trials run as jobs; a width whose best rate sits at an edge of its grid tries one rate past that
-    edge (up to ``lr_extend`` times). With short trials, the widest width's chosen rate and its
-    runner-up are then trained at full length (``check`` rows): the check of the short fit.
-    """
-    grids = {width: config.lr_grid(width) for width in config.widths}
+
+def _ranked(rows: list[dict]) -> list[dict]:
+    """Rate-trial rows with a finite validation loss, best first (ties: the smaller rate)."""
+    return sorted((row for row in rows if math.isfinite(row["validation_loss"])),
+                  key=lambda row: (row["validation_loss"], row["lr"]))
+
+
+def _fit_grids(config, family, splits, pools, device, folder, group_sizes, training, widths) -> dict[int, list[dict]]:
+    """The rate trials of ``widths``, each width's rows with ``chosen``; a width whose best rate sits at an edge of
+    its grid tries one rate past that edge (up to ``lr_extend`` times)."""
+    grids = {width: config.lr_grid(width) for width in widths}
     costs = {w: 0.0 for w in config.widths}
 
     def width_fitted(job, lookup):  # prune a width's other candidates as soon as its last trial is in
@@ -534,7 +551,7 @@ def _fit_rates(config, family, splits, pools, device, folder, group_sizes, train
             folder, trials, lambda job, group: _rate_trial(config, family, splits, pools, *job.payload, device, group),
             finished=width_fitted)
         lr_rows = {width: _choose_rate([trial_rows[_trial_name(width, lr)] for lr in grids[width]], grids[width])
-                   for width in config.widths}
+                   for width in widths}
         grown = {width: _extended(grids[width], next(r["lr"] for r in rows if r["chosen"]))
                  for width, rows in lr_rows.items()}
         grown = {width: grid for width, grid in grown.items() if grid is not None}
@@ -543,36 +560,113 @@ def _fit_rates(config, family, splits, pools, device, folder, group_sizes, train
         log.info("%s: best rate at the edge of its grid at N=%s; trying one more rate past it", family.name,
                  "/".join(map(str, grown)))
         grids.update(grown)
-    lr_rows = {width: [{**row, "check": False} for row in rows] for width, rows in lr_rows.items()}
+    return {width: [{**row, "check": False} for row in rows] for width, rows in lr_rows.items()}
+
+
+def _full_check(config, family, splits, pools, device, folder, group_sizes, training, rates) -> list[dict]:
+    """The widest width trained at ``rates`` for all ``steps`` and scored on the validation pool: ``check`` rows,
+    the lowest validation loss ``chosen`` (ties: the smaller rate)."""
+    checks = _check_jobs(config, group_sizes, training, rates)
+    full = distributed.run_jobs(folder, checks, lambda job, group: _rate_trial(
+        config, family, splits, pools, *job.payload, device, group, trial=False))
+    rows = [full[job.name] for job in checks]
+    best = _ranked(rows)[0]["lr"] if _ranked(rows) else None
+    return [{**row, "chosen": row["lr"] == best, "check": True} for row in rows]
+
+
+def _fit_each_width(config, family, splits, pools, device, folder, group_sizes, training):
+    """``lr_fit='each_width'``: every width's trials; with short trials, the widest width's best two trial rates
+    trained at full length (the check of the short fit). Returns (rate by width, rows by width)."""
+    lr_rows = _fit_grids(config, family, splits, pools, device, folder, group_sizes, training, config.widths)
     if config.trial_steps < config.steps:
         width = max(config.widths)
-        ranked = sorted((row for row in lr_rows[width] if math.isfinite(row["validation_loss"])),
-                        key=lambda row: (row["validation_loss"], row["lr"]))
-        checks = _check_jobs(config, group_sizes, training, [row["lr"] for row in ranked[:2]])
-        full = distributed.run_jobs(folder, checks, lambda job, group: _rate_trial(
-            config, family, splits, pools, *job.payload, device, group, trial=False))
-        full_rows = [full[job.name] for job in checks]
-        best = min(full_rows, key=lambda row: (row["validation_loss"], row["lr"]))["lr"] if full_rows else None
-        lr_rows[width] += [{**row, "chosen": row["lr"] == best, "check": True} for row in full_rows]
-    return lr_rows
+        lr_rows[width] += _full_check(config, family, splits, pools, device, folder, group_sizes, training,
+                                      [row["lr"] for row in _ranked(lr_rows[width])[:2]])
+    chosen = {width: next(row["lr"] for row in rows if row["chosen"] and not row["check"])
+              for width, rows in lr_rows.items()}
+    return chosen, lr_rows
+
+
+def _transfer_rates(config: SweepConfig, rows: list[dict]) -> tuple[dict[int, float], float]:
+    """The narrowest width's kept rate carried to every width, and the rate the widest width checks it against:
+    the grid neighbour on the side of the narrowest width's runner-up (the other side at an edge of the grid)."""
+    grid = sorted(row["lr"] for row in rows)
+    fitted = next(row["lr"] for row in rows if row["chosen"])
+    ranked = [row["lr"] for row in _ranked(rows) if row["lr"] != fitted]
+    here = grid.index(fitted)
+    side = 1 if ranked and ranked[0] > fitted else -1
+    other = here + side if 0 <= here + side < len(grid) else here - side
+    widest = max(config.widths)
+    return ({width: config.scaled_rate(fitted, width) for width in config.widths},
+            config.scaled_rate(grid[other], widest))
+
+
+def _fit_rates(config, family, splits, pools, device, folder, group_sizes, training):
+    """Each width's rate and the rate-fit rows (``<family>_lr``) by width; see :attr:`SweepConfig.lr_fit`.
+
+    Under ``transfer`` the narrowest width's trials are the only ones, the widest width's check rows say which
+    rate was ``carried``, and where the neighbour beats the carried rate the sweep fits every width instead,
+    keeping the failed check's rows.
+    """
+    if not config.lr_fit == "transfer" or len(config.widths) == 1:
+        return _fit_each_width(config, family, splits, pools, device, folder, group_sizes, training)
+    narrowest, widest = min(config.widths), max(config.widths)
+    fitted = _fit_grids(config, family, splits, pools, device, folder, group_sizes, training, [narrowest])
+    carried, neighbour = _transfer_rates(config, fitted[narrowest])
+    check = _full_check(config, family, splits, pools, device, folder, group_sizes, training,
+                        [carried[widest], neighbour])
+    check = [{**row, "carried": row["lr"] == carried[widest]} for row in check]
+    if any(row["carried"] and row["chosen"] for row in check):
+        return carried, {narrowest: fitted[narrowest], widest: check}
+    log.warning("%s: the rate carried from N=%d (%g at N=%d) lost to its neighbour %g at full length; the transfer "
+                "failed, so every width is fitted on its own grid", family.name, narrowest, carried[widest], widest,
+                neighbour)
+    chosen, lr_rows = _fit_each_width(config, family, splits, pools, device, folder, group_sizes, training)
+    lr_rows[widest] = lr_rows[widest] + check
+    return chosen, lr_rows
 
 
 def lr_check(lr: pd.DataFrame) -> dict[str, Any]:
-    """The full-length check of a short-trial rate fit: did the short trials' choice also win at full length?
+    """The full-length check of the rate fit at the widest width, read from the ``<family>_lr`` table.
 
-    Returns ``{}`` where the fit ran at full length; else the width, the two rates with their
-    full-length validation losses, ``passed`` and ``margin`` (nats between the two).
+    Returns ``{}`` where nothing was checked. For a short-trial fit of every width (``method``
+    ``each_width``): the width, the two rates with their full-length validation losses, ``passed``
+    (the short trials' choice also won at full length) and ``margin`` (nats between the two). For a
+    transfer (``method`` ``transfer``): the width, the ``fitted_width`` and its ``fitted`` rate, the
+    ``carried`` rate and its ``neighbour``, their ``losses``, ``passed`` (the carried rate won) and
+    ``margin``; where it failed, ``fallback`` holds the check of the fit of every width, if any.
     """
     if "check" not in lr or not lr.check.astype(bool).any():
         return {}
     checked = lr[lr.check.astype(bool)]
-    width = int(checked.width.iloc[0])
-    short_choice = float(lr[(~lr.check.astype(bool)) & (lr.width == width) & lr.chosen.astype(bool)].lr.iloc[0])
-    full_choice = float(checked[checked.chosen.astype(bool)].lr.iloc[0])
-    losses = {f"{row.lr:g}": float(row.validation_loss) for row in checked.itertuples()}
-    margin = float(checked.validation_loss.max() - checked.validation_loss.min()) if len(checked) > 1 else 0.0
-    return dict(width=width, short_choice=short_choice, full_choice=full_choice, passed=short_choice == full_choice,
-                losses=losses, margin=margin)
+    transfer = checked[checked.carried.notna()] if "carried" in checked else checked.iloc[:0]
+    plain = checked.drop(transfer.index)
+
+    def losses(rows):
+        return {f"{row.lr:g}": float(row.validation_loss) for row in rows.itertuples()}
+
+    def margin(rows):
+        return float(rows.validation_loss.max() - rows.validation_loss.min()) if len(rows) > 1 else 0.0
+
+    summary = {}
+    if len(plain):
+        width = int(plain.width.iloc[0])
+        trials = lr[(~lr.check.astype(bool)) & (lr.width == width)]
+        short_choice = float(trials[trials.chosen.astype(bool)].lr.iloc[0])
+        full_choice = float(plain[plain.chosen.astype(bool)].lr.iloc[0])
+        summary = dict(method="each_width", width=width, short_choice=short_choice, full_choice=full_choice,
+                       passed=short_choice == full_choice, losses=losses(plain), margin=margin(plain))
+    if len(transfer):
+        width = int(transfer.width.iloc[0])
+        fitted_width = int(lr[~lr.check.astype(bool)].width.min())
+        fitted = lr[(~lr.check.astype(bool)) & (lr.width == fitted_width) & lr.chosen.astype(bool)]
+        carried = transfer[transfer.carried.eq(True)]
+        won = bool(carried.chosen.astype(bool).iloc[0])
+        summary = dict(method="transfer", width=width, fitted_width=fitted_width, fitted=float(fitted.lr.iloc[0]),
+                       carried=float(carried.lr.iloc[0]),
+                       neighbour=float(transfer[transfer.carried.eq(False)].lr.iloc[0]), losses=losses(transfer),
+                       passed=won, margin=margin(transfer), **({} if won else {"fallback": summary}))
+    return summary
 
 
 def run_sweep(config: SweepConfig, family: Family, jobs: str | Path | None = None, ranks_per_job: str | None = None,
@@ -615,9 +709,7 @@ def run_sweep(config: SweepConfig, family: Family, jobs: str | Path | None = Non
     # ---- 1. the rate fit: every (width, rate) trial is a job; a width's choice is read from all of its trials
     # costs only balance the ranks' shares: training ~ N^2, measuring a trained run ~ a tenth of that
     training, measuring = {w: float(w) ** 2 for w in config.widths}, {w: 0.1 * float(w) ** 2 for w in config.widths}
-    lr_rows = _fit_rates(config, family, splits, pools, device, folder, group_sizes, training)
-    chosen = {width: next(row["lr"] for row in rows if row["chosen"] and not row["check"])
-              for width, rows in lr_rows.items()}
+    chosen, lr_rows = _fit_rates(config, family, splits, pools, device, folder, group_sizes, training)
     _, runs = _job_grid(config, group_sizes, training, measuring)
 
     # ---- 2. the measured runs at the chosen rates (with full-length trials, the first seed's training is the
@@ -630,7 +722,7 @@ def run_sweep(config: SweepConfig, family: Family, jobs: str | Path | None = Non
     # ---- 3. rank 0 (or the only process) merges the jobs into the tables
     tables: dict[str, list[dict]] = defaultdict(list)
     for width in config.widths:
-        tables["lr"] += lr_rows[width]
+        tables["lr"] += lr_rows.get(width, [])
         for seed in range(config.seed, config.seed + config.seeds):
             for name, rows in measured[f"N{width}_seed{seed}"].items():
                 tables[name] += rows
@@ -708,11 +800,7 @@ def dry_run(config: SweepConfig, family: Family, steps: int = 2) -> str:
     steps = steps if device.type == "cpu" else max(steps, 20)
     splits, facts, pools = prepare(config, family)
     heldout, evaluation = take(splits.test, pools.heldout), take(splits.test, pools.evaluation)
-    short = config.trial_steps < config.steps
-    rates = len(config.lr_candidates)
-    # full-run equivalents: the trials at their fraction of the steps, the seeds (the first reuses its trial when
-    # trials run at full length), and the widest width's full-length check of the runner-up rate
-    train_runs = rates * config.trial_steps / config.steps + (config.seeds if short else config.seeds - 1)
+    runs_at = trainings(config)  # full-run equivalents at each width, from the sweep's job grid
     # pool captures per measured run, in pools' worth of examples (each checkpoint's share is checkpoint_pool's), as
     # _measure makes them: every layer at all_layer_steps, else the primary one; all reductions share each pass
     passes = [(step in config.train_pool_checkpoints) + 1 for step in config.checkpoint_steps]
@@ -724,9 +812,11 @@ def dry_run(config: SweepConfig, family: Family, steps: int = 2) -> str:
     lines = [f"dry run of {family.name} at profile {config.profile} on {device}: {count(splits.train)} train, "
              f"{count(splits.validation)} validation, {count(splits.test)} test {splits.unit}; "
              f"{facts['epochs']:.2f} epochs per run",
-             f"per width: {train_runs:.3g} full trainings of {config.steps} steps ({rates} rate trials of "
-             f"{config.trial_steps} steps + {config.seeds if short else config.seeds - 1} seeds; at the widest width "
-             f"{int(short)} more for the check; grid extensions not counted); {config.seeds} measured runs x "
+             f"rate fit ({config.lr_fit}): {len(config.lr_candidates)} trials of {config.trial_steps} steps at "
+             + ("every width" if len(config.fitted_widths) > 1 else f"N={config.fitted_widths[0]}")
+             + (f", then 2 trainings at N={max(config.widths)} for the full-length check" if config.full_check else "")
+             + " (grid extensions not counted)",
+             f"per width: {config.seeds} measured runs x "
              f"{pool_passes:.3g} pool captures ({every_layer:.3g} at every insertion point, {primary_only:.3g} at the "
              f"primary one; {len(family.reductions)} reduction(s) from each backward pass) of {config.pool_size} "
              f"examples" + (f" (checkpoints before the last capture {min(share) * config.pool_size:.0f} of them)"
@@ -774,14 +864,14 @@ def dry_run(config: SweepConfig, family: Family, steps: int = 2) -> str:
             _redundancy(config, family, model, heldout, probe, device, config.seed)
             _sync(device)
             per_redundancy = (time.perf_counter() - start) * config.redundancy_examples / probe
-        training = per_step * config.steps * (train_runs + (short and width == max(config.widths)))
+        training = per_step * config.steps * runs_at[width]
         per_run = (per_capture["every"] * every_layer + per_capture["primary"] * primary_only
                    + per_evaluation * len(config.checkpoint_steps)
                    + per_capture["primary"] * config.eval_examples / config.pool_size + per_redundancy)
         measuring = per_run * config.seeds
         total += training + measuring
         training_seconds[width], measuring_seconds[width] = per_step * config.steps, per_run
-        lines.append(f"  N={width}: {per_step * 1e3:.1f} ms/step x {config.steps} steps x {train_runs:.3g} = "
+        lines.append(f"  N={width}: {per_step * 1e3:.1f} ms/step x {config.steps} steps x {runs_at[width]:.3g} = "
                      f"{training:.0f} s training; ({per_capture['every']:.2f} s x {every_layer:.3g} + "
                      f"{per_capture['primary']:.2f} s x {primary_only:.3g} capture, {per_evaluation:.2f} s x "
                      f"{len(config.checkpoint_steps)} evaluation, {per_redundancy:.2f} s redundancy) per run x "
@@ -791,7 +881,7 @@ def dry_run(config: SweepConfig, family: Family, steps: int = 2) -> str:
     def shared(world: int) -> float:  # the plan's makespan: rates, their check, then seeds, longest job first
         sizes = distributed.ranks_per_job(config.widths, world)
         trials, runs = _job_grid(config, sizes, training_seconds, measuring_seconds)
-        checked = config.lr_grid(max(config.widths))[:2] if short else ()  # its cost does not depend on the rates
+        checked = config.lr_grid(max(config.widths))[:2] if config.full_check else ()  # its cost: not the rates
         checks = _check_jobs(config, sizes, training_seconds, list(checked))
         return sum(max((a.end for a in distributed.plan(jobs, world)), default=0.0) for jobs in (trials, checks, runs))
 

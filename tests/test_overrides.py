@@ -13,8 +13,8 @@ import subprocess
 import pandas as pd
 import pytest
 
-from dalign_core.config import (PROFILES, REPO_ROOT, ExperimentConfig, default_results_dir, measurement_only,
-                                overrides_tag, parse_overrides)
+from dalign_core.config import (PROFILES, REPO_ROOT, ExperimentConfig, added_field, default_results_dir,
+                                measurement_only, overrides_tag, parse_overrides)
 from dalign_core.experiments import _runner, llama_width, resnet_width, theory
 
 EXPERIMENTS = ("llama_width", "pythia_width", "resnet_width", "theory", "claims", "pythia_checkpoints")
@@ -25,8 +25,8 @@ EXPERIMENTS = ("llama_width", "pythia_width", "resnet_width", "theory", "claims"
 # regenerated (resnet_width cpu: the channels_last field, with the NHWC tables; llama_width cpu and smoke: the
 # checkpoint_pool_size field, with the cpu tables).
 COMMITTED_HASHES = {
-    ("llama_width", "smoke"): "b9f740c8cc75eea4", ("llama_width", "cpu"): "be7d6100470516a7",
-    ("llama_width", "gpu"): "43f9b4cb4945c45c", ("llama_width", "paper"): "757b709137f6f930",
+    ("llama_width", "smoke"): "f622291612b8b5b4", ("llama_width", "cpu"): "23f87350d6da1cc1",
+    ("llama_width", "gpu"): "1eaa89c94bdc5e63", ("llama_width", "paper"): "806842b160eeb845",
     ("pythia_width", "cpu"): "1bf10f8513a72337", ("resnet_width", "cpu"): "66360a02ed78cb23",
     ("theory", "cpu"): "9afd21668f24167d", ("claims", "cpu"): "cdb629be5f2bed61",
     ("pythia_checkpoints", "cpu"): "14c3fd0133313c9f",
@@ -127,6 +127,19 @@ def test_a_measurement_only_field_keys_the_results_but_not_the_models():
     assert Denser().models_hash() == Probe(subsample=4).models_hash() == Probe().models_hash()
     assert Probe(steps=11).models_hash() != Probe().models_hash()
     assert Probe(subsample=4).to_dict()["subsample"] == 4  # the provenance still records it
+
+
+def test_an_added_field_keys_results_and_models_only_away_from_its_neutral_value():
+    @dataclasses.dataclass(frozen=True)
+    class Probe(ExperimentConfig):
+        steps: int = 10
+        fit: str = added_field("each", neutral="each")
+
+    before = dataclasses.make_dataclass("Probe", [("steps", int, 10)], bases=(ExperimentConfig,), frozen=True)
+    assert Probe().config_hash() == Probe().models_hash() == before().config_hash() == before().models_hash()
+    moved = Probe(fit="transfer")
+    assert moved.config_hash() != Probe().config_hash() and moved.models_hash() != Probe().models_hash()
+    assert moved.to_dict()["fit"] == "transfer" and Probe().to_dict()["fit"] == "each"
 
 
 def _probe_compute(config, out_dir):

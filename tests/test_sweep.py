@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from dalign_core import sweep
+from dalign_core import report, sweep
 from dalign_core.data.supply import DataSupplyError
 from dalign_core.family import Family, Splits, SweepConfig, take
 
@@ -248,8 +248,8 @@ def test_pools_are_random_disjoint_and_shared():
 
 def test_dry_run_projects_the_full_run(checkpoints):
     text = sweep.dry_run(ToyConfig(), ToyFamily())
-    assert "3 full trainings of 30 steps (2 rate trials of 30 steps + 1 seeds" in text
-    assert text.count("ms/step x 30 steps") == 3 and "projected:" in text
+    assert "rate fit (each_width): 2 trials of 30 steps at every width (grid extensions not counted)" in text
+    assert text.count("ms/step x 30 steps x 3 =") == 3 and "projected:" in text  # 2 trials, the second seed
     assert "on 8 such devices sharing the jobs (torchrun --nproc_per_node=8" in text
     assert not checkpoints.exists()
 
@@ -265,6 +265,16 @@ def test_dry_run_projects_this_machines_workers(checkpoints, monkeypatch):
     assert serial / 2 * (1 - 1e-3) <= shared < serial
     monkeypatch.setattr(workers, "count", lambda: 1)
     assert "one-thread workers" not in sweep.dry_run(ToyConfig(), ToyFamily())
+
+
+def test_a_transfer_dry_run_counts_the_narrowest_trials_and_the_widest_check(checkpoints):
+    config = ToyConfig(lr_fit="transfer", lr_width_exponent=1.0)
+    assert sweep.trainings(config) == {8: 3.0, 16: 2.0, 32: 3.0}  # 2 trials + 2 seeds; 2 seeds; seed 1 + 2 checks
+    assert sweep.trainings(replace(config, lr_trial_fraction=0.5)) == {8: 3.0, 16: 2.0, 32: 3.0}
+    assert sweep.trainings(ToyConfig(lr_trial_fraction=0.5)) == {8: 3.0, 16: 3.0, 32: 4.0}
+    text = sweep.dry_run(config, ToyFamily())
+    assert "rate fit (transfer): 2 trials of 30 steps at N=8, then 2 trainings at N=32 for the full-length check" in text
+    assert [line.split(" = ")[0].split(" x ")[-1] for line in text.splitlines() if "ms/step" in line] == ["3", "2", "3"]
 
 
 @pytest.mark.parametrize("fraction", [1.0, 0.5])
@@ -352,6 +362,59 @@ def test_short_rate_trials_are_checked_at_full_length_at_the_widest_width(checkp
     assert (tables["toy_runs"].lr.values == tables["toy_runs"].width.map(kept).values).all()
     trial_dirs = [p for p in sweep.checkpoint_root(config, ToyFamily()).iterdir() if "_trial15" in p.name]
     assert len(trial_dirs) == 6 and all(sorted(q.name for q in d.iterdir())[-1] == "step_0000015" for d in trial_dirs)
+
+
+def _scripted_rates(monkeypatch, best):
+    """Rate trials that train nothing and score ``(log lr - log best(width))^2`` nats: a fit whose answer is known."""
+    def scored(config, family, splits, pools, width, lr, device, group=None, trial=True):
+        steps = config.trial_steps if trial else config.steps
+        return dict(family=family.name, width=width, seed=config.seed, lr=lr, steps=steps,
+                    validation_loss=math.log(lr / best(width)) ** 2, diverged=False, failure="")
+    monkeypatch.setattr(sweep, "_rate_trial", scored)
+
+
+TRANSFER = ToyConfig(widths=(8, 16, 24), seeds=1, lr_fit="transfer", lr_width_exponent=1.0,
+                     lr_candidates=(3e-3, 1e-2, 3e-2))
+
+
+def test_a_transfer_fits_the_narrowest_width_and_checks_the_carried_rate_at_the_widest(checkpoints, monkeypatch,
+                                                                                        tmp_path):
+    _scripted_rates(monkeypatch, best=lambda width: 1e-2 * 8 / width)  # the 1/N rule holds
+    tables, extra = sweep.run_sweep(TRANSFER, ToyFamily())
+    lr, runs = tables["toy_lr"], tables["toy_runs"]
+    trials, checks = lr[~lr.check], lr[lr.check]
+    assert set(trials.width) == {8} and trials[trials.chosen].lr.tolist() == [1e-2]
+    # carried as 8/N; the check trains it at N = 24 beside the neighbour on the runner-up's side (3e-2 at N = 8)
+    assert set(checks.width) == {24} and (checks.steps == 30).all()
+    assert dict(zip(checks.lr, checks.carried)) == {0.00333: True, 0.01: False}
+    assert runs.set_index("width").lr.to_dict() == {8: 0.01, 16: 0.005, 24: 0.00333}
+    summary = sweep.lr_check(lr)
+    assert summary == extra["lr_check"] and summary["method"] == "transfer" and summary["passed"]
+    assert (summary["fitted_width"], summary["fitted"], summary["carried"], summary["neighbour"]) == (
+        8, 0.01, 0.00333, 0.01)
+    lr.to_csv(tmp_path / "lr.csv", index=False)  # the carried column is empty on the trials' rows
+    assert sweep.lr_check(pd.read_csv(tmp_path / "lr.csv")) == summary
+
+
+def test_a_failed_transfer_fits_every_width_and_keeps_its_check(checkpoints, monkeypatch):
+    _scripted_rates(monkeypatch, best=lambda width: 1e-2)  # one rate suits every width: the 1/N rule fails
+    tables, extra = sweep.run_sweep(TRANSFER, ToyFamily())
+    lr, runs = tables["toy_lr"], tables["toy_runs"]
+    trials, checks = lr[~lr.check], lr[lr.check]
+    assert set(trials.width) == {8, 16, 24}
+    assert checks[checks.chosen].lr.tolist() == [0.01] and checks[checks.chosen].carried.tolist() == [False]
+    # every width's own grid (16 and 24 grown past their top edge) keeps the rate nearest 1e-2
+    assert runs.set_index("width").lr.to_dict() == {8: 0.01, 16: 0.015, 24: 0.01}
+    summary = sweep.lr_check(lr)
+    assert summary["method"] == "transfer" and not summary["passed"] and summary["fallback"] == {}
+    assert "lost to its neighbour" in report.describe_learning_rates(lr, runs)
+
+
+def test_a_transfer_needs_a_neighbour_to_check_against():
+    with pytest.raises(ValueError, match="at least 2 lr_candidates"):
+        ToyConfig(lr_fit="transfer", lr_candidates=(1e-2,))
+    with pytest.raises(ValueError, match="is not one of"):
+        ToyConfig(lr_fit="muP")
 
 
 def test_a_best_rate_at_the_grid_edge_grows_the_grid(checkpoints):

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from dalign_core.config import measurement_only
+from dalign_core.config import added_field, measurement_only
 from dalign_core.estimators import estimate_geometry
 from dalign_core.experiments._runner import main, run_experiment
 from dalign_core.family import Splits
@@ -61,8 +61,15 @@ class Config(LMSweepConfig):
     lr_candidates: tuple[float, ...] = (3e-3, 1e-2, 3e-2)
     lr_width_exponent: float = 1.0
     """Each width tries the grid scaled by (32 / N): 3e-3..3e-2 at N = 32, 3.75e-4..3.75e-3 at N = 256."""
+    lr_fit: str = added_field("transfer", neutral="each_width")
+    """μTransfer (:attr:`~dalign_core.family.SweepConfig.lr_fit`): the rate is fitted at N = 32 and carried as
+    1/N, then checked at N = 256 at full length against its neighbour. The fit of every width (commit 2c69548)
+    kept the 1/N rate at N = 32, 64 and 128; at 256 its 200-step trials preferred the rate above it, which the
+    full-length check then tied (4.2489 against the 1/N rate's 4.2486 nats). Fitting one width instead of four
+    saves a full training at each of the three wider widths."""
     lr_trial_fraction: float = 1 / 3
-    """Rate trials of 200 steps; the widest width's choice is checked against its runner-up at 600."""
+    """Rate trials of 200 steps at N = 32. At N = 256 such trials preferred a higher rate than the full-length runs
+    did: hence the check at full length."""
     checkpoint_steps: tuple[int, ...] = (0, 30, 100, 200, 400, 425, 450, 475, 500, 525, 550, 575, 600)
     """Every 1/24 of training through the last third (9 checkpoints), where each run's mean is taken."""
     all_layer_steps: tuple[int, ...] | None = (0, 100, 200, 400, 600)
@@ -90,7 +97,8 @@ class Config(LMSweepConfig):
         # 512 took 8 min). Measured 2026-12-02 on 2 idle cores, `make notebooks ONLY=02_llama_width PROFILE=lab`:
         # 5.8 min for the chapter (the sweep 325 s), every model past its baseline (held-out 4.11 to 4.23).
         "lab": dict(
-            widths=(32, 64, 96), seeds=2, lr_candidates=(1e-2,), lr_extend=0, lr_trial_fraction=1.0,
+            widths=(32, 64, 96), seeds=2, lr_candidates=(1e-2,), lr_fit="each_width", lr_extend=0,
+            lr_trial_fraction=1.0,
             checkpoint_steps=(0, 100, 400, 500, 600), all_layer_steps=(0, 600), train_pool_steps=(0, 600),
             pool_size=256, eval_examples=256, validation_examples=256,
             budgets=((4, 4), (16, 16), (32, 32)), resamples=2_000, redundancy_examples=128,
