@@ -67,7 +67,8 @@ class SweepConfig(ExperimentConfig):
     ``(widths[0] / N) ** lr_width_exponent``, and checked once, at the widest width, by training the carried rate
     and its grid neighbour on the side of the narrowest width's runner-up at full length. The carried rate must win
     on validation loss; if the neighbour wins, the transfer has failed and every width is fitted as under
-    ``each_width`` (:func:`dalign_core.sweep.lr_check` reports which happened)."""
+    ``each_width`` (:func:`dalign_core.sweep.lr_check` reports which happened). With one width or one candidate
+    rate there is nothing to carry: both fits are the same."""
     lr_trial_fraction: float = 1.0
     """Rate trials train for this fraction of ``steps`` (their own warmup and decay, no analysis checkpoints).
     Below 1 (under ``each_width``) the chosen rate is checked at the widest width against its runner-up at full
@@ -156,9 +157,6 @@ class SweepConfig(ExperimentConfig):
         if self.lr_fit not in LR_FITS:
             raise ValueError(f"lr_fit {self.lr_fit!r} is not one of {LR_FITS}: 'each_width' fits every width's grid, "
                              "'transfer' fits the narrowest width and carries its rate by the grid's rule")
-        if self.lr_fit == "transfer" and len(self.lr_candidates) < 2:
-            raise ValueError("lr_fit='transfer' needs at least 2 lr_candidates: its check trains the carried rate's "
-                             "neighbour; with one rate, use lr_fit='each_width'")
         if not 0 < self.lr_trial_fraction <= 1:
             raise ValueError(f"lr_trial_fraction must be in (0, 1], got {self.lr_trial_fraction}")
         if self.judged_budget is not None and tuple(self.judged_budget) not in {tuple(b) for b in self.budgets}:
@@ -173,15 +171,20 @@ class SweepConfig(ExperimentConfig):
         return tuple(sorted(self.scaled_rate(lr, width) for lr in self.lr_candidates))
 
     @property
+    def transfers_rate(self) -> bool:
+        """Whether the rate is fitted at the narrowest width and carried (``lr_fit='transfer'``, with several widths
+        and several candidate rates: with one of either there is nothing to carry or to check it against)."""
+        return self.lr_fit == "transfer" and len(self.widths) > 1 and len(self.lr_candidates) > 1
+
+    @property
     def fitted_widths(self) -> tuple[int, ...]:
-        """The widths whose grids the rate trials try: the narrowest under ``lr_fit='transfer'``, else all."""
-        return (min(self.widths),) if self.lr_fit == "transfer" else tuple(self.widths)
+        """The widths whose grids the rate trials try: the narrowest where the rate is carried, else all."""
+        return (min(self.widths),) if self.transfers_rate else tuple(self.widths)
 
     @property
     def full_check(self) -> bool:
-        """Whether the widest width's rate is checked at full length: under ``transfer`` with several widths, or
-        with short trials."""
-        return (self.lr_fit == "transfer" and len(self.widths) > 1) or self.trial_steps < self.steps
+        """Whether the widest width's rate is checked at full length: where it was carried, or with short trials."""
+        return self.transfers_rate or self.trial_steps < self.steps
 
     @property
     def trial_steps(self) -> int:

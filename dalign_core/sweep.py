@@ -608,7 +608,7 @@ def _fit_rates(config, family, splits, pools, device, folder, group_sizes, train
     rate was ``carried``, and where the neighbour beats the carried rate the sweep fits every width instead,
     keeping the failed check's rows.
     """
-    if not config.lr_fit == "transfer" or len(config.widths) == 1:
+    if not config.transfers_rate:
         return _fit_each_width(config, family, splits, pools, device, folder, group_sizes, training)
     narrowest, widest = min(config.widths), max(config.widths)
     fitted = _fit_grids(config, family, splits, pools, device, folder, group_sizes, training, [narrowest])

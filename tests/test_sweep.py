@@ -410,9 +410,10 @@ def test_a_failed_transfer_fits_every_width_and_keeps_its_check(checkpoints, mon
     assert "lost to its neighbour" in report.describe_learning_rates(lr, runs)
 
 
-def test_a_transfer_needs_a_neighbour_to_check_against():
-    with pytest.raises(ValueError, match="at least 2 lr_candidates"):
-        ToyConfig(lr_fit="transfer", lr_candidates=(1e-2,))
+def test_a_transfer_of_one_rate_or_to_one_width_is_no_transfer():
+    assert sweep.trainings(ToyConfig(lr_fit="transfer", lr_candidates=(1e-2,))) == sweep.trainings(
+        ToyConfig(lr_candidates=(1e-2,)))
+    assert not ToyConfig(lr_fit="transfer", widths=(8,)).full_check
     with pytest.raises(ValueError, match="is not one of"):
         ToyConfig(lr_fit="muP")
 
