@@ -64,7 +64,7 @@ class SweepConfig(ExperimentConfig):
     lr_fit: str = added_field("each_width", neutral="each_width")
     """How each width gets its rate. ``each_width``: every width tries its own grid. ``transfer`` (μTransfer): only
     the narrowest width tries its grid; the rate it keeps is carried to every width by the grid's own rule,
-    ``(widths[0] / N) ** lr_width_exponent``, and checked once, at the widest width, by training the carried rate
+    ``(min(widths) / N) ** lr_width_exponent``, and checked once, at the widest width, by training the carried rate
     and its grid neighbour on the side of the narrowest width's runner-up at full length. The carried rate must win
     on validation loss; if the neighbour wins, the transfer has failed and every width is fitted as under
     ``each_width`` (:func:`dalign_core.sweep.lr_check` reports which happened). With one width or one candidate
