@@ -200,7 +200,7 @@ def compute(config: Config, out_dir: Path,
     device = resolve_device(config.device)
     out_dir = Path(out_dir)
     provenance: dict[str, Any] = {}
-    models: list[TrainedModel] = []
+    candidates: list[TrainedModel] = []
     for name in config.families:
         experiment_config, reason = sweep_status(config, name, out_dir)
         facts: dict[str, Any] = {"sweep_models_hash": experiment_config.models_hash()}
@@ -212,13 +212,19 @@ def compute(config: Config, out_dir: Path,
         facts.update(status="run", models=[])
         source = SOURCES[name]
         runs = pd.read_csv(out_dir / f"{name}_runs.csv")
-        for m in trained_models(name, experiment_config, source.sweeps, source.family, runs, config.runs_per_width,
-                                failed_runs=config.failed_runs):
-            present = checkpoints_present(m.sweep_config, m.family, m.base["width"], m.base["seed"], m.base["lr"])
-            if config.run_sweeps or present:
-                models.append(m)
-            else:
-                facts["models"].append({**m.base, "left_out": "checkpoints gone (not trained again)"})
+        candidates += trained_models(name, experiment_config, source.sweeps, source.family, runs,
+                                     config.runs_per_width, failed_runs=config.failed_runs)
+
+    # A model whose rows the existing table holds needs no checkpoint; one that must be grown needs its checkpoints
+    # (or run_sweeps, which trains it again).
+    earlier = earlier_results("growth", "growth", config, out_dir, candidates) if reuse else {}
+    models: list[TrainedModel] = []
+    for m in candidates:
+        present = checkpoints_present(m.sweep_config, m.family, m.base["width"], m.base["seed"], m.base["lr"])
+        if config.run_sweeps or present or m.job.name in earlier:
+            models.append(m)
+        else:
+            provenance[m.family_name]["models"].append({**m.base, "left_out": "checkpoints gone (not trained again)"})
 
     def work(m: TrainedModel) -> dict:
         started = time.perf_counter()
@@ -229,7 +235,6 @@ def compute(config: Config, out_dir: Path,
         log.info("growth: %s done in %.0f s", m.job.name, seconds)
         return {"rows": rows, "facts": {**m.base, **facts, "sweep_lr": m.base["lr"], "seconds": seconds}}
 
-    earlier = earlier_results("growth", "growth", config, out_dir, models) if reuse else {}
     results = run_model_jobs("growth", config, out_dir, models, work, earlier) if models else {}
     rows = []
     for m in models:
