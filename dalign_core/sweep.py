@@ -618,7 +618,8 @@ def _fit_rates(config, family, splits, pools, device, folder, group_sizes, train
     check = [{**row, "carried": row["lr"] == carried[widest]} for row in check]
     if any(row["carried"] and row["chosen"] for row in check):
         return carried, {narrowest: fitted[narrowest], widest: check}
-    log.warning("%s: the rate carried from N=%d (%g at N=%d) lost to its neighbour %g at full length; the transfer "
+    # info, not a warning: the failed check is a result the rate-fit table and the chapter report
+    log.info("%s: the rate carried from N=%d (%g at N=%d) lost to its neighbour %g at full length; the transfer "
                 "failed, so every width is fitted on its own grid", family.name, narrowest, carried[widest], widest,
                 neighbour)
     chosen, lr_rows = _fit_each_width(config, family, splits, pools, device, folder, group_sizes, training)
