@@ -516,13 +516,20 @@ def _check_jobs(config: SweepConfig, group_sizes: dict[int, int], training: dict
                             payload=(width, lr)) for lr in rates]
 
 
+def _planned_checks(config: SweepConfig, group_sizes: dict[int, int], training: dict[int, float]) -> list:
+    """The full-length check's jobs as a plan counts them before any rate is known (their cost is not the rates')."""
+    if not config.full_check:
+        return []
+    return _check_jobs(config, group_sizes, training, list(config.lr_grid(max(config.widths))[:2]))
+
+
 def trainings(config: SweepConfig) -> dict[int, float]:
     """Full trainings each width costs (trials at their fraction of ``steps``), from the sweep's own job grid:
     the rate trials, the seeds whose training no trial or check made, and the widest width's full-length check.
     Grid extensions and a failed transfer (:attr:`SweepConfig.lr_fit`) are not counted: they depend on results."""
     ones, zeros = {w: 1.0 for w in config.widths}, {w: 0.0 for w in config.widths}
     trials, runs = _job_grid(config, {w: 1 for w in config.widths}, ones, zeros)
-    checks = _check_jobs(config, {w: 1 for w in config.widths}, ones, [0.0, 0.0]) if config.full_check else []
+    checks = _planned_checks(config, {w: 1 for w in config.widths}, ones)
     return {width: sum(job.cost for job in trials + runs + checks if job.payload[0] == width)
             for width in config.widths}
 
@@ -620,8 +627,8 @@ def _fit_rates(config, family, splits, pools, device, folder, group_sizes, train
         return carried, {narrowest: fitted[narrowest], widest: check}
     # info, not a warning: the failed check is a result the rate-fit table and the chapter report
     log.info("%s: the rate carried from N=%d (%g at N=%d) lost to its neighbour %g at full length; the transfer "
-                "failed, so every width is fitted on its own grid", family.name, narrowest, carried[widest], widest,
-                neighbour)
+             "failed, so every width is fitted on its own grid", family.name, narrowest, carried[widest], widest,
+             neighbour)
     chosen, lr_rows = _fit_each_width(config, family, splits, pools, device, folder, group_sizes, training)
     lr_rows[widest] = lr_rows[widest] + check
     return chosen, lr_rows
@@ -882,8 +889,7 @@ def dry_run(config: SweepConfig, family: Family, steps: int = 2) -> str:
     def shared(world: int) -> float:  # the plan's makespan: rates, their check, then seeds, longest job first
         sizes = distributed.ranks_per_job(config.widths, world)
         trials, runs = _job_grid(config, sizes, training_seconds, measuring_seconds)
-        checked = config.lr_grid(max(config.widths))[:2] if config.full_check else ()  # its cost: not the rates
-        checks = _check_jobs(config, sizes, training_seconds, list(checked))
+        checks = _planned_checks(config, sizes, training_seconds)
         return sum(max((a.end for a in distributed.plan(jobs, world)), default=0.0) for jobs in (trials, checks, runs))
 
     local = workers.count() if distributed.context().world_size == 1 else 1
