@@ -3,6 +3,7 @@
 #   make book                 set up .venv, execute the notebooks (PROFILE=cpu), build the HTML book
 #   make test                 set up .venv, run the library tests and every notebook at PROFILE=smoke
 #   make serve                preview the built book at http://localhost:8000/ (PORT=...)
+#   make publish              push the built book to the gh-pages branch (ghp-import; GitHub Pages serves it)
 #   make help                 list the targets
 #
 # Everything runs through .venv/bin/python, so no shell needs to be activated.
@@ -46,13 +47,23 @@ DATA_DIR ?=
 # make serve: the port of the local preview (http://localhost:$(PORT)/).
 PORT ?= 8000
 BOOK_HTML := book/_build/html
+# The repository's https address for the book's repository link and launch buttons (book/_ext/dalign_publish.py):
+# by default the `origin` remote's; empty: no buttons.
+REPO_URL ?= $(shell git config --get remote.origin.url 2>/dev/null)
+export DALIGN_REPOSITORY_URL := $(REPO_URL)
+# make publish: the branch and remote that serve the book (GitHub Pages: gh-pages of origin).
+PAGES_BRANCH ?= gh-pages
+PAGES_REMOTE ?= origin
+# One build at a time per folder: a second `make book` (or `make notebooks`) here stops with a message
+# instead of overwriting the first one's chapters (scripts/build_lock.py).
+LOCK := $(PY) scripts/build_lock.py book/_build/.build.lock --
 
 # Headless plotting for scripts, tests and benchmarks (notebook kernels get the inline backend
 # from scripts/execute_notebooks.py, so figures land in the executed notebooks).
 export MPLBACKEND := Agg
 # Tests never reach a model hub: tests/conftest.py sets the offline variables for them.
 
-.PHONY: help setup data book notebooks serve test bench clean distclean
+.PHONY: help setup data book notebooks serve publish test bench clean distclean
 
 help: ## list the targets
 	@echo "dalign make targets (PROFILE=$(PROFILE); choose one of: $(PROFILES))"
@@ -65,6 +76,8 @@ help: ## list the targets
 	@echo "           STRICT=1 (make book refuses chapters executed at different profiles)"
 	@echo "           PYTEST_ARGS='...'  BENCH_OUT=results/bench  PYTHON_BOOT=python3.11  PORT=8000 (make serve)"
 	@echo "           DATA_DIR=<folder with CIFAR archives or Fashion-MNIST files you already have> (make data)"
+	@echo "           REPO_URL=https://github.com/<owner>/<name> (the book's repository link and launch buttons)"
+	@echo "           PAGES_BRANCH=gh-pages PAGES_REMOTE=origin (make publish)"
 
 setup: $(STAMP) ## create .venv and install requirements.txt plus dalign_core (reruns only when those files change)
 
@@ -82,12 +95,18 @@ data: $(STAMP) ## fetch and verify the data PROFILE needs (smoke: synthetic imag
 	$(PY) scripts/fetch_data.py --profile $(PROFILE) $(if $(DATA_DIR),--root $(DATA_DIR))
 
 notebooks: $(STAMP) ## execute notebooks/NN_*.ipynb with papermill into book/chapters/ (PROFILE, ONLY, FORCE, SET)
-	$(PY) scripts/execute_notebooks.py --profile $(PROFILE) $(foreach name,$(ONLY),--only $(name)) \
+	$(LOCK) $(PY) scripts/execute_notebooks.py --profile $(PROFILE) $(foreach name,$(ONLY),--only $(name)) \
 		--force='$(subst ','\'',$(strip $(FORCE)))' $(if $(strip $(SET)),--set '$(subst ','\'',$(strip $(SET)))') \
 		$(if $(filter 1 yes true,$(STRICT)),--refuse-mixed)
 
-book: $(STAMP) notebooks ## execute the notebooks, then build the HTML book with warnings as errors
+book: $(STAMP) ## execute the notebooks, then build the HTML book with warnings as errors
+	$(LOCK) $(MAKE) --no-print-directory _book
+
+# The two steps of `make book` under one lock (make book takes it; the notebooks step inside does not again).
+_book: LOCK :=
+_book: notebooks
 	$(JB) build book -W -n --keep-going
+	@touch $(BOOK_HTML)/.nojekyll
 	@echo
 	@echo "The book is at: $(abspath book/_build/html/index.html)"
 
@@ -96,6 +115,15 @@ serve: ## preview the built book at http://localhost:PORT/ (PORT=8000; build it 
 		echo "error: no built book in $(BOOK_HTML); run make book (or make book PROFILE=smoke) first" >&2; exit 1; fi
 	@echo "Serving $(abspath $(BOOK_HTML)) at http://localhost:$(PORT)/ (Ctrl-C stops it)"
 	$(if $(wildcard $(PY)),$(PY),$(PYTHON_BOOT)) -m http.server $(PORT) --bind 127.0.0.1 --directory $(BOOK_HTML)
+
+publish: $(STAMP) ## push book/_build/html to the gh-pages branch with .nojekyll (build it first: make book)
+	@if [ ! -f $(BOOK_HTML)/index.html ]; then \
+		echo "error: no built book in $(BOOK_HTML); run make book first" >&2; exit 1; fi
+	@if [ -z "$$(git config --get remote.$(PAGES_REMOTE).url)" ]; then \
+		echo "error: no git remote '$(PAGES_REMOTE)' to push to; add one (git remote add $(PAGES_REMOTE) URL) or set PAGES_REMOTE=" >&2; exit 1; fi
+	$(PY) -m ghp_import --no-jekyll --push --force --remote $(PAGES_REMOTE) --branch $(PAGES_BRANCH) \
+		--message "Book built from $$(git rev-parse --short HEAD)" $(BOOK_HTML)
+	@echo "Published $(BOOK_HTML) to $(PAGES_REMOTE)/$(PAGES_BRANCH); in the repository's settings, let GitHub Pages serve that branch."
 
 test: $(STAMP) ## run the library tests and every notebook at PROFILE=smoke
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)

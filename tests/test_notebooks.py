@@ -301,3 +301,25 @@ def test_refuse_mixed_fails_a_mixed_build(tmp_path, kernel, results_root, monkey
     assert "97_other: profile `cpu`" in capsys.readouterr().err
     assert any(runner.BANNER_TAG in c.metadata.get("tags", [])
                for c in nbformat.read(chapters / "97_other.ipynb", as_version=4).cells)
+
+
+def test_a_second_build_in_the_same_folder_is_refused(tmp_path):
+    """`make book` and `make notebooks` run under scripts/build_lock.py: while one holds the lock, another stops at
+    once with a message saying what to do, and runs once the first has finished."""
+    import subprocess
+    import sys
+
+    from filelock import FileLock
+
+    script = REPO_ROOT / "scripts" / "build_lock.py"
+    lock_file = tmp_path / ".build.lock"
+    command = [sys.executable, str(script), str(lock_file), "--", sys.executable, "-c", "print('built')"]
+    with FileLock(lock_file):
+        refused = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1 and "built" not in refused.stdout
+    assert "another `make book` or `make notebooks` is running" in refused.stderr and "wait for it" in refused.stderr
+    ran = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0 and ran.stdout.strip() == "built"
+    failing = subprocess.run([*command[:4], sys.executable, "-c", "raise SystemExit(3)"], capture_output=True,
+                             text=True, timeout=60)
+    assert failing.returncode == 3  # the command's own status comes back
