@@ -24,6 +24,7 @@ from typing import Callable
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from dalign_core import growth, intervention_report
 from dalign_core.intervention_report import FAMILY_NAMES
@@ -64,8 +65,9 @@ RULES = {
         "B_align is an identity and is not tested",
     "certificates track the empirical rate":
         f"rank correlation across models of B_exact with p̂ on fresh examples, median over the budgets whose median "
-        f"B_exact is below {UNINFORMATIVE}, ≥ {TRACKING['reproduced']} (partly ≥ {TRACKING['partly']}); "
-        "inconclusive when no budget's certificates are informative",
+        f"B_exact is below {UNINFORMATIVE}, with a 95% bootstrap interval over models; the rule reads its lower end: "
+        f"≥ {TRACKING['reproduced']} reproduced, ≥ {TRACKING['partly']} partly, the whole interval below "
+        f"{TRACKING['partly']} contradicted, else (or when no budget's certificates are informative) inconclusive",
     "misalignment falls with M and K": "every model: the largest budget's interval of p̂ below the smallest's",
     "positive alignment predicts a decrease":
         f"judged on evaluation examples the step never saw, at the judged single step: "
@@ -232,6 +234,49 @@ def _label(holds: int, total: int) -> str:
     return "reproduced" if holds == total else "partly" if holds else "not reproduced"
 
 
+def tracking_interval(budgets: list[pd.DataFrame], confidence: float = 0.95, resamples: int = 2000, seed: int = 0
+                      ) -> tuple[float, float, float, int]:
+    """The tracking statistic and its interval: per budget the rank correlation of ``b_exact`` with ``p_misalign``
+    across rows, the median over ``budgets``; its percentile interval resamples the models (``model, seed``: a
+    model's rows at every layer and budget go together). Returns (median ρ, lo, hi, models); NaN without a budget."""
+    if not budgets:
+        return math.nan, math.nan, math.nan, 0
+    key = lambda g: (g.model.astype(str) + "|" + g.seed.astype(str)).to_numpy()  # noqa: E731
+    models = sorted(set().union(*(set(key(g)) for g in budgets)))
+    # per budget: each model's (B_exact, p̂) rows, so a resample is a concatenation of arrays
+    parts = [{m: g[["b_exact", "p_misalign"]].to_numpy(float)[key(g) == m] for m in models} for g in budgets]
+
+    def statistic(picked: list[str]) -> float:
+        values = []
+        for part in parts:
+            rows = np.concatenate([part[m] for m in picked])
+            values.append(stats.spearmanr(rows[:, 0], rows[:, 1]).statistic if len(rows) > 2 and
+                          np.ptp(rows[:, 0]) > 0 and np.ptp(rows[:, 1]) > 0 else math.nan)
+        return float(np.nanmedian(values)) if np.isfinite(values).any() else math.nan
+
+    rho = statistic(models)
+    rng = np.random.default_rng(seed)
+    boot = np.array([statistic([models[i] for i in rng.integers(0, len(models), len(models))])
+                     for _ in range(resamples)])
+    boot = boot[np.isfinite(boot)]
+    if not np.isfinite(rho) or not len(boot):
+        return rho, math.nan, math.nan, len(models)
+    tail = 100 * (1 - confidence) / 2
+    return rho, float(np.percentile(boot, tail)), float(np.percentile(boot, 100 - tail)), len(models)
+
+
+def tracking_label(lo: float, hi: float) -> str:
+    """The tracking rule reads the interval's lower end: ``reproduced`` at ≥ 0.7, ``partly`` at ≥ 0.3;
+    ``contradicted`` when the whole interval lies below 0.3; ``inconclusive`` when it holds 0.3."""
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return "inconclusive"
+    if lo >= TRACKING["reproduced"]:
+        return "reproduced"
+    if lo >= TRACKING["partly"]:
+        return "partly"
+    return "contradicted" if hi < TRACKING["partly"] else "inconclusive"
+
+
 def _certificate_rows(results: Path) -> list[Row]:
     rows = []
     for family, column, chapter in _FAMILIES:
@@ -274,14 +319,12 @@ def _certificate_rows(results: Path) -> list[Row]:
             # would credit a bound that certifies nothing.
             budgets = [g for _, g in fresh.groupby(["M", "K"]) if len(g) > 2]
             informative = [g for g in budgets if g.b_exact.median() < UNINFORMATIVE]
-            per_budget = [g.b_exact.rank().corr(g.p_misalign.rank()) for g in informative]
-            rho = float(np.nanmedian(per_budget)) if np.isfinite(per_budget).any() else math.nan
-            tracks = ("not reproduced" if not rho >= TRACKING["partly"] else
-                      "reproduced" if rho >= TRACKING["reproduced"] else "partly")
+            rho, rho_lo, rho_hi, models = tracking_interval(informative)
+            tracks = tracking_label(rho_lo, rho_hi)
             if np.isfinite(rho):
-                ours = (f"rank correlation {rho:.2f} of B_exact with p̂ on fresh examples across models (median "
-                        f"over the {len(informative)} of {len(budgets)} budgets whose median B_exact is below "
-                        f"{UNINFORMATIVE})")
+                ours = (f"rank correlation {rho:.2f} [{rho_lo:.2f}, {rho_hi:.2f}] of B_exact with p̂ on fresh "
+                        f"examples across {models} models (median over the {len(informative)} of {len(budgets)} "
+                        f"budgets whose median B_exact is below {UNINFORMATIVE}; 95% bootstrap over models)")
             elif budgets and not informative:
                 ours, tracks = (f"median B_exact ≥ {UNINFORMATIVE} at every budget: the certificates certify "
                                 "nothing to track", "inconclusive")
