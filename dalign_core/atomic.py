@@ -14,7 +14,7 @@ import secrets
 from pathlib import Path
 from typing import Iterator
 
-__all__ = ["atomic_path", "atomic_write_bytes", "atomic_write_text"]
+__all__ = ["atomic_path", "atomic_write_bytes", "atomic_write_text", "replace_all"]
 
 
 @contextlib.contextmanager
@@ -62,3 +62,34 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     """Text version of :func:`atomic_write_bytes` (UTF-8)."""
     return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def replace_all(contents: "list[tuple[str | os.PathLike, bytes]]") -> None:
+    """Write several files so that none replaces its old version until all are complete.
+
+    Each ``(path, data)`` is written in full under a temporary name beside ``path`` and
+    flushed to disk; only then are the temporaries renamed onto their paths, in the order
+    given. A failure while writing (a full disk: ``ENOSPC``, a read-only folder, Ctrl-C)
+    deletes the temporaries and leaves every old file untouched.
+    """
+    written: list[tuple[Path, Path]] = []
+    try:
+        for path, data in contents:
+            path = Path(path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = _new_empty_file(path.parent, f".{path.name}.", ".tmp")
+            written.append((tmp, path))
+            try:
+                with open(tmp, "wb") as handle:
+                    handle.write(data)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+            except OSError as err:  # name the file being written: a full disk's message names none
+                if err.filename is None and err.errno is not None:
+                    raise OSError(err.errno, err.strerror or str(err), str(path)) from err
+                raise
+        for tmp, path in written:
+            os.replace(tmp, path)
+    finally:
+        for tmp, _ in written:
+            tmp.unlink(missing_ok=True)

@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any, ClassVar, Iterable, Mapping
 
 __all__ = ["PROFILES", "REPO_ROOT", "SOURCE_ROOT", "STEP_SCHEDULES", "ExperimentConfig", "check_profile", "default_results_dir",
-           "measurement_only", "added_field", "overrides_tag", "parse_overrides", "work_root"]
+           "measurement_only", "added_field", "overrides_tag", "parse_overrides", "work_root", "require", "require_at_least",
+           "require_items", "MAX_SEED"]
 
 PROFILES = ("smoke", "lab", "cpu", "gpu", "paper")
 """smoke: seconds, for tests; lab: a classroom's five minutes a chapter; cpu: the default reproduction on a laptop;
@@ -346,6 +347,58 @@ def _hash_of(config: Any, omit) -> str:
     return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]
 
 
+MAX_SEED = 2**63 - 1
+"""The largest seed torch and numpy both accept."""
+
+
+def require(config: Any, name: str, ok: bool, allowed: str) -> None:
+    """Raise ValueError naming ``config``'s field ``name``, its value and what is ``allowed``, unless ``ok``.
+
+    The message reads ``llama_width.Config: capture_batch=0 is not allowed; it must be a whole number of at least 1``:
+    a config is checked where it is built (``__post_init__``), so a bad ``--set`` fails in one line before any
+    work, not deep inside a run."""
+    if not ok:
+        owner = f"{type(config).__module__.rsplit('.', 1)[-1]}.{type(config).__qualname__}"
+        raise ValueError(f"{owner}: {name}={getattr(config, name)!r} is not allowed; {allowed}")
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def require_at_least(config: Any, minimums: Mapping[str, int]) -> None:
+    """Check every field of ``minimums`` that ``config`` has (and is not None) is a whole number >= its minimum."""
+    for name, least in minimums.items():
+        value = getattr(config, name, None)
+        if value is not None:
+            require(config, name, _whole(value) and value >= least, f"it must be a whole number of at least {least}")
+
+
+def require_items(config: Any, name: str, least: float, *, whole: bool = True, pairs: bool = False,
+                  most: float | None = None) -> None:
+    """Check the tuple field ``name`` is non-empty and each item (each number of each pair, with ``pairs``) is a
+    finite number from ``least`` (to ``most``), whole where ``whole``."""
+    import math
+
+    items = getattr(config, name)
+    kind = "whole numbers" if whole else "numbers"
+    span = f"at least {least:g}" if most is None else f"from {least:g} to {most:g}"
+    allowed = (f"it must be a non-empty list of {'(M, K) pairs of ' if pairs else ''}{kind} {span}"
+               + (" (e.g. 4x4,16x16)" if pairs else ""))
+    values = list(items) if isinstance(items, (tuple, list)) else None
+    if pairs and values is not None:
+        if not all(isinstance(pair, (tuple, list)) and len(pair) == 2 for pair in values):
+            values = None
+        else:
+            values = [number for pair in values for number in pair]
+
+    def fine(v):
+        number = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        return number and (not whole or _whole(v)) and v >= least and (most is None or v <= most)
+
+    require(config, name, bool(values) and all(fine(v) for v in values), allowed)
+
+
 @dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
     """Base class of every experiment's config dataclass.
@@ -356,6 +409,13 @@ class ExperimentConfig:
     """
 
     PROFILES: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
+
+    def __post_init__(self):
+        """Check the fields every config shares (a subclass checks its own and calls this)."""
+        seed = getattr(self, "seed", None)
+        if seed is not None:
+            require(self, "seed", _whole(seed) and 0 <= seed <= MAX_SEED,
+                    f"it must be a whole number from 0 to {MAX_SEED}")
 
     @classmethod
     def for_profile(cls, profile: str = "cpu", **overrides):

@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from dalign_core.config import ExperimentConfig, added_field, measurement_only
+from dalign_core.config import ExperimentConfig, added_field, measurement_only, require, require_at_least, require_items
 from dalign_core.training import lm_loss
 
 __all__ = ["SweepConfig", "Splits", "Family", "take", "count"]
@@ -46,6 +46,15 @@ __all__ = ["SweepConfig", "Splits", "Family", "take", "count"]
 
 LR_FITS = ("each_width", "transfer")
 """The ways a sweep fits its learning rates (:attr:`SweepConfig.lr_fit`)."""
+
+AT_LEAST = dict(seeds=1, steps=1, batch_size=1, capture_batch=1, eval_examples=4, validation_examples=1,
+                resamples=1, warmup_steps=0, resume_points=0, lr_extend=0, redundancy_examples=0,
+                # fields a family's config adds (checked where they exist): model shape and data
+                depth=1, deep_depth=1, head_dim=1, width_scale=1, context=2, vocab_size=2, insertion_layer=0,
+                validation_images=1)
+"""The smallest value of each whole-number field a sweep config may hold (checked at construction, so a bad
+``--set`` is one line naming the field, never a traceback from deep inside a run). ``eval_examples`` needs 4 for
+the evaluation pool's U-statistics; a family's config may hold only some of these fields."""
 
 
 @dataclass(frozen=True)
@@ -135,8 +144,22 @@ class SweepConfig(ExperimentConfig):
     """Shared fields that determine the trained weights (with width, seed, rate and the family's own)."""
 
     def __post_init__(self):
+        super().__post_init__()
         if not self.widths:
             raise ValueError("widths is empty: give at least one width")
+        require_items(self, "widths", 1)
+        require_at_least(self, AT_LEAST)
+        require_items(self, "budgets", 1, pairs=True)
+        largest = max(number for pair in self.budgets for number in pair)
+        require(self, "pool_size", isinstance(self.pool_size, int) and self.pool_size >= max(4, largest),
+                f"it must be at least 4 and at least the largest M or K of the budgets ({largest}): each budget "
+                "draws M examples from the train pool and K from the held-out pool")
+        require(self, "redundancy_examples", self.redundancy_examples == 0 or self.redundancy_examples >= 4,
+                "it must be 0 (skip the check) or at least 4 (the held-out fit needs them)")
+        require(self, "confidence", 0 < self.confidence < 1, "it must lie strictly between 0 and 1")
+        require(self, "weight_decay", self.weight_decay >= 0, "it must be at least 0")
+        require(self, "warmup_steps", self.warmup_steps <= self.steps, f"it must be at most steps={self.steps}")
+        require(self, "max_epochs", self.max_epochs > 0, "it must be a positive number of passes")
         if self.seeds < 1:
             raise ValueError(f"seeds must be >= 1, got {self.seeds}")
         if not self.lr_candidates or min(self.lr_candidates) <= 0:

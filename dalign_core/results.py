@@ -27,7 +27,7 @@ import pandas as pd
 from dalign_core.atomic import atomic_write_text
 from dalign_core.config import REPO_ROOT, ExperimentConfig
 
-__all__ = ["provenance", "write_table", "read_table", "results_current"]
+__all__ = ["provenance", "write_table", "write_tables", "read_table", "results_current"]
 
 _PACKAGES = ("torch", "torchvision", "numpy", "pandas", "transformers", "tokenizers", "safetensors")
 
@@ -107,20 +107,39 @@ def write_table(
 ) -> Path:
     """Write ``<out_dir>/<name>.csv`` and its provenance ``<out_dir>/<name>.json``; return the CSV path.
 
-    The JSON is written last, so its presence with a matching config hash means the
-    CSV beside it is complete (see :func:`results_current`). It records the CSV's row
-    count (``rows``) and sha256 (``table_sha256``), which :func:`read_table` checks.
+    It records the CSV's row count (``rows``) and sha256 (``table_sha256``), which
+    :func:`read_table` and :func:`results_current` check. Both files are written whole under
+    temporary names before either replaces its old version (see :func:`write_tables`), so a
+    full disk or an interrupted write leaves the previous results as they were.
     """
+    return write_tables({name: table}, out_dir, config, wall_time_s, **extra)[name]
+
+
+def write_tables(tables: "dict[str, pd.DataFrame]", out_dir: str | os.PathLike, config: ExperimentConfig,
+                 wall_time_s: float, **extra: Any) -> dict[str, Path]:
+    """Write each ``<out_dir>/<name>.csv`` with its provenance ``<name>.json``; return the CSV paths by name.
+
+    Every file is first written completely under a temporary name in ``out_dir`` (and flushed
+    to disk); only when all of them are complete are they renamed onto their final names,
+    each CSV before its JSON. A write that fails (``ENOSPC``, a read-only folder, Ctrl-C)
+    removes the temporaries and leaves every old file in place, so ``--force`` on a full disk
+    never loses the results it was replacing. Between two renames a reader may see a new CSV
+    beside its old JSON: the recorded sha256 then disagrees, and both :func:`read_table`
+    and :func:`results_current` treat the pair as not current.
+    """
+    from dalign_core.atomic import replace_all
+
     out_dir = Path(out_dir)
-    csv_path = out_dir / f"{name}.csv"
-    json_path = out_dir / f"{name}.json"
-    json_path.unlink(missing_ok=True)
-    text = table.to_csv(index=False).encode("utf-8")
-    atomic_write_text(csv_path, text.decode("utf-8"))
-    record = provenance(config, wall_time_s, table=csv_path.name, rows=len(table), table_sha256=_sha256(text),
-                        **extra)
-    atomic_write_text(json_path, json.dumps(record, indent=2, sort_keys=True) + "\n")
-    return csv_path
+    contents: list[tuple[Path, bytes]] = []
+    for name, table in tables.items():
+        csv_path = out_dir / f"{name}.csv"
+        text = table.to_csv(index=False).encode("utf-8")
+        record = provenance(config, wall_time_s, table=csv_path.name, rows=len(table), table_sha256=_sha256(text),
+                            **extra)
+        contents += [(csv_path, text), (out_dir / f"{name}.json",
+                                        (json.dumps(record, indent=2, sort_keys=True) + "\n").encode("utf-8"))]
+    replace_all(contents)
+    return {name: out_dir / f"{name}.csv" for name in tables}
 
 
 class ResultsMismatchError(ValueError):
@@ -185,16 +204,21 @@ def read_table(out_dir: str | os.PathLike, name: str) -> tuple[pd.DataFrame, dic
 
 
 def results_current(out_dir: str | os.PathLike, names: Iterable[str], config: ExperimentConfig) -> bool:
-    """True when every ``<name>.csv`` exists with a provenance JSON whose config hash equals ``config``'s."""
+    """True when every ``<name>.csv`` exists with a provenance JSON whose config hash equals ``config``'s and whose
+    recorded sha256 (``table_sha256``, where recorded) is the CSV's: a table cut short, edited or replaced after it
+    was written is not current, and is recomputed rather than reused."""
     out_dir = Path(out_dir)
     wanted = config.config_hash()
     for name in names:
-        json_path = out_dir / f"{name}.json"
-        if not (out_dir / f"{name}.csv").exists() or not json_path.exists():
-            return False
+        csv_path, json_path = out_dir / f"{name}.csv", out_dir / f"{name}.json"
         try:
-            if json.loads(json_path.read_text()).get("config_hash") != wanted:
+            record = json.loads(json_path.read_text())
+            if not isinstance(record, dict) or record.get("config_hash") != wanted:
                 return False
-        except (OSError, json.JSONDecodeError):
+            digest = record.get("table_sha256")
+            data = csv_path.read_bytes()
+        except (OSError, ValueError):  # missing or unreadable files, JSON that does not parse
+            return False
+        if digest is not None and _sha256(data) != digest:
             return False
     return True

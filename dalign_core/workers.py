@@ -22,7 +22,8 @@ number of workers, nor on which worker ran a job: bit for bit.
 A job that raises is reported with its name and the worker's traceback (logged at
 once, raised once every worker is done: the other jobs go on, as each is independent
 and kept); a worker that dies (killed, out of memory) is reported with the job it was
-computing and never leaves the parent waiting. ``KeyboardInterrupt`` (Ctrl-C) stops
+computing and never leaves the parent waiting; a parent that dies (even by ``kill -9``)
+takes its workers with it. ``KeyboardInterrupt`` (Ctrl-C) stops
 the workers; the finished jobs stay in the folder and the same command resumes.
 
 Settings (environment variables):
@@ -41,6 +42,7 @@ the workers go into every results table's provenance (:func:`settings`).
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import logging
 import math
@@ -48,6 +50,9 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
+import sys
+import threading
+import time
 import traceback
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -182,8 +187,46 @@ def settings() -> dict[str, Any]:
 # ----------------------------------------------------------------------------- the pool
 
 
-def _worker(index: int, conn, order: Sequence, compute: Callable, store) -> None:
-    """A forked worker: take job numbers from the parent until it sends None; report each job done or failed."""
+PR_SET_PDEATHSIG = 1
+"""prctl(2)'s option that sends this process a signal when its parent dies (Linux)."""
+WATCHDOG_SECONDS = 1.0
+"""How often a worker's watchdog thread checks that its parent is alive (the portable fallback)."""
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """End this worker when the process that forked it dies, even by ``kill -9`` (which runs no cleanup).
+
+    A worker blocked on its pipe would not notice: its siblings inherited the parent's ends of
+    the other pipes, so no end-of-file ever comes, and a worker inside a job reads no pipe at
+    all. On Linux ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` has the kernel kill it at once; everywhere,
+    a daemon thread checks every :data:`WATCHDOG_SECONDS` that the parent is still this
+    process's parent (an orphan is re-parented) and ends the process if not. A finished job
+    is already on disk (written atomically), so nothing is lost that a rerun does not redo.
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):  # no libc to ask: the watchdog alone
+            pass
+    if os.getppid() != parent_pid:  # the parent died between the fork and the prctl
+        os._exit(1)
+
+    def watch() -> None:
+        while True:
+            time.sleep(WATCHDOG_SECONDS)
+            if os.getppid() != parent_pid:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="dalign-parent-watchdog", daemon=True).start()
+
+
+def _worker(index: int, conn, order: Sequence, compute: Callable, store, parent_pid: int | None = None) -> None:
+    """A forked worker: take job numbers from the parent until it sends None; report each job done or failed.
+
+    It exits when its parent dies (:func:`_die_with_parent`)."""
+    if parent_pid is not None:
+        _die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops the workers
     _state["in_worker"] = True
     torch.set_num_threads(1)
@@ -234,7 +277,7 @@ def run_pool(jobs: Sequence, compute: Callable, store, workers: int,
     processes, conns = [], []
     for index in range(workers):
         parent_end, child_end = context.Pipe()
-        process = context.Process(target=_worker, args=(index, child_end, order, compute, store),
+        process = context.Process(target=_worker, args=(index, child_end, order, compute, store, os.getpid()),
                                   name=f"dalign-worker-{index}")
         process.start()
         child_end.close()

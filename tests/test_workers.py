@@ -268,3 +268,63 @@ def test_the_toy_sweep_writes_the_same_tables_on_one_and_two_workers(tmp_path, m
     for name, table in tables["1"].items():
         pd.testing.assert_frame_equal(table.drop(columns=["seconds"], errors="ignore"),
                                       tables["2"][name].drop(columns=["seconds"], errors="ignore"), check_exact=True)
+
+
+# ---------------------------------------------------------------------------
+# A parent killed with SIGKILL takes its workers with it
+
+_ORPHAN_SCRIPT = """
+import os, sys, time
+from pathlib import Path
+from dalign_core import workers
+from dalign_core.distributed import Job, _Store
+folder = Path(sys.argv[1])
+def compute(job, group):
+    (folder / f"worker-{os.getpid()}").write_text(job.name)
+    time.sleep(300)
+workers.run_pool([Job("a"), Job("b"), Job("c")], compute, _Store(folder / "jobs"), 2)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (exited, not yet reaped by init) counts as gone
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][:1] != "Z"
+    except OSError:
+        return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc and forks")
+@pytest.mark.parametrize("pdeathsig", [True, False], ids=["prctl", "watchdog"])
+def test_workers_exit_when_their_parent_is_killed(tmp_path, monkeypatch, pdeathsig):
+    """kill -9 of the sweep's process: its workers, both inside a job, end within seconds.
+
+    The second case disables prctl (as on a platform without it): the watchdog thread alone must end them."""
+    import subprocess
+
+    script = _ORPHAN_SCRIPT if pdeathsig else _ORPHAN_SCRIPT.replace(
+        "from dalign_core import workers", "from dalign_core import workers\nworkers.PR_SET_PDEATHSIG = -1")
+    parent = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], cwd=tmp_path,
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    try:
+        started = time.monotonic()
+        while len(list(tmp_path.glob("worker-*"))) < 2:
+            assert parent.poll() is None, "the sweep ended before its workers started"
+            assert time.monotonic() - started < 120, "the workers did not start"
+            time.sleep(0.1)
+        pids = [int(p.name.split("-")[1]) for p in tmp_path.glob("worker-*")]
+        assert all(_alive(pid) for pid in pids)
+        parent.kill()
+        parent.wait()
+        killed = time.monotonic()
+        while any(_alive(pid) for pid in pids) and time.monotonic() - killed < 15:
+            time.sleep(0.1)
+        assert not any(_alive(pid) for pid in pids), "a worker outlived its killed parent"
+    finally:
+        parent.kill()
+        for p in tmp_path.glob("worker-*"):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(p.name.split("-")[1]), signal.SIGKILL)

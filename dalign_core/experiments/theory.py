@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from dalign_core import bounds
 from dalign_core.estimators import estimate_geometry, plugin_geometry
-from dalign_core.config import ExperimentConfig
+from dalign_core.config import ExperimentConfig, require, require_at_least, require_items
 from dalign_core.experiments._runner import main, run_experiment
 from dalign_core.synthetic import NOISE_LAWS, SPECTRA, SyntheticQ, mean_norm_for_snr
 
@@ -71,6 +71,27 @@ class Config(ExperimentConfig):
             sketch_d=65536, sketch_n=1024, sketch_sizes=(256, 1024, 4096, 16384), sketch_replicates=10,
         ),
     }
+
+
+    def __post_init__(self):
+        """Every field checked where the config is built: one line naming the field, its value and what is allowed."""
+        super().__post_init__()
+        for name, known in (("noise_laws", NOISE_LAWS), ("spectra", SPECTRA)):
+            chosen = getattr(self, name)
+            require(self, name, bool(chosen) and all(item in known for item in chosen),
+                    f"it must be a non-empty selection of {', '.join(known)}")
+        require_items(self, "dims", 1)
+        require_items(self, "budgets", 1, pairs=True)
+        require(self, "snrs", bool(self.snrs) and all(isinstance(snr, (int, float)) and math.isfinite(snr) and snr > 0
+                                                      for snr in self.snrs),
+                "it must be a non-empty list of positive finite signal-to-noise ratios (the mean's norm is set from "
+                "each: a ratio of 0 or less has no mean of that sign)")
+        require_at_least(self, dict(trials=2, estimator_n=5, estimator_replicates=1, sketch_d=1, sketch_n=5,
+                                    sketch_replicates=1))
+        require_items(self, "estimator_dims", 1)
+        require(self, "estimator_d_2", self.estimator_d_2 > 0 and math.isfinite(self.estimator_d_2),
+                "it must be a positive finite number (the true d_2 of the estimator study's law)")
+        require_items(self, "sketch_sizes", 1, most=self.sketch_d)
 
 
 def _rng(seed: int, *key: int) -> np.random.Generator:
