@@ -112,3 +112,132 @@ def test_python_m_records_its_overrides_under_the_experiments_name(tmp_path):
     assert proc.returncode == 0, proc.stderr
     record = json.loads((tmp_path / "overrides.json").read_text())
     assert record["experiments"] == {"other": {"seed": 1}, "theory": {"trials": 500}}
+
+
+# ---------------------------------------------------------------------------
+# Configs refused where they are built, in one line naming the field, its value and what is allowed
+
+from dalign_core.experiments import llama_width, pythia_width, resnet_width  # noqa: E402
+
+BAD_SWEEP_FIELDS = ["widths=0", "head_dim=0", "capture_batch=0", "validation_examples=0", "eval_examples=0",
+                    "batch_size=0", "resamples=0", "pool_size=3", "seed=-1", "corpus=dir:/nonexistent"]
+BAD_THEORY_FIELDS = ["trials=0", "dims=", "budgets=0x0", "sketch_d=0", "seed=-1", "snrs=-1", "snrs=0"]
+
+
+def _refused(config_cls, setting: str, capsys) -> str:
+    def run(config, out_dir=None, force=False):
+        raise AssertionError("a refused config must not run")
+
+    with pytest.raises(SystemExit) as exit_:
+        _runner.main(config_cls, run, argv=["--profile", "smoke", "--set", setting])
+    assert exit_.value.code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if not line.startswith(("usage:", "  "))]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+@pytest.mark.parametrize("setting", BAD_SWEEP_FIELDS)
+def test_a_bad_sweep_field_is_one_line_naming_it(setting, capsys):
+    name = setting.split("=")[0]
+    line = _refused(llama_width.Config, setting, capsys)
+    assert f"{name}=" in line and "allowed" in line and "Traceback" not in line
+
+
+@pytest.mark.parametrize("setting", BAD_THEORY_FIELDS)
+def test_a_bad_theory_field_is_one_line_naming_it(setting, capsys):
+    line = _refused(theory.Config, setting, capsys)
+    assert f"{setting.split('=')[0]}=" in line and "allowed" in line
+
+
+def test_every_profile_of_every_sweep_still_builds():
+    for config_cls in (llama_width.Config, pythia_width.Config, resnet_width.Config, theory.Config):
+        for profile in ("smoke", "lab", "cpu", "gpu", "paper"):
+            config_cls.for_profile(profile)
+
+
+def test_theory_seed_on_the_command_line_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        _runner.main(theory.Config, lambda *a, **k: None, argv=["--profile", "smoke", "--seed", "-1"])
+    assert "seed=-1 is not allowed" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------
+# --out that cannot hold results; --config, --print-config; checkpoints under --out
+
+
+def test_an_out_that_is_a_file_or_read_only_is_refused_before_any_work(tmp_path, capsys):
+    ran = []
+    a_file = tmp_path / "results.txt"
+    a_file.write_text("keep me\n")
+    read_only = tmp_path / "locked"
+    read_only.mkdir()
+    read_only.chmod(0o500)
+    try:
+        cases = [a_file, a_file / "sub"] + ([] if os.access(read_only, os.W_OK) else [read_only / "o"])
+        for out in cases:
+            with pytest.raises(SystemExit) as exit_:
+                _runner.main(theory.Config, lambda config, out_dir=None, force=False: ran.append(out_dir),
+                             argv=["--profile", "smoke", "--out", str(out)])
+            assert exit_.value.code == 2
+            err = capsys.readouterr().err
+            assert str(out.parent if out.parent != tmp_path else out) in err or str(out) in err
+            assert "Traceback" not in err
+    finally:
+        read_only.chmod(0o700)
+    assert not ran and a_file.read_text() == "keep me\n"
+
+
+def test_print_config_writes_yaml_that_config_reads_back(tmp_path, capsys):
+    _runner.main(theory.Config, lambda *a, **k: None,
+                 argv=["--profile", "smoke", "--set", "trials=500", "--set", "budgets=4x4,8x8", "--print-config"])
+    text = capsys.readouterr().out
+    assert "trials: 500" in text and theory.Config.for_profile("smoke", trials=500, budgets=((4, 4), (8, 8))
+                                                              ).config_hash() in text
+    (tmp_path / "theory.yaml").write_text(text)
+    seen = {}
+    _runner.main(theory.Config, lambda config, out_dir=None, force=False: seen.update(config=config),
+                 argv=["--config", str(tmp_path / "theory.yaml"), "--set", "sketch_replicates=3",
+                       "--out", str(tmp_path / "o")])
+    assert seen["config"] == theory.Config.for_profile("smoke", trials=500, budgets=((4, 4), (8, 8)),
+                                                       sketch_replicates=3)
+    (tmp_path / "bad.yaml").write_text("trials: [1, 2\n")
+    with pytest.raises(SystemExit):
+        _runner.main(theory.Config, lambda *a, **k: None, argv=["--config", str(tmp_path / "bad.yaml")])
+    assert "is not valid YAML" in capsys.readouterr().err
+    (tmp_path / "unknown.yaml").write_text("trails: 5\n")
+    with pytest.raises(SystemExit):
+        _runner.main(theory.Config, lambda *a, **k: None, argv=["--config", str(tmp_path / "unknown.yaml")])
+    assert "did you mean trials" in capsys.readouterr().err
+
+
+def test_checkpoints_go_under_out_unless_told_otherwise(tmp_path, monkeypatch):
+    seen = []
+
+    def run(config, out_dir=None, force=False):
+        seen.append(os.environ.get(_runner.CHECKPOINTS_VARIABLE))
+
+    monkeypatch.delenv(_runner.CHECKPOINTS_VARIABLE, raising=False)
+    _runner.main(theory.Config, run, argv=["--profile", "smoke", "--out", str(tmp_path / "o")])
+    assert seen[-1] == str((tmp_path / "o" / "checkpoints").resolve())
+    _runner.main(theory.Config, run, argv=["--profile", "smoke", "--out", str(tmp_path / "o"),
+                                           "--checkpoints", str(tmp_path / "c")])
+    assert seen[-1] == str((tmp_path / "c").resolve())
+    monkeypatch.setenv(_runner.CHECKPOINTS_VARIABLE, str(tmp_path / "env"))
+    _runner.main(theory.Config, run, argv=["--profile", "smoke", "--out", str(tmp_path / "o")])
+    assert seen[-1] == str(tmp_path / "env")
+
+
+def test_a_sweeps_checkpoint_root_lies_under_out(tmp_path, monkeypatch):
+    """With --out (and no --checkpoints or $DALIGN_CHECKPOINTS) a sweep's checkpoint root lies under --out, and
+    nothing is written to the working folder."""
+    from dalign_core import sweep
+
+    monkeypatch.delenv(_runner.CHECKPOINTS_VARIABLE, raising=False)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    _runner.main(llama_width.Config, lambda config, out_dir=None, force=False: None,
+                 argv=["--profile", "smoke", "--out", str(tmp_path / "o")])
+    root = sweep.checkpoint_root(llama_width.Config.for_profile("smoke"), llama_width.FAMILY)
+    assert root.is_relative_to((tmp_path / "o" / "checkpoints").resolve())
+    assert list(work.iterdir()) == []
