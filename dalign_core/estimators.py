@@ -392,13 +392,50 @@ def geometry_from_gram(
     """Unbiased geometry and jackknife intervals from an ``(n, n)`` Gram matrix ``G_ij = q_i^T q_j``.
 
     ``d`` is recorded in the result only (the estimates do not need it).
+
+    Raises:
+        ValueError: a G that is not square, has NaN or inf entries, or is not symmetric beyond rounding
+            (relative to its largest entry: :func:`_symmetry_tolerance`); n < 4.
+        TypeError: a complex G.
     """
     if isinstance(G, np.ndarray) and G.dtype.kind == "c" or isinstance(G, torch.Tensor) and G.is_complex():
         raise TypeError(_complex_message("G", G.dtype))
-    G = torch.as_tensor(G).to(torch.float64)
+    given = torch.as_tensor(G)
+    G = given.to(torch.float64)
     if G.ndim != 2 or G.shape[0] != G.shape[1]:
         raise ValueError(f"G must be a square (n, n) Gram matrix, got shape {tuple(G.shape)}")
+    _check_gram_entries(G, given.dtype)
     return _geometry_from_scaled_gram(G, 0, d, confidence=confidence, sketch_dim=sketch_dim)
+
+
+def _symmetry_tolerance(dtype: torch.dtype) -> float:
+    """Largest ``|G_ij - G_ji|``, relative to the largest ``|G_ij|``, that is rounding in a Gram of this dtype.
+
+    ``q_i^T q_j`` and ``q_j^T q_i`` summed in another order differ by about ``sqrt(d)`` units of rounding
+    (``d`` up to 10^6: ~10^3 eps); 10^5 eps leaves a margin of 100: 2e-11 for float64, and for float32 (and
+    lower precision) at most 1e-3. A matrix off by more is not a Gram matrix.
+    """
+    eps = torch.finfo(dtype).eps if dtype.is_floating_point else torch.finfo(torch.float64).eps
+    return min(1e-3, 1e5 * eps)
+
+
+def _check_gram_entries(G: torch.Tensor, dtype: torch.dtype) -> None:
+    """Refuse a Gram matrix with NaN or inf entries, or one that is not symmetric beyond rounding."""
+    bad = ~torch.isfinite(G)
+    if bool(bad.any()):
+        i, j = (int(k) for k in torch.nonzero(bad)[0])
+        raise ValueError(f"G has {int(bad.sum())} NaN or inf entries (e.g. G[{i}, {j}] = {float(G[i, j])}); drop "
+                         "the examples whose gradients overflowed, or recompute the Gram matrix, before estimating")
+    scale = float(G.abs().max()) if G.numel() else 0.0
+    asymmetry = float((G - G.T).abs().max()) if G.numel() else 0.0
+    tolerance = _symmetry_tolerance(dtype)
+    if asymmetry > tolerance * scale:
+        i, j = (int(k) for k in torch.nonzero((G - G.T).abs() == asymmetry)[0])
+        raise ValueError(
+            f"G is not symmetric: G[{i}, {j}] = {float(G[i, j]):.6g} but G[{j}, {i}] = {float(G[j, i]):.6g} (largest "
+            f"difference {asymmetry / scale:.2g} of the largest entry, beyond rounding at {tolerance:.1g}); a Gram "
+            "matrix G_ij = q_i^T q_j is symmetric: pass Q @ Q.T (or (G + G.T) / 2 if the difference is rounding)"
+        )
 
 
 def _geometry_from_scaled_gram(

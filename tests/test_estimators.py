@@ -311,3 +311,37 @@ def test_sketch_dim_is_checked():
     assert estimate_geometry(Q, sketch_dim=16).sketch_dim == 16  # k = d is allowed
     with pytest.raises(ValueError, match="confidence"):
         estimate_geometry(Q, confidence=1.0)
+
+
+def test_a_gram_matrix_that_is_not_symmetric_is_refused():
+    """A non-symmetric G gave a silently wrong d_align (0.0 where the true one is 0.12); rounding is accepted."""
+    Q = np.random.default_rng(16).normal(size=(40, 10)) + 0.5
+    G = Q @ Q.T
+    n = len(Q)
+    true = geometry_from_gram(G)
+    bent = np.triu(G)  # the lower triangle zeroed: not a Gram matrix
+    wrong = estimators._geometry_from_scaled_gram(torch.as_tensor(bent), 0, None, confidence=0.95, sketch_dim=None)
+    assert abs(wrong.d_align - true.d_align) > 0.5 * true.d_align  # what the refusal prevents
+    with pytest.raises(ValueError, match=r"G is not symmetric: G\[\d+, \d+\] = .* but G\[\d+, \d+\] = .*Q @ Q\.T"):
+        geometry_from_gram(bent)
+    with pytest.raises(ValueError, match="not symmetric"):
+        geometry_from_gram(torch.as_tensor(G) + 1e-6 * torch.triu(torch.ones(n, n), 1) * float(np.abs(G).max()))
+    # rounding of float32 products in another order is not refused, and the answer is the symmetric one's
+    Q32 = torch.as_tensor(Q, dtype=torch.float32)
+    G32 = torch.stack([torch.stack([(Q32[i] * Q32[j]).flip(0).sum() if i < j else Q32[i] @ Q32[j]
+                                    for j in range(n)]) for i in range(n)])
+    assert not torch.equal(G32, G32.T)
+    assert geometry_from_gram(G32).d_align == pytest.approx(true.d_align, rel=1e-4)
+    # float64 rounding: 1e-13 relative is accepted (the threshold scales with the matrix)
+    jitter = torch.as_tensor(G) * (1 + 1e-13 * torch.triu(torch.ones(n, n), 1))
+    assert geometry_from_gram(jitter * 1e250).d_align == pytest.approx(true.d_align, rel=1e-9)
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_a_gram_matrix_with_nan_or_inf_is_refused(value):
+    """A NaN entry gave mean_sq NaN and d_align 0 with the interval [0, 0]."""
+    Q = np.random.default_rng(17).normal(size=(10, 8)) + 0.3
+    G = Q @ Q.T
+    G[2, 5] = G[5, 2] = value
+    with pytest.raises(ValueError, match=r"G has 2 NaN or inf entries \(e\.g\. G\[2, 5\]"):
+        geometry_from_gram(G)
