@@ -4,12 +4,18 @@ A claim is judged by the same code the chapters print their verdicts with
 (:func:`dalign_core.report.width_verdicts`, :mod:`dalign_core.intervention_report`), so
 the claims table and the chapters cannot disagree. Labels:
 
-* **reproduced / contradicted / inconclusive** for the width claims, a slope test whose verdict can
-  go either way (:mod:`dalign_core.trend`; each row carries its slope, interval and the smallest
-  slope the design detects);
-* **reproduced / partly / not reproduced** for the others, by the rule each row's ``rule`` states;
+* **reproduced / contradicted / inconclusive / not estimable** for the width claims, a slope test whose
+  verdict can go either way (:mod:`dalign_core.trend`; each row carries its slope, interval and the smallest
+  slope the design detects), against the family's own claim: the paper's +0.50 for LLaMA, the sign alone for
+  Pythia and ResNet-20 (:func:`dalign_core.report.family_reference`);
+* **reproduced / partly / contradicted / inconclusive** for the others, by the rule each row's ``rule`` states
+  (an interval that holds a rule's threshold is inconclusive);
 * **not run at this profile** when the results it needs do not exist, or do not cover
   it (the LLaMA numbers at N = 512 and 3072 exist only at the paper profile).
+
+Every width row states its regime beside the paper's (``widths``, ``depth``, ``context`` or ``image_size``,
+``train_tokens``, ``epochs``, ``d_align_median``, ``reference``, ``paper_regime``), all read from the results
+files, and ``shown`` is its label as a page prints it: "… at this scale" where the regime is not the paper's.
 
 Nothing here is typed by hand: a claim without results is "not run", never filled in.
 """
@@ -29,7 +35,9 @@ from scipy import stats
 from dalign_core import growth, intervention_report
 from dalign_core.intervention_report import FAMILY_NAMES
 from dalign_core.misalignment import wilson_interval
-from dalign_core.report import width_verdicts
+from dalign_core.report import (PAPER_REGIMES, SCALE, at_this_scale, judged_geometry, late_steps, reference_text,
+                                sweep_records, width_verdicts)
+from dalign_core.trend import clock_window, estimability
 from dalign_core.results import read_table
 
 __all__ = ["NOT_RUN", "RULES", "Row", "claims_table", "by_profile", "LLAMA_PAPER_D_ALIGN"]
@@ -51,33 +59,46 @@ UNINFORMATIVE = 0.5
 RULES = {
     "d_align rises with width (matched steps)":
         "slope of each run's late-window mean of log d_align on log width: reproduced when its 95% t interval lies "
-        "above 0, contradicted when it lies below the paper's slope (+0.50), inconclusive when it holds both",
+        "above 0; contradicted when it lies below the family's reference (LLaMA: the paper's slope +0.50; Pythia and "
+        "ResNet-20, for which the paper gives no number: 0); inconclusive when it holds a threshold; not estimable "
+        "when the interval of ‖μ‖² holds 0 at more than half the late checkpoints (checkpoints whose d_align reads "
+        "0 are left out of a run's mean: no floor under the log)",
     "d_align rises with width (matched loss)":
-        "the same test on log d_align where each run's smoothed held-out loss reaches the common level",
+        "the same test with the training clock removed: runs compared at the same steps (a fixed effect per step, "
+        "one summary per run, so clustered by run) over the checkpoints from the last one before any run reaches "
+        "the common held-out loss, where every width's loss passes that level",
     "misalignment falls with width at fixed (M, K)":
-        "the same test on logit p̂ at the judged (M, K): reproduced below 0, contradicted above −0.50 (the fall "
-        "the paper's d_align rise implies for logit B_align)",
-    "d_align from N = 512 to 3072": f"both within {NUMBER_TOLERANCE:.0%} of the paper's; partly when d_align rises",
+        "the same test on logit p̂ at the judged (M, K): reproduced below 0, contradicted above the family's "
+        "reference (LLaMA: −0.50, the fall the paper's d_align rise implies for logit B_align; else 0)",
+    "d_align from N = 512 to 3072": f"both within {NUMBER_TOLERANCE:.0%} of the paper's; partly when d_align rises; "
+                                    "contradicted when neither holds",
     "empirical ≤ B_exact ≤ B_align":
         f"out of sample: B_exact from the held-out pool covers p̂ resampled from disjoint evaluation examples in "
         f"≥ {COVERAGE:.0%} of the (model, budget) cells whose B_exact is below {UNINFORMATIVE} (the Wilson interval "
-        f"of that share above {COVERAGE:.0%}: reproduced; below: not reproduced; else inconclusive). B_exact ≤ "
+        f"of that share above {COVERAGE:.0%}: reproduced; below: contradicted; else inconclusive). B_exact ≤ "
         "B_align is an identity and is not tested",
     "certificates track the empirical rate":
         f"rank correlation across models of B_exact with p̂ on fresh examples, median over the budgets whose median "
         f"B_exact is below {UNINFORMATIVE}, with a 95% bootstrap interval over models; the rule reads its lower end: "
         f"≥ {TRACKING['reproduced']} reproduced, ≥ {TRACKING['partly']} partly, the whole interval below "
         f"{TRACKING['partly']} contradicted, else (or when no budget's certificates are informative) inconclusive",
-    "misalignment falls with M and K": "every model: the largest budget's interval of p̂ below the smallest's",
+    "misalignment falls with M and K":
+        "every model: the largest budget's interval of p̂ below the smallest's (reproduced; partly in some models; "
+        "contradicted when it lies above it in every model; else inconclusive)",
     "positive alignment predicts a decrease":
-        f"judged on evaluation examples the step never saw, at the judged single step: "
-        f"P(ΔL_E < 0 | μ_Mᵀg_K > 0) ≥ {intervention_report.SIGN_BANDS['reproduced']:.0%} reproduced, "
-        f"≥ {intervention_report.SIGN_BANDS['partly']:.0%} partly, inconclusive while its Wilson interval holds both; "
+        f"per family and setting, on evaluation examples the step never saw, at the judged single step: "
+        f"P(ΔL_E < 0 | μ_Mᵀg_K > 0) and its difference from P(ΔL_E < 0 | ≤ 0), 95% intervals over models resampled "
+        f"(at least the Wilson/Newcombe width); reproduced when the difference lies above 0 and the first reaches "
+        f"{intervention_report.SIGN_BANDS['reproduced']:.0%} (partly {intervention_report.SIGN_BANDS['partly']:.0%}); "
+        f"partly when the first is high and the difference lies below {intervention_report.PREDICTION_MARGIN:.0%} "
+        f"(a step along μ_M helps whatever its alignment); contradicted when the first lies below "
+        f"{intervention_report.SIGN_BANDS['partly']:.0%}; inconclusive when an interval holds a threshold; "
         f"{intervention_report.FAILS['sign']}",
     "retention at small steps":
-        "on draws that predict a decrease, the median retention along δ: reproduced when it lies within 96–99% at "
-        "some δ and within 4% of 1 at every smaller δ, partly when within 10% of 1 at the smallest δ only; "
-        f"{intervention_report.FAILS['retention']}",
+        "out of sample: on draws that predict a decrease, the median of ΔL_E over the first-order prediction from "
+        "g_K, at the smallest δ where first order still holds on K (the same-sample curve, Taylor's theorem, "
+        "within 10% of 1), with a 95% interval over models resampled: reproduced within 1 ± 10%, contradicted "
+        "outside, inconclusive holding an edge; not estimable when E was measured only where first order breaks on K",
     growth.CLAIM:
         "per grown model, Spearman's ρ across insertion points between d_align and the realized gain on held-out "
         "examples, minus the same ρ of the zero-output block's gradient norm, at the longest growth budget: "
@@ -106,11 +127,40 @@ class Row:
     slope_hi: float = math.nan
     detectable: float = math.nan
     """For a width claim: the slope on log width, its 95% interval and the smallest slope the design detects."""
+    widths: str = ""
+    """The widths judged, "/"-joined (a width claim's regime; empty elsewhere)."""
+    depth: float = math.nan
+    """Layers (blocks of a transformer; 20 for ResNet-20)."""
+    context: float = math.nan
+    """Tokens per sequence (language models)."""
+    image_size: str = ""
+    """Height × width of an input image (ResNet-20)."""
+    train_tokens: float = math.nan
+    """Tokens each run trained on (language models): passes over the training split × its tokens."""
+    epochs: float = math.nan
+    """Passes over the training split."""
+    d_align_median: float = math.nan
+    """Ours at the judged point: the median over runs and checkpoints of d_align at the checkpoints the claim reads."""
+    reference: str = ""
+    """What the row is judged against (a number or a sign) and where it comes from."""
+    paper_regime: str = ""
+    """The paper's regime for the claim (a description of the paper)."""
+    regime: str = ""
+    """Ours, in words, from the columns above."""
+    at_this_scale: bool = False
+    """Whether our regime differs from the paper's (:func:`dalign_core.report.at_this_scale`)."""
+    shown: str = ""
+    """The label as a page shows it: the verdict, with " at this scale" where ``at_this_scale``."""
+
+    def __post_init__(self):
+        if not self.shown:
+            scale = SCALE if self.at_this_scale and self.verdict != NOT_RUN else ""
+            object.__setattr__(self, "shown", ("not run" if self.verdict == NOT_RUN else self.verdict) + scale)
 
 
-_EXPERIMENTS = {"llama": "llama_width", "pythia": "pythia_width", "resnet": "resnet_width",
-                "interventions": "interventions", "growth": "growth"}
-"""The experiment whose profile config wrote each table (by the table name's first word)."""
+_EXPERIMENTS = {"llama": "llama_width", "llama_context": "llama_context", "pythia": "pythia_width",
+                "resnet": "resnet_width", "interventions": "interventions", "growth": "growth"}
+"""The experiment whose profile config wrote each table (by the longest prefix of the table's name)."""
 STALE = "results of an earlier design of this experiment: rerun its chapter"
 """What a claim reads in place of a result when its table was written by another config than the profile's."""
 
@@ -120,7 +170,8 @@ def _current(results: Path, name: str, provenance: dict) -> bool:
 
     A folder of overrides (``<profile>+<hash>``) or of no known profile is taken as it is.
     """
-    experiment = _EXPERIMENTS.get(name.split("_")[0])
+    prefixes = [key for key in _EXPERIMENTS if name == key or name.startswith(key + "_")]
+    experiment = _EXPERIMENTS[max(prefixes, key=len)] if prefixes else None
     if experiment is None or "+" in results.name:
         return True
     from importlib import import_module
@@ -171,18 +222,31 @@ _FAMILIES = (  # family, the column that tells its regimes apart, chapter
     ("pythia", "depth", "03_pythia_width"),
     ("resnet", "dataset", "04_resnet_width"),
 )
-_REGIME_NAMES = {"depth": "{} layers", "dataset": "{}"}
+CONTEXT_CHAPTER = "02_llama_width"
+"""The chapter whose figures show the context study."""
+_WIDTH_FAMILIES = _FAMILIES + (("llama_context", "context", CONTEXT_CHAPTER),)
+"""The families of the width claims: the context study is LLaMA with one regime per context."""
+_REGIME_NAMES = {"depth": "{} layers", "dataset": "{}", "context": "context {}"}
+_NOT_RUN_REGIME = {"context": "context study"}
+"""The scope of a regime column's family that has not run, where the family alone names another sweep."""
 _WIDTH_CLAIMS = (  # claim, the paper's, what a run's summary is
     ("d_align rises with width (matched steps)", "rises (§1)", "late-window mean"),
-    ("d_align rises with width (matched loss)", "rises (§1)", "at the common loss"),
+    ("d_align rises with width (matched loss)", "rises (§1)", "same steps over the common-loss window"),
     ("misalignment falls with width at fixed (M, K)", "falls (§2)", "logit p̂"),
 )
+_QUANTITIES = ("d_align", "d_align", "p_misalign")
+"""What each width claim tests (its reference: :func:`dalign_core.report.reference_text`)."""
 
 
 def _scope(family: str, column: str | None, value) -> str:
-    """"Pythia, 6 layers" for a regime; the family's name alone where it has one regime or has not run."""
-    name = FAMILY_NAMES[family]
-    return name if column is None or value is None else f"{name}, {_REGIME_NAMES[column].format(value)}"
+    """"Pythia, 6 layers" for a regime; the family's name alone where it has one regime or has not run ("LLaMA,
+    context study" for the context study, whose family name alone is the width sweep's)."""
+    name = FAMILY_NAMES[family.split("_")[0]]
+    if column is None:
+        return name
+    if value is None:
+        return f"{name}, {_NOT_RUN_REGIME[column]}" if column in _NOT_RUN_REGIME else name
+    return f"{name}, {_REGIME_NAMES[column].format(value)}"
 
 
 def _primary_layer(misalignment: pd.DataFrame) -> str | None:
@@ -191,26 +255,97 @@ def _primary_layer(misalignment: pd.DataFrame) -> str | None:
     return layers[0] if len(layers) else None
 
 
+def _regime(family: str, column: str | None, value, provenance: dict, rows: pd.DataFrame) -> dict:
+    """A width row's regime columns, read from the sweep's provenance and its judged geometry rows."""
+    record = next((r for r in sweep_records(provenance) if column is None or r.get(column) == value),
+                  sweep_records(provenance)[0] if provenance else {})
+    config, data = provenance.get("config", {}), record.get("data", {})
+    widths = sorted(int(w) for w in rows.width.unique()) if len(rows) else []
+    depth = record.get("depth", config.get("depth"))
+    if depth is None and len(rows) and "model" in rows:  # ResNet-20: the depth is in the model's name
+        found = pd.Series(rows.model.astype(str).unique()).str.extract(r"^resnet(\d+)")[0].dropna()
+        depth = int(found.iloc[0]) if len(found) else None
+    image = data.get("image_shape")
+    language = image is None
+    context = (value if column == "context" else data.get("seq_len", config.get("context"))) if language else None
+    epochs = data.get("epochs")
+    tokens = (round(epochs * data["train_tokens"]) if language and epochs is not None and "train_tokens" in data
+              else None)
+    dataset = value if column == "dataset" else record.get("dataset", config.get("dataset"))
+    out = dict(widths="/".join(map(str, widths)), depth=float(depth) if depth is not None else math.nan,
+               context=float(context) if context is not None else math.nan,
+               image_size="×".join(str(d) for d in image[-2:]) if image else "",
+               train_tokens=float(tokens) if tokens is not None else math.nan,
+               epochs=float(epochs) if epochs is not None else math.nan,
+               paper_regime=PAPER_REGIMES[family.split("_")[0]])
+    out["at_this_scale"] = bool(widths) and at_this_scale(family, widths, depth, dataset, epochs)
+    words = [f"N = {widths[0]}–{widths[-1]}" if widths else "", f"{depth} layers" if depth is not None else "",
+             f"context {context}" if context is not None else "",
+             f"{out['image_size']} {dataset} images" if image else "",
+             f"{tokens / 1e6:.2g}M training tokens" if tokens is not None else "",
+             f"{epochs:.2g} epochs" if epochs is not None else ""]
+    out["regime"] = ", ".join(w for w in words if w)
+    return out
+
+
+def _judged_medians(trend: pd.DataFrame, geometry: pd.DataFrame | None, misalignment: pd.DataFrame,
+                    layer: str | None) -> list[float]:
+    """d_align at each width claim's judged point: the median over runs and checkpoints of the late window, of the
+    clock-free window, and of the models at the judged budget."""
+    rows = judged_geometry(geometry, trend, layer) if geometry is not None else None
+    if rows is None or rows.empty:
+        return [math.nan] * len(_WIDTH_CLAIMS)
+    late = rows[rows.step.isin(late_steps(rows))].d_align
+    start = clock_window(rows)
+    window = rows[rows.step >= start].d_align if start is not None else late.iloc[0:0]
+    budget = misalignment[(misalignment.setting == "heldout/heldout") & misalignment.trained_ok.astype(bool)]
+    judged = trend[trend.judged.astype(bool) & (trend.view == "budget")] if "judged" in trend else trend.iloc[0:0]
+    if len(judged) and len(budget):
+        budget = budget[(budget.M == judged.M.iloc[0]) & (budget.K == judged.K.iloc[0])]
+    return [float(late.median()), float(window.median()) if len(window) else math.nan,
+            float(budget.d_align.median()) if len(budget) and "d_align" in budget else math.nan]
+
+
 def _width_rows(results: Path) -> list[Row]:
+    """The paper's width claims, one row per family and regime, with the regime beside the paper's."""
     rows = []
-    for family, column, chapter in _FAMILIES:
+    for family, column, chapter in _WIDTH_FAMILIES:
         trend, misalignment = _read(results, f"{family}_trend"), _read(results, f"{family}_misalignment")
+        geometry, provenance = _load(results, f"{family}_geometry")
         regimes = _regimes(trend, column) if misalignment is not None else []
         if not regimes:
             ours = STALE if _stale(results, f"{family}_trend") else "—"
-            rows += [Row(claim, _scope(family, column, None), paper, ours, NOT_RUN, chapter)
-                     for claim, paper, _ in _WIDTH_CLAIMS]
+            rows += [Row(claim, _scope(family, column, None), paper, ours, NOT_RUN, chapter,
+                         reference=reference_text(family, quantity), paper_regime=PAPER_REGIMES[family.split("_")[0]])
+                     for (claim, paper, _), quantity in zip(_WIDTH_CLAIMS, _QUANTITIES)]
             continue
         for value in regimes:
             trend_part, mis_part = _part(trend, column, value), _part(misalignment, column, value)
-            judged_rows = width_verdicts(trend_part, _primary_layer(mis_part))  # matched steps, loss, budgets
-            for (claim, paper, where), judged in zip(_WIDTH_CLAIMS, judged_rows):
+            geometry_part = _part(geometry, column, value) if geometry is not None else None
+            layer = _primary_layer(mis_part)
+            judged_at = judged_geometry(geometry_part, trend_part, layer) if geometry_part is not None else None
+            regime = _regime(family, column, value, provenance,
+                             judged_at if judged_at is not None else pd.DataFrame(columns=["width"]))
+            scale = SCALE if regime["at_this_scale"] else ""
+            judged_rows = width_verdicts(trend_part, layer, geometry=geometry_part, family=family, scale=scale)
+            medians = _judged_medians(trend_part, geometry_part, mis_part, layer)
+            for (claim, paper, where), quantity, judged, median in zip(_WIDTH_CLAIMS, _QUANTITIES, judged_rows,
+                                                                        medians):
                 label = NOT_RUN if judged.label == "not run" else judged.label
-                ours = ("—" if label == NOT_RUN else
-                        f"slope {judged.slope:+.2f} [{judged.slope_lo:+.2f}, {judged.slope_hi:+.2f}] on log width "
-                        f"({where}); detects ≥ {judged.detectable:.2f}")
+                if label == NOT_RUN:
+                    ours = "—"
+                elif label == "not estimable":
+                    counts = estimability(judged_at[judged_at.step.isin(late_steps(judged_at))])
+                    ours = (f"the interval of ‖μ‖² holds 0 at {counts['holds_zero']} of {counts['checkpoints']} late "
+                            f"checkpoints (d_align is 0 at {counts['zeros']}): no slope of log d_align to fit")
+                else:
+                    ours = (f"slope {judged.slope:+.2f} [{judged.slope_lo:+.2f}, {judged.slope_hi:+.2f}] on log width "
+                            f"({where}); detects ≥ {judged.detectable:.2f}")
+                if label != NOT_RUN and regime["at_this_scale"]:
+                    ours += f"; {label}{SCALE} ({regime['regime']})"
                 rows.append(Row(claim, _scope(family, column, value), paper, ours, label, chapter, judged.slope,
-                                judged.slope_lo, judged.slope_hi, judged.detectable))
+                                judged.slope_lo, judged.slope_hi, judged.detectable, d_align_median=median,
+                                reference=reference_text(family, quantity), **regime))
     return rows
 
 
@@ -225,13 +360,16 @@ def _llama_numbers(results: Path) -> Row:
     final = final[(final.step == final.step.max()) & (final.layer == layer)]
     ours = {w: float(final[final.width == w].d_align.mean()) for w in LLAMA_PAPER_D_ALIGN}
     close = all(abs(ours[w] / v - 1) <= NUMBER_TOLERANCE for w, v in LLAMA_PAPER_D_ALIGN.items())
-    label = "reproduced" if close else "partly" if ours[3072] > ours[512] else "not reproduced"
+    label = "reproduced" if close else "partly" if ours[3072] > ours[512] else "contradicted"
     return Row("d_align from N = 512 to 3072", "LLaMA", paper, f"{ours[512]:.3g} → {ours[3072]:.3g}", label,
                "02_llama_width")
 
 
-def _label(holds: int, total: int) -> str:
-    return "reproduced" if holds == total else "partly" if holds else "not reproduced"
+def _label(holds: int, total: int, reversed_: int = 0) -> str:
+    """All of ``total`` hold: reproduced; some: partly; the opposite in all: contradicted; else inconclusive."""
+    if total and holds == total:
+        return "reproduced"
+    return "partly" if holds else "contradicted" if total and reversed_ == total else "inconclusive"
 
 
 def tracking_interval(budgets: list[pd.DataFrame], confidence: float = 0.95, resamples: int = 2000, seed: int = 0
@@ -307,7 +445,7 @@ def _certificate_rows(results: Path) -> list[Row]:
                 n = len(informative)
                 lo, hi = wilson_interval(covered, n) if n else (math.nan, math.nan)
                 label = ("inconclusive" if n == 0 else "reproduced" if lo >= COVERAGE else
-                         "not reproduced" if hi < COVERAGE else "inconclusive")
+                         "contradicted" if hi < COVERAGE else "inconclusive")
                 ours = (f"p̂ on fresh examples ≤ B_exact in {covered} of {n} informative cells "
                         f"({covered / n:.0%}, Wilson [{lo:.0%}, {hi:.0%}])" if n else "no informative cell")
                 ours += f"; {len(fresh) - n} cells with B_exact ≥ {UNINFORMATIVE} left out as uninformative"
@@ -331,7 +469,7 @@ def _certificate_rows(results: Path) -> list[Row]:
             else:
                 ours, tracks = "—", NOT_RUN
             rows.append(Row("certificates track the empirical rate", scope, "track (§2)", ours, tracks, chapter))
-            holds = total = 0
+            holds = reversed_ = total = 0
             for _, model in part.groupby(["model", "seed"]):
                 model = model.assign(size=model.M + model.K).sort_values("size")
                 if len(model) < 2:
@@ -339,9 +477,10 @@ def _certificate_rows(results: Path) -> list[Row]:
                 small, large = model.iloc[0], model.iloc[-1]
                 total += 1
                 holds += int(large.p_misalign_hi < small.p_misalign_lo)
+                reversed_ += int(large.p_misalign_lo > small.p_misalign_hi)
             rows.append(Row("misalignment falls with M and K", scope, "falls (§2)",
                             f"{holds} of {total} models" if total else "—",
-                            _label(holds, total) if total else NOT_RUN, chapter))
+                            _label(holds, total, reversed_) if total else NOT_RUN, chapter))
     return rows
 
 
@@ -354,20 +493,24 @@ def _intervention_rows(results: Path) -> list[Row]:
                 for name in FAMILY_NAMES.values()]
     step = provenance["config"]["sign_step"]
     rows = []
-    for family, (label, r) in intervention_report.sign_verdict(table, step).items():
-        rows.append(Row(claims[0][0], FAMILY_NAMES.get(family, family), claims[0][1],
-                        f"on fresh examples at δ = {step:g}: {r['p_pos']:.1%} [{r['p_pos_lo']:.1%}, "
-                        f"{r['p_pos_hi']:.1%}] of {r['n_pos']} draws with μ_Mᵀg_K > 0 lowered the loss "
-                        f"({r['p_nonpos']:.1%} of {r['n_nonpos']} with ≤ 0); positive alignment in "
-                        f"{r['share_positive']:.1%} of {r['draws']} draws; {r['ties']} ties left out", label, chapter))
-    for family, v in intervention_report.retention_verdict(table).items():
-        band = (f"within 96–99% at δ = {v['band'][0]:g}" + (f" to {v['band'][-1]:g}" if len(v["band"]) > 1 else "")
-                if v["band"] else "never within 96–99%")
-        breaks = f"first order breaks at δ = {v['breaks_at']:g}" if math.isfinite(v["breaks_at"]) else \
-            "first order holds over the grid"
-        rows.append(Row(claims[1][0], FAMILY_NAMES.get(family, family), claims[1][1],
-                        f"{v['draws']} of {v['of']} draws predict a decrease; median {band}; {breaks}"
-                        if v["draws"] else "no retention draw predicted a decrease", v["label"], chapter))
+    prediction = intervention_report.sign_prediction(table, step)
+    for r in prediction.itertuples():
+        scope = f"{FAMILY_NAMES.get(r.family, r.family)}, {intervention_report.SETTING_NAMES.get(r.setting, r.setting)}"
+        rows.append(Row(claims[0][0], scope, claims[0][1],
+                        f"on fresh examples at δ = {step:g}, {r.models} models: P(fall | μ_Mᵀg_K > 0) {r.p_pos:.1%} "
+                        f"[{r.p_pos_lo:.1%}, {r.p_pos_hi:.1%}] of {r.n_pos}; P(fall | ≤ 0) {r.p_nonpos:.1%} of "
+                        f"{r.n_nonpos}; difference {r.difference:+.2f} [{r.difference_lo:+.2f}, "
+                        f"{r.difference_hi:+.2f}]; AUC {r.auc:.2f} [{r.auc_lo:.2f}, {r.auc_hi:.2f}]; {r.ties} ties "
+                        f"left out; {r.reason}", r.label, chapter))
+    curve = intervention_report.out_of_sample_retention(table)
+    for family, v in intervention_report.out_of_sample_verdict(curve).items():
+        r = v.get("row")
+        ours = v["reason"] if r is None else (
+            f"on fresh examples at δ = {r['train_decrease']:g} ({r['source']} study, {r['draws']} draws predicting a "
+            f"decrease): ΔL_E kept {r['from_g']:.1%} [{r['from_g_lo']:.1%}, {r['from_g_hi']:.1%}] of the prediction "
+            f"from g_K ({r['from_mu']:.1%} of that from μ_M); on K {r['same_sample']:.1%} (Taylor's theorem); "
+            + v["reason"])
+        rows.append(Row(claims[1][0], FAMILY_NAMES.get(family, family), claims[1][1], ours, v["label"], chapter))
     return rows
 
 
@@ -417,7 +560,9 @@ def by_profile(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
     keys: list[tuple[str, str]] = []
     for table in tables.values():
         keys += [key for key in zip(table.claim, table.scope) if key not in keys]
-    specific = {(claim, scope.split(",")[0]) for claim, scope in keys if "," in scope}
+    judged = {key for table in tables.values() for key, verdict in zip(zip(table.claim, table.scope), table.verdict)
+              if verdict != NOT_RUN}  # a family's own row that was judged somewhere stays (LLaMA beside its contexts)
+    specific = {(claim, scope.split(",")[0]) for claim, scope in keys if "," in scope} - judged
     keys = [key for key in keys if key not in specific]
     order = {claim: i for i, claim in enumerate(RULES)}
     keys.sort(key=lambda key: order.get(key[0], len(order)))  # stable: scopes keep their order within a claim

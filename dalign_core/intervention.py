@@ -42,6 +42,12 @@ by full-batch gradient descent on the M training examples, every step at the fir
 The model's own parameters are never part of the optimization: only the inserted tensor is
 differentiated, so the model is restored bit for bit as for a single step.
 
+**Steps stated against training.** ``step_fractions`` with ``step_scale`` add steps whose δ is a
+fraction of what one optimizer step of the trained model would bring the inserted parameter: ``step_scale(G_M)``
+is that step's first-order decrease of the M examples' loss (for AdamW at rate ``lr``, whose first step on a new
+parameter moves every coordinate by ``lr``: ``lr ‖G_M‖₁``; for SGD: ``lr ‖G_M‖²``). Those rows carry the fraction
+in ``step_fraction`` (NaN on the δ grid).
+
 **Step sizes.** :func:`train_decrease_steps` sizes each step by the first-order decrease
 δ it brings to the M training examples' own loss, ``η = δ / ‖G_M‖²``; the held-out
 prediction is then ``−δ ⟨G_M, G_K⟩ / ‖G_M‖²``, and one grid of δ (nats) serves models
@@ -71,7 +77,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from dalign_core.hooks import _call, _primary, _split_batch, _to, check_capturable, per_example_loss, resolve_layers
 
 __all__ = ["Intervention", "shared_bias_step", "residual_block_step", "train_decrease_steps",
-           "train_decrease_draws", "KINDS", "ROUNDOFF_FLOAT32", "ROUNDOFF_FLOAT64"]
+           "train_decrease_draws", "optimizer_step_decrease", "KINDS", "ROUNDOFF_FLOAT32", "ROUNDOFF_FLOAT64"]
 
 KINDS = ("bias", "block")
 ROUNDOFF_FLOAT32 = 16 * torch.finfo(torch.float32).eps
@@ -109,6 +115,8 @@ class Intervention:
     """``eval_observed`` was recomputed on a float64 copy of the model (the float32 change was within roundoff)."""
     eval_tie: bool = False
     """``eval_observed`` is within roundoff of zero even in float64: its sign is not measured."""
+    step_fraction: float = math.nan
+    """The fraction of one optimizer step of the trained model this step's δ was set to (NaN: a δ of the grid)."""
 
     @property
     def retention(self) -> float:
@@ -303,11 +311,13 @@ class _Insertions:
 
 
 def _steps(insertions: _Insertions, train_batches, heldout_batches, kinds, etas_of, curvature: bool = True,
-           eval_batches=None, optimizer_steps: tuple[int, ...] = (), optimizer_decrease: float | None = None
+           eval_batches=None, optimizer_steps: tuple[int, ...] = (), optimizer_decrease: float | None = None,
+           step_fractions: tuple[float, ...] = (), step_scale: Callable[[torch.Tensor], float] | None = None
            ) -> list[Intervention]:
     """Each kind's steps ``−η G_M``, (η, δ) from ``etas_of(‖G_M‖²)``: predicted, observed, curvature; with
     ``eval_batches`` the change on E too; with ``optimizer_steps`` gradient descent on the inserted parameter alone
-    (η from ``optimizer_decrease``), read after each count of steps."""
+    (η from ``optimizer_decrease``), read after each count of steps; with ``step_fractions`` the steps of δ = each
+    fraction of ``step_scale(G_M)`` (one optimizer step's first-order decrease)."""
     train = insertions.gradients(train_batches, kinds)
     heldout = insertions.gradients(heldout_batches, kinds)
     base = insertions.loss(heldout_batches)
@@ -315,7 +325,7 @@ def _steps(insertions: _Insertions, train_batches, heldout_batches, kinds, etas_
                           else ({}, 0))
     out = []
 
-    def record(kind, eta, decrease, parameter, alignment, second_order, steps):
+    def record(kind, eta, decrease, parameter, alignment, second_order, steps, fraction=math.nan):
         observed = insertions.loss(heldout_batches, kind, parameter) - base
         extra = {}
         if eval_batches is not None:
@@ -326,7 +336,7 @@ def _steps(insertions: _Insertions, train_batches, heldout_batches, kinds, etas_
         # After optimizer steps there is no first-order prediction of one step: predicted (and retention) are NaN.
         predicted = -float(eta) * alignment if not steps else math.nan
         out.append(Intervention(kind, float(eta), predicted, observed, second_order, alignment,
-                                float(decrease), optimizer_steps=steps, **extra))
+                                float(decrease), optimizer_steps=steps, step_fraction=float(fraction), **extra))
 
     for kind in kinds:
         alignment = float((train[kind] * heldout[kind]).sum())
@@ -335,6 +345,12 @@ def _steps(insertions: _Insertions, train_batches, heldout_batches, kinds, etas_
         curve = insertions.curvature(heldout_batches, kind, direction) if curvature else math.nan
         for eta, decrease in etas_of(norm_sq):
             record(kind, eta, decrease, eta * direction, alignment, 0.5 * float(eta) ** 2 * curve, 0)
+        if step_fractions:
+            one_step = float(step_scale(train[kind]))  # one optimizer step's first-order decrease (nats)
+            for fraction in step_fractions:
+                decrease = fraction * one_step
+                eta = decrease / norm_sq if norm_sq > 0 else 0.0
+                record(kind, eta, decrease, eta * direction, alignment, 0.5 * float(eta) ** 2 * curve, 0, fraction)
         if optimizer_steps:
             eta = optimizer_decrease / norm_sq if norm_sq > 0 else 0.0
             parameter, done = torch.zeros_like(direction), 0
@@ -384,7 +400,8 @@ def residual_block_step(model: nn.Module, layer: str, train_batches: list, heldo
 def train_decrease_steps(model: nn.Module, layer: str, train_batches: list, heldout_batches: list,
                          decreases: Iterable[float], kinds: Iterable[str] = KINDS, hidden: int | None = None,
                          seed: int = 0, curvature: bool = True, eval_batches: list | None = None,
-                         optimizer_steps: Iterable[int] = (), optimizer_decrease: float = 1e-2
+                         optimizer_steps: Iterable[int] = (), optimizer_decrease: float = 1e-2,
+                         step_fractions: Iterable[float] = (), step_scale: Callable[[torch.Tensor], float] | None = None
                          ) -> list[Intervention]:
     """Both insertions on the same examples, each step sized by the train loss it removes at first order.
 
@@ -400,19 +417,24 @@ def train_decrease_steps(model: nn.Module, layer: str, train_batches: list, held
     ``optimizer_steps``: after each of these counts of full-batch gradient-descent steps on
     the M examples that train the inserted parameter alone (η from ``optimizer_decrease``:
     the first step lowers the M examples' loss by that much at first order), one more row.
+    ``step_fractions``: steps of δ = each fraction times ``step_scale(G_M)``, the first-order decrease one optimizer
+    step of the trained model would bring (a function of the float64 train gradient; see the module docstring).
 
     Returns:
-        Per kind (in the order given): one :class:`Intervention` per δ, then one per optimizer-step count.
+        Per kind (in the order given): one :class:`Intervention` per δ, one per step fraction, then one per
+        optimizer-step count.
     """
     return next(train_decrease_draws(model, layer, [(train_batches, heldout_batches)], decreases, kinds=kinds,
                                      hidden=hidden, seed=seed, curvature=curvature, eval_batches=eval_batches,
-                                     optimizer_steps=optimizer_steps, optimizer_decrease=optimizer_decrease))
+                                     optimizer_steps=optimizer_steps, optimizer_decrease=optimizer_decrease,
+                                     step_fractions=step_fractions, step_scale=step_scale))
 
 
 def train_decrease_draws(model: nn.Module, layer: str, draws: Iterable[tuple[list, list]],
                          decreases: Iterable[float], kinds: Iterable[str] = KINDS, hidden: int | None = None,
                          seed: int = 0, curvature: bool = True, eval_batches: list | None = None,
-                         optimizer_steps: Iterable[int] = (), optimizer_decrease: float = 1e-2
+                         optimizer_steps: Iterable[int] = (), optimizer_decrease: float = 1e-2,
+                         step_fractions: Iterable[float] = (), step_scale: Callable[[torch.Tensor], float] | None = None
                          ) -> Iterator[list[Intervention]]:
     """:func:`train_decrease_steps` for each ``(train_batches, heldout_batches)`` of ``draws``, in order.
 
@@ -434,17 +456,32 @@ def train_decrease_draws(model: nn.Module, layer: str, draws: Iterable[tuple[lis
                          f"{optimizer_decrease} a positive loss in nats")
     if eval_batches is not None and not eval_batches:
         raise ValueError("eval_batches is empty: pass None for no evaluation set")
+    step_fractions = tuple(float(f) for f in step_fractions)
+    if step_fractions and (step_scale is None or min(step_fractions) <= 0):
+        raise ValueError(f"step_fractions {step_fractions} must be positive and come with a step_scale (the "
+                         "first-order decrease of one optimizer step, a function of the train gradient)")
     return _each_draw(model, layer, draws, kinds, hidden, seed, curvature,
                       lambda norm_sq: [(d / norm_sq if norm_sq > 0 else 0.0, d) for d in decreases],
-                      eval_batches, optimizer_steps, float(optimizer_decrease))
+                      eval_batches, optimizer_steps, float(optimizer_decrease), step_fractions, step_scale)
+
+
+def optimizer_step_decrease(optimizer: str, lr: float) -> Callable[[torch.Tensor], float]:
+    """``G ↦`` the first-order decrease (nats) of one step of the trained model's optimizer on a new parameter of
+    gradient G: AdamW's first step moves every coordinate by ``lr`` (``lr ‖G‖₁``), SGD's by ``lr G`` (``lr ‖G‖²``)."""
+    if optimizer == "sgd":
+        return lambda gradient: lr * float((gradient ** 2).sum())
+    if optimizer in ("adamw", "adam"):
+        return lambda gradient: lr * float(gradient.abs().sum())
+    raise ValueError(f"optimizer {optimizer!r} has no stated step: use 'adamw' or 'sgd'")
 
 
 def _each_draw(model, layer, draws, kinds, hidden, seed, curvature, etas_of, eval_batches=None,
-               optimizer_steps=(), optimizer_decrease=None) -> Iterator[list[Intervention]]:
+               optimizer_steps=(), optimizer_decrease=None, step_fractions=(), step_scale=None
+               ) -> Iterator[list[Intervention]]:
     insertions = None
     for train_batches, heldout_batches in draws:
         if insertions is None:  # the block's width is the insertion point's, known from the first forward pass
             insertions = _Insertions(model, layer, heldout_batches[0], hidden, seed)
         yield _steps(insertions, train_batches, heldout_batches, kinds, etas_of, curvature=curvature,
                      eval_batches=eval_batches, optimizer_steps=optimizer_steps,
-                     optimizer_decrease=optimizer_decrease)
+                     optimizer_decrease=optimizer_decrease, step_fractions=step_fractions, step_scale=step_scale)

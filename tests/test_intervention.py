@@ -153,3 +153,28 @@ def test_changes_within_float32_roundoff_are_resolved_in_float64(monkeypatch):
     tied = train_decrease_steps(model, "model.layers.0", train, heldout, (1e-2,), eval_batches=evaluation,
                                 curvature=False)
     assert all(s.eval_tie for s in tied)
+
+
+def test_steps_stated_against_training_are_fractions_of_one_optimizer_step():
+    """δ = fraction × (first-order decrease of one optimizer step): AdamW's first step on a new parameter moves every
+    coordinate by lr (lr ‖G_M‖₁), SGD's by lr G_M (lr ‖G_M‖²); the rows carry the fraction, the grid rows NaN."""
+    model, train, heldout = _lm()
+    before = _snapshot(model)
+    lr = 1e-3
+    steps = train_decrease_steps(model, "model.layers.0", train, heldout, (1e-4,), kinds=("bias",), curvature=False,
+                                 eval_batches=heldout, step_fractions=(0.1, 1.0),
+                                 step_scale=intervention.optimizer_step_decrease("adamw", lr))
+    _unchanged(model, before)
+    grid, tenth, whole = steps
+    assert math.isnan(grid.step_fraction) and (tenth.step_fraction, whole.step_fraction) == (0.1, 1.0)
+    mu = torch.cat([activation_gradients(model, "model.layers.0", b) for b in train]).mean(0).double()
+    assert whole.train_decrease == pytest.approx(lr * float(mu.abs().sum()), rel=1e-4)
+    assert tenth.train_decrease == pytest.approx(0.1 * whole.train_decrease)
+    assert whole.eta == pytest.approx(whole.train_decrease / float(mu @ mu), rel=1e-4)
+    assert math.isfinite(whole.eval_observed) and whole.eval_n == 12
+    sgd = intervention.optimizer_step_decrease("sgd", 0.1)
+    assert sgd(torch.tensor([3.0, 4.0], dtype=torch.float64)) == pytest.approx(2.5)
+    with pytest.raises(ValueError, match="step_scale"):
+        train_decrease_steps(model, "model.layers.0", train, heldout, (1e-4,), step_fractions=(0.1,))
+    with pytest.raises(ValueError, match="optimizer"):
+        intervention.optimizer_step_decrease("lion", 0.1)

@@ -390,3 +390,81 @@ def test_the_sign_design_counts_the_draws_the_verdict_counts():
     assert design.n.tolist() == [2, 2] and design.layer.tolist() == ["l", "m2"]
     assert report.sign_design(rows.iloc[0:0], 1e-3).empty
     assert "not simulated" in report.describe_sign_calibration(report.sign_design(rows.iloc[0:0], 1e-3))
+
+
+def _predict_rows(pos_fell, non_fell, models=("m1", "m2", "m3", "m4", "m5")):
+    """Draws spread over ``models``: ``pos_fell``/``non_fell`` the falls (True) of positive and non-positive draws."""
+    n_pos, n_non = len(pos_fell), len(non_fell)
+    alignment = np.r_[np.linspace(1, 2, n_pos), -np.linspace(1, 2, n_non)]
+    fell = np.r_[pos_fell, non_fell].astype(bool)
+    rows = _sign_rows(alignment, -1e-4 * alignment, eval_observed=np.where(fell, -1e-4, 1e-4))
+    return rows.assign(model=[models[i % len(models)] for i in range(len(rows))], setting="train/heldout")
+
+
+def test_the_sign_as_a_prediction_needs_a_difference_between_the_conditionals():
+    # 98 of 100 positive draws fall and 20 of 40 non-positive: the sign tells a fall from a rise
+    informative = report.sign_prediction(_predict_rows([True] * 98 + [False] * 2, [True, False] * 20), 1e-3).iloc[0]
+    assert informative.p_pos == pytest.approx(0.98) and informative.p_nonpos == pytest.approx(0.5)
+    assert informative.difference == pytest.approx(0.48) and informative.difference_lo > 0
+    assert informative.label == "reproduced" and informative.models == 5
+    # every draw falls: a high first conditional with no difference is "partly", whatever the alignment
+    whatever = report.sign_prediction(_predict_rows([True] * 100, [True] * 100), 1e-3).iloc[0]
+    assert whatever.difference == 0 and whatever.difference_hi < report.PREDICTION_MARGIN
+    assert whatever.label == "partly" and "whatever its alignment" in whatever.reason
+    # a first conditional below 80% whose interval stays below it contradicts "consistently"
+    coin = report.sign_prediction(_predict_rows([True, False] * 50, [True, False] * 50), 1e-3).iloc[0]
+    assert coin.label == "contradicted" and coin.auc == pytest.approx(0.5, abs=0.1)
+    # the AUC is the Mann-Whitney statistic: the falls are exactly the draws of largest alignment here
+    ordered = report.sign_prediction(_predict_rows([True] * 50, [False] * 50), 1e-3).iloc[0]
+    assert ordered.auc == pytest.approx(1.0)
+    # few draws: the interval holds both 80% and 95%
+    assert report.sign_prediction(_predict_rows([True] * 4, [False] * 4), 1e-3).label.item() == "inconclusive"
+    text = report.describe_prediction(report.sign_prediction(_predict_rows([True] * 98 + [False] * 2,
+                                                                          [True, False] * 20), 1e-3))
+    assert "train/held-out" in text and "**reproduced**" in text and "+48.0 points" in text
+
+
+def test_the_prediction_rule_is_calibrated_at_the_committed_cpu_design():
+    """With an effect (98% of positive draws fall, 50% of the others) "reproduced" comes out most of the time;
+    when a step helps whatever its alignment (98% both) or the sign tells nothing (50% both), at most 5%."""
+    from dalign_core.config import REPO_ROOT
+
+    table, provenance = read_table(REPO_ROOT / "results" / "cpu", "interventions")
+    design = report.prediction_design(table, provenance["config"]["sign_step"])
+    assert design.groupby(["family", "setting"]).n_pos.sum().min() >= 20
+    effect = report.simulate_prediction_verdict(design, 0.98, 0.5, trials=40)
+    assert effect.get("reproduced", 0) >= 0.8, effect
+    for rates in ((0.98, 0.98), (0.5, 0.5), (0.9, 0.9)):
+        found = report.simulate_prediction_verdict(design, *rates, trials=40)
+        assert found.get("reproduced", 0) <= 0.05, (rates, found)
+
+
+def test_out_of_sample_retention_is_judged_where_first_order_holds_on_k():
+    """Retention on E (the prediction from g_K against ΔL_E) is read at the smallest δ where the same-sample curve
+    is within 10% of 1; where it breaks at every δ measured on E the verdict is not estimable."""
+    rows = []
+    for m in range(4):
+        for d, (same, on_e) in {1e-5: (1.0, 0.5), 1e-3: (0.7, 0.4)}.items():
+            for r in range(5):
+                predicted = -d * (1 + r)
+                rows.append(dict(study="retention", family="f", model=f"m{m}", seed=0, setting="train/heldout",
+                                 kind="bias", optimizer_steps=0, train_decrease=d, predicted=predicted,
+                                 observed=same * predicted, eval_observed=on_e * predicted, eval_tie=False,
+                                 step_fraction=np.nan))
+    table = pd.DataFrame(rows)
+    curve = report.out_of_sample_retention(table)
+    assert set(curve.train_decrease) == {1e-5, 1e-3}
+    verdict = report.out_of_sample_verdict(curve)["f"]
+    assert verdict["label"] == "contradicted" and verdict["row"]["train_decrease"] == 1e-5
+    assert verdict["row"]["from_g"] == pytest.approx(0.5)
+    kept = report.out_of_sample_verdict(report.out_of_sample_retention(
+        table.assign(eval_observed=table.observed)))["f"]
+    assert kept["label"] == "reproduced"
+    broken = report.out_of_sample_verdict(report.out_of_sample_retention(table[table.train_decrease == 1e-3]))["f"]
+    assert broken["label"] == "not estimable" and "curvature" in broken["reason"]
+    text = report.describe_out_of_sample(curve)
+    assert "Taylor's theorem" in text and "**contradicted**" in text
+    # a fraction of an optimizer step is one step whatever δ it came to in each draw
+    fractions = table[table.train_decrease == 1e-5].assign(step_fraction=0.1,
+                                                           train_decrease=lambda f: 1e-5 * (1 + f.index % 3))
+    assert len(report.out_of_sample_retention(fractions)) == 1

@@ -31,7 +31,14 @@ family, width and layer. Two studies, one table (``interventions``):
   ``retention_steps``, the model in float64 so that the smallest steps are not lost in
   roundoff. ``second_order`` is the exact curvature term ``½ η² uᵀH_K u`` along the step.
   The paper reads retention on steps that predict a decrease: the report keeps the draws
-  with ``μ_Mᵀg_K > 0`` only.
+  with ``μ_Mᵀg_K > 0`` only. On K that curve is Taylor's theorem (the same-sample check).
+  With ``retention_on_evaluation`` every retention step is also measured on E (the float64
+  model, so a step of δ = 1e-6 is not lost in roundoff): the first-order prediction made
+  from g_K (``predicted``) or from μ_M (``−δ``) against ``ΔL_E``, retention out of sample.
+  ``retention_step_fractions`` adds steps stated against training: δ a fraction of the
+  first-order decrease one optimizer step of the trained model (its own optimizer at its
+  peak rate ``lr``) would bring the inserted parameter
+  (:func:`dalign_core.intervention.optimizer_step_decrease`), ``step_fraction`` in the table.
 
 Run without Jupyter: ``python -m dalign_core.experiments.interventions --profile cpu``.
 A family whose sweep has not run at the profile is run first (that is the long part:
@@ -53,13 +60,13 @@ import pandas as pd
 import torch
 
 from dalign_core._tensor import derived_seed, resolve_device
-from dalign_core.config import ExperimentConfig, default_results_dir
+from dalign_core.config import ExperimentConfig, default_results_dir, measurement_only
 from dalign_core.experiments import llama_width, pythia_width, resnet_width
 from dalign_core.experiments._models import (TrainedModel, chosen_runs, earlier_results, in_regime, remove_model_jobs,
                                              run_model_jobs, sweep_changed, trained_models)
 from dalign_core.experiments._runner import main, run_experiment
 from dalign_core.family import Family, SweepConfig, count, take
-from dalign_core.intervention import train_decrease_draws
+from dalign_core.intervention import optimizer_step_decrease, train_decrease_draws
 from dalign_core.sweep import trained_model
 
 __all__ = ["Config", "Source", "SOURCES", "TABLES", "run", "SETTINGS", "model_rows", "evaluation_set"]
@@ -93,8 +100,10 @@ SOURCES: dict[str, Source] = {
 }
 
 
+OUT_OF_SAMPLE = dict(retention_on_evaluation=True, retention_step_fractions=(0.1, 0.3, 1.0))
+"""Retention on E at the grid and at steps stated against training (the profiles that measure it)."""
 SMOKE = dict(retention_budget=(8, 8), retention_draws=4, retention_steps=(1e-5, 1e-3, 1e-1), budgets=((4, 4),),
-             resamples=4, optimizer_steps=(10, 100), optimizer_resamples=2)
+             resamples=4, optimizer_steps=(10, 100), optimizer_resamples=2, **OUT_OF_SAMPLE)
 
 
 @dataclass(frozen=True)
@@ -131,6 +140,11 @@ class Config(ExperimentConfig):
     costs 2 × 100 gradient steps on the M examples and 4 loss evaluations over E)."""
     eval_examples: int | None = None
     """At most this many of the sweep's evaluation examples form E (None: all of them)."""
+    retention_on_evaluation: bool = measurement_only(False, neutral=False)
+    """Measure every retention step on E too (out-of-sample retention). Off at cpu, whose committed table predates
+    it: on, the retention study costs a float64 pass over E per step and kind (see the chapter's projection)."""
+    retention_step_fractions: tuple[float, ...] = measurement_only((), neutral=())
+    """Fractions of one optimizer step of the trained model at which the retention study also steps."""
     hidden: int | None = None
     """Width of the zero-output block (None: the insertion point's width)."""
     confidence: float = 0.95
@@ -141,9 +155,10 @@ class Config(ExperimentConfig):
         "lab": SMOKE,  # the classroom profile: smoke-sized, minutes on a laptop on top of the lab sweeps
         "cpu": {},
         "gpu": dict(runs_per_width=3, retention_budget=(64, 64), retention_draws=16, budgets=((16, 16), (64, 64)),
-                    resamples=200, optimizer_resamples=50),
+                    resamples=200, optimizer_resamples=50, **OUT_OF_SAMPLE),
         "paper": dict(runs_per_width=3, retention_budget=(128, 128), retention_draws=32,
-                      budgets=((16, 16), (64, 64), (128, 128)), resamples=1000, optimizer_resamples=100),
+                      budgets=((16, 16), (64, 64), (128, 128)), resamples=1000, optimizer_resamples=100,
+                      **OUT_OF_SAMPLE),
     }
 
     def __post_init__(self):
@@ -157,6 +172,9 @@ class Config(ExperimentConfig):
         if any(n < 1 for n in self.optimizer_steps) or self.optimizer_resamples < 0:
             raise ValueError(f"optimizer_steps {self.optimizer_steps} must be positive counts and "
                              f"optimizer_resamples {self.optimizer_resamples} not negative")
+        if any(not f > 0 for f in self.retention_step_fractions):
+            raise ValueError(f"retention_step_fractions {self.retention_step_fractions} must be positive fractions "
+                             "of one optimizer step")
         if self.eval_examples is not None and self.eval_examples < 1:
             raise ValueError(f"eval_examples {self.eval_examples} must be positive or None")
 
@@ -176,7 +194,7 @@ def _rows(steps, base: dict, **extra) -> list[dict]:
              "eta": s.eta, "predicted": s.predicted, "observed": s.observed, "retention": s.retention,
              "second_order": s.second_order, "alignment": s.alignment, "bias_alignment": bias_alignment,
              "eval_observed": s.eval_observed, "eval_predicted": s.eval_predicted, "eval_n": s.eval_n,
-             "eval_float64": s.eval_float64, "eval_tie": s.eval_tie}
+             "eval_float64": s.eval_float64, "eval_tie": s.eval_tie, "step_fraction": s.step_fraction}
             for s in steps]
 
 
@@ -199,9 +217,13 @@ def model_rows(config: Config, sweep_config: SweepConfig, family: Family, model,
             yield batches(take(pools[source], train_idx)), batches(take(pools["heldout"], heldout_idx))
 
     M, K = config.retention_budget
+    optimizer = family.train_settings(sweep_config).get("optimizer", "adamw")
     retained = train_decrease_draws(copy.deepcopy(model).double(), primary,
                                     draws("train/heldout", M, K, range(config.retention_draws), "retention"),
-                                    config.retention_steps, hidden=config.hidden, seed=block_seed)
+                                    config.retention_steps, hidden=config.hidden, seed=block_seed,
+                                    eval_batches=evaluation if config.retention_on_evaluation else None,
+                                    step_fractions=config.retention_step_fractions,
+                                    step_scale=optimizer_step_decrease(optimizer, float(base["lr"])))
     for r, steps in enumerate(retained):
         rows += _rows(steps, base, study="retention", setting="train/heldout", layer=primary, M=M, K=K, resample=r)
 
