@@ -129,12 +129,14 @@ def build_parser() -> argparse.ArgumentParser:
                       help="budgets M = K of mu_M.g_K and B_align, separated by commas (default: n/8 and n/2)")
     rank.add_argument("--reduction", choices=("shared", "full"), default="shared",
                       help="shared: sum q over positions (default); full: keep positions")
-    rank.add_argument("--hidden", type=int, default=None, help="width of the inserted block (default: the layer's)")
+    rank.add_argument("--hidden", type=_hidden_width, default=None,
+                      help=f"width of the inserted block, 1 to {MAX_HIDDEN} (default: the layer's)")
     rank.add_argument("--seed", type=int, default=0, help="seed of the inserted block's W1 (default: 0)")
     rank.add_argument("--confidence", type=float, default=0.95, help="level of the intervals (default: 0.95)")
     rank.add_argument("--redundancy-examples", type=int, default=64,
                       help="examples of the redundancy check (warns above 0.9; 0: skip; default: 64)")
-    rank.add_argument("--csv", type=Path, default=None, help="write every number to this CSV file (atomically)")
+    rank.add_argument("--csv", type=_out_file, default=None,
+                      help="write every number to this CSV file (atomically; never over an input or a non-CSV file)")
     return parser
 
 
@@ -338,6 +340,28 @@ def _is_local_data(spec: str) -> bool:
         spec.startswith((".", "/", "~"))
 
 
+MAX_HIDDEN = 65_536
+"""The widest inserted block ``dalign rank --hidden`` builds (its W1 is hidden x width floats)."""
+
+
+def _hidden_width(text: str) -> int:
+    """``--hidden``: a whole number from 1 to :data:`MAX_HIDDEN` (``1e3`` reads as 1000)."""
+    try:
+        number = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; give the inserted block's width, e.g. 256")
+    if not number.is_integer() or not 1 <= number <= MAX_HIDDEN:
+        raise argparse.ArgumentTypeError(f"{text} is not a width from 1 to {MAX_HIDDEN}: the inserted block needs at "
+                                         "least one unit, and a wider one would not fit in memory beside the model")
+    return int(number)
+
+
+def _check_seq_len(args: argparse.Namespace) -> None:
+    """``--seq-len``: at least 2 tokens (a next-token loss needs two)."""
+    if args.seq_len < 2:
+        raise ValueError(f"--seq-len must be at least 2 (a next-token loss needs two tokens), got {args.seq_len}")
+
+
 def _out_file(text: str) -> Path:
     """``--out``'s value as a path; an empty one (it would name the current folder) is a usage error."""
     if not text.strip():
@@ -365,12 +389,12 @@ def _check_out(path: Path, inputs: tuple = (), flag: str = "--out") -> None:
             raise ValueError(f"{flag} {str(path)!r} {where} {what} {str(given)!r}, an input of this command: writing "
                              f"the results there would destroy it; choose another file, e.g. {flag} geometry.csv")
     if path.is_dir():
-        raise ValueError(f"--out {str(path)!r} is a directory; give a file name, e.g. --out {path / 'geometry.csv'}")
+        raise ValueError(f"{flag} {str(path)!r} is a directory; give a file name, e.g. {flag} {path / 'geometry.csv'}")
     folder = path.parent
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
     if not folder.is_dir():
-        raise ValueError(f"--out {str(path)!r} cannot be created: {str(folder)!r} is a file, not a folder; "
+        raise ValueError(f"{flag} {str(path)!r} cannot be created: {str(folder)!r} is a file, not a folder; "
                          "choose a path inside a folder")
     if path.exists():
         if not path.is_file() or path.suffix.lower() != ".csv":
@@ -633,6 +657,10 @@ def _layers(args: argparse.Namespace) -> None:
     if args.data is not None and args.all_modules:
         raise ValueError("--all-modules lists names only; the redundancy column (--data) is for residual blocks: "
                          "drop one of them")
+    if args.data is not None:
+        _check_seq_len(args)
+        if args.batch_size < 1:
+            raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
     if args.data is not None and args.redundancy_examples < 4:
         raise ValueError(f"--redundancy-examples must be at least 4 (the held-out fit needs them), "
                          f"got {args.redundancy_examples}")
@@ -694,15 +722,31 @@ def _load_arch(args: argparse.Namespace, device):
         builder = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as err:
         raise ValueError(f"--arch {args.arch!r} cannot be imported: {err}") from err
-    model = builder(**kwargs)
+    if not callable(builder):
+        raise ValueError(f"--arch {args.arch!r} is a {type(builder).__name__}, not something to call")
+    try:
+        model = builder(**kwargs)
+    except Exception as err:  # noqa: BLE001  (the user's code: any error is theirs to fix, in one line)
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise ValueError(f"--arch {args.arch!r} raised {type(err).__name__} when called with --arch-kwargs "
+                         f"{json.dumps(kwargs)}{': ' + first if first else ''}; check --arch-kwargs") from err
+    import torch.nn as nn
+
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"--arch {args.arch!r} returned a {type(model).__name__}, not a torch.nn.Module")
     path = Path(args.model).expanduser()
     if not path.is_file():
         raise LoadError(f"--model {args.model!r} does not exist or is not a file; with --arch it is the state dict "
                         "(torch.save(model.state_dict(), 'weights.pt') or a .safetensors file)")
     if path.suffix == ".safetensors":
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        state = load_file(str(path))
+        try:
+            state = load_file(str(path))
+        except (SafetensorError, OSError) as err:
+            raise LoadError(f"--model {str(path)!r} is not a readable safetensors file ({str(err).strip() or 'damaged'}); "
+                            "it may be cut short: save it again (safetensors.torch.save_file)") from err
     else:
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
@@ -801,10 +845,13 @@ def rank(args: argparse.Namespace) -> list[dict]:
         raise ValueError(f"--confidence must lie strictly between 0 and 1, got {args.confidence}")
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
-    if args.csv is not None:
-        _check_out(args.csv)
+    if args.arch is None:
+        _check_seq_len(args)
     device = resolve_device(args.device)
     if args.arch is not None:
+        if args.csv is not None:  # never over the state dict or the tensors it reads
+            _check_out(args.csv, (("the --model file", Path(args.model)), ("the --data file", Path(args.data))),
+                       flag="--csv")
         model = _load_arch(args, device)
         inputs, targets = _tensor_examples(args.data, args.examples)
         n = len(targets)
@@ -818,6 +865,8 @@ def rank(args: argparse.Namespace) -> list[dict]:
         data_path = Path(args.data).expanduser() if _is_local_data(args.data) else None
         if data_path is not None:
             check_data_file(data_path)
+        if args.csv is not None:  # before anything is loaded; never over the data, model or tokenizer
+            _check_out(args.csv, _input_paths(source, data_path, args.tokenizer), flag="--csv")
         tokenizer = load_tokenizer(args.tokenizer if args.tokenizer else source)
         model = load_model(source, device=device)
         check_tokenizer_fits(tokenizer, model)

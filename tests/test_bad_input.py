@@ -575,3 +575,80 @@ def test_a_pipe_is_a_readable_data_file_and_a_missing_one_is_named(tmp_path):
         check_data_file(tmp_path / "missing.txt")
     with pytest.raises(LoadError, match="is a directory"):
         check_data_file(tmp_path)
+
+
+# ---------------------------------------------------------------------------
+# rank and layers: inputs never overwritten, numbers checked, the user's builder and files named
+
+
+def _rank_argv(root: Path, *extra: str) -> list[str]:
+    return ["rank", "--model", str(root / "good"), "--data", str(root / "data.txt"), "--examples", "8",
+            "--seq-len", "16", "--redundancy-examples", "0", "--device", "cpu", *extra]
+
+
+@pytest.mark.parametrize("target", ["data", "model", "tokenizer"])
+def test_rank_csv_over_an_input_is_refused_before_loading(root, tmp_path, capsys, no_model_load, target):
+    data = tmp_path / "data.csv"  # a .csv text file used as --data: what `--csv <input>` would destroy
+    data.write_text((root / "data.txt").read_text())
+    before = data.read_bytes()
+    csv = {"data": data, "model": root / "good" / "config.json", "tokenizer": root / "good" / "tokenizer.json"}[target]
+    saved = csv.read_bytes()
+    _fails(capsys, ["rank", "--model", str(root / "good"), "--data", str(data), "--examples", "8", "--seq-len", "16",
+                    "--csv", str(csv)], "--csv", "an input of this command")
+    assert csv.read_bytes() == saved and data.read_bytes() == before
+
+
+def test_rank_csv_over_the_arch_inputs_is_refused(tmp_path, capsys):
+    torch.save({"weight": torch.zeros(2, 2)}, tmp_path / "w.csv")
+    torch.save({"inputs": torch.zeros(8, 2), "targets": torch.zeros(8, dtype=torch.long)}, tmp_path / "d.pt")
+    for csv in (tmp_path / "w.csv",):
+        saved = csv.read_bytes()
+        _fails(capsys, ["rank", "--arch", "torch.nn:Linear", "--arch-kwargs", '{"in_features": 2, "out_features": 2}',
+                        "--model", str(tmp_path / "w.csv"), "--data", str(tmp_path / "d.pt"), "--csv", str(csv)],
+               "--csv", "the --model file")
+        assert csv.read_bytes() == saved
+
+
+@pytest.mark.parametrize("hidden", ["0", "-3", "1e8", "2.5", "wide"])
+def test_rank_hidden_out_of_range_is_a_usage_error(root, capsys, no_model_load, hidden):
+    assert main(_rank_argv(root, "--hidden", hidden)) == 2
+    err = capsys.readouterr().err
+    assert "--hidden" in err and "Traceback" not in err
+
+
+def test_rank_hidden_in_scientific_notation_is_read(root):
+    from dalign_core.cli import build_parser
+
+    assert build_parser().parse_args(_rank_argv(root, "--hidden", "1e3")).hidden == 1000
+
+
+@pytest.mark.parametrize("command", ["rank", "layers"])
+def test_seq_len_zero_is_one_sentence(root, capsys, no_model_load, command):
+    argv = _rank_argv(root, "--seq-len", "0") if command == "rank" else \
+        ["layers", "--model", str(root / "good"), "--data", str(root / "data.txt"), "--seq-len", "0"]
+    _fails(capsys, argv, "--seq-len must be at least 2")
+
+
+def test_rank_arch_whose_builder_raises_is_one_sentence(tmp_path, capsys):
+    torch.save({}, tmp_path / "w.pt")
+    torch.save({"inputs": torch.zeros(8, 2), "targets": torch.zeros(8, dtype=torch.long)}, tmp_path / "d.pt")
+    base = ["rank", "--arch", "torch.nn:Linear", "--model", str(tmp_path / "w.pt"), "--data", str(tmp_path / "d.pt")]
+    _fails(capsys, base + ["--arch-kwargs", '{"in_features": -1, "out_features": 2}'], "--arch 'torch.nn:Linear' raised",
+           "--arch-kwargs")
+    _fails(capsys, base + ["--arch-kwargs", '{"bogus": 1}'], "raised TypeError")
+    _fails(capsys, ["rank", "--arch", "math:pi", "--model", str(tmp_path / "w.pt"), "--data", str(tmp_path / "d.pt")],
+           "not something to call")
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".pt"])
+def test_rank_arch_with_a_truncated_state_dict_names_the_file(tmp_path, capsys, suffix):
+    model = torch.nn.Linear(4, 3)
+    path = tmp_path / f"state{suffix}"
+    if suffix == ".pt":
+        torch.save(model.state_dict(), path)
+    else:
+        safetensors_torch.save_file(model.state_dict(), path)
+    path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
+    torch.save({"inputs": torch.zeros(8, 4), "targets": torch.zeros(8, dtype=torch.long)}, tmp_path / "d.pt")
+    _fails(capsys, ["rank", "--arch", "torch.nn:Linear", "--arch-kwargs", '{"in_features": 4, "out_features": 3}',
+                    "--model", str(path), "--data", str(tmp_path / "d.pt")], path.name)
