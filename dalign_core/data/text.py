@@ -431,12 +431,17 @@ def load_hf_text(
 
 
 def load_corpus(name: str = "shakespeare", **kwargs) -> TextCorpus:
-    """Dispatch by name: ``"shakespeare"`` (offline default), ``"dir:<folder>"`` or ``"hf:<dataset>[/<config>]"``.
+    """Dispatch by name: ``"shakespeare"`` (offline default), ``"python-sources"``
+    (:mod:`dalign_core.data.python_sources`), ``"dir:<folder>"`` or ``"hf:<dataset>[/<config>]"``.
 
     ``kwargs`` go to :func:`load_shakespeare`, :func:`load_text_dir` or :func:`load_hf_text`.
     """
     if name == "shakespeare":
         return load_shakespeare(**kwargs)
+    if name == "python-sources":
+        from dalign_core.data.python_sources import load_python_sources  # noqa: PLC0415  (imports text)
+
+        return load_python_sources(**kwargs)
     if name.startswith("dir:"):
         if not name[4:]:
             raise ValueError("corpus 'dir:' needs a folder: 'dir:/path/to/folder' (of .txt and/or .jsonl files)")
@@ -447,5 +452,6 @@ def load_corpus(name: str = "shakespeare", **kwargs) -> TextCorpus:
             kwargs.setdefault("config_name", parts[2])
             parts = parts[:2]
         return load_hf_text("/".join(parts), **kwargs)
-    raise ValueError(f"unknown corpus {name!r}; use 'shakespeare' (the offline default), 'dir:/path/to/folder' "
+    raise ValueError(f"unknown corpus {name!r}; use 'shakespeare' (the offline default), 'python-sources' (the "
+                     "pinned packages' sources, data_manifests/python_sources.yaml), 'dir:/path/to/folder' "
                      "(a folder of .txt and/or .jsonl files) or 'hf:<owner>/<dataset>[/<config>]'")
