@@ -53,28 +53,41 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-__all__ = ["PAPER_SLOPE", "LABELS", "SLOPE_COLUMNS", "log_floor", "run_summaries", "matched_loss_summaries",
-           "slope_test", "label_for", "detectable_slope", "power", "design_se", "seeds_for_power",
-           "noise_components", "simulate_labels", "Verdict", "verdict"]
+__all__ = ["PAPER_SLOPE", "SIGN", "LABELS", "VOCABULARY", "SLOPE_COLUMNS", "log_floor", "run_summaries",
+           "matched_loss_summaries", "slope_test", "label_for", "detectable_slope", "power", "design_se",
+           "seeds_for_power", "noise_components", "simulate_labels", "estimability", "ESTIMABLE_SHARE", "clock_window",
+           "clock_free_summaries", "clock_free_test", "clock_diagnostics", "simulate_clock_labels", "Verdict",
+           "verdict"]
 
 PAPER_SLOPE = math.log(9.5 / 3.9) / math.log(3072 / 512)
 """The paper's LLaMA effect: the slope of log d_align on log width from 3.9 at N = 512 to 9.5 at N = 3072."""
 
-LABELS = ("reproduced", "contradicted", "inconclusive", "not run")
+LABELS = ("reproduced", "contradicted", "inconclusive", "not run", "not estimable")
+"""The labels a slope test gives (``not estimable``: :func:`estimability`)."""
+VOCABULARY = ("reproduced", "partly", "contradicted", "inconclusive", "not run", "not estimable")
+"""The one vocabulary of every verdict in the book and the claims table."""
+
+SIGN = 0.0
+"""The reference of a claim judged on its sign alone (the paper gives a direction, no number): reproduced when the
+interval lies on the claimed side of 0, contradicted when it lies on the other side, inconclusive when it holds 0."""
 
 SLOPE_COLUMNS = ("n_widths", "n_runs", "slope", "slope_lo", "slope_hi", "se", "df", "sigma", "detectable",
                  "reference", "label", "widths", "means")
 """The columns :func:`slope_test` returns, in order."""
 
 FLOOR = 1e-6
-"""log X is taken of max(X, FLOOR): an estimate of d_align can be 0 (‖μ‖² estimated ≤ 0); log 0 is −∞."""
+"""log X is taken of max(X, FLOOR) in the figures and the sweep's trend table: an estimate of d_align can be 0
+(‖μ‖² estimated ≤ 0) and log 0 is −∞. No verdict reads it: the verdicts leave such rows out and say how many
+(:func:`run_summaries` with ``drop_zeros``), and a design where they are most of the late checkpoints is
+``not estimable`` (:func:`estimability`)."""
 
 
-def log_floor(values) -> np.ndarray:
-    """``log(max(values, FLOOR))`` elementwise (NaN stays NaN)."""
+def log_floor(values, floor: float | None = None) -> np.ndarray:
+    """``log(max(values, floor))`` elementwise (NaN stays NaN); ``floor`` defaults to :data:`FLOOR`."""
     values = np.asarray(values, dtype=float)
+    floor = FLOOR if floor is None else floor
     with np.errstate(invalid="ignore"):
-        return np.log(np.where(np.isnan(values), np.nan, np.maximum(values, FLOOR)))
+        return np.log(np.where(np.isnan(values), np.nan, np.maximum(values, floor)))
 
 
 def logit_clip(p, trials) -> np.ndarray:
@@ -87,15 +100,21 @@ def logit_clip(p, trials) -> np.ndarray:
 RUN = ("width", "seed")
 
 
-def run_summaries(rows: pd.DataFrame, value: str, steps: Sequence[int], by: Sequence[str] = ()) -> pd.DataFrame:
+def run_summaries(rows: pd.DataFrame, value: str, steps: Sequence[int], by: Sequence[str] = (),
+                  drop_zeros: bool = False) -> pd.DataFrame:
     """Per run and group: the mean over ``steps`` of log ``value``; columns ``[*by, width, seed, y, checkpoints]``.
 
     Args:
         rows: tidy rows, one per (group, width, seed, step), with ``value`` (e.g. ``"d_align"``).
         steps: the checkpoints of the window (the last third of training).
         by: group columns (layer, pool, reduction).
+        drop_zeros: leave out the checkpoints whose ``value`` is 0 or less (an estimate whose ‖μ‖⁴ is not
+            positive) instead of flooring them (:func:`log_floor`): what the verdicts do, so that none depends on a
+            floor. ``checkpoints`` counts the rows kept.
     """
     window = rows[rows.step.isin(list(steps))].dropna(subset=[value])
+    if drop_zeros:
+        window = window[window[value] > 0]
     window = window.assign(y=log_floor(window[value]))
     window = window[np.isfinite(window.y)]  # d_par is +inf where its denominator is estimated at or below 0
     grouped = window.groupby([*by, *RUN], sort=True, dropna=False)
@@ -187,11 +206,21 @@ def seeds_for_power(sigma: float, widths: Sequence[float], slope: float = PAPER_
     return most + 1
 
 
-def label_for(lo: float, hi: float, reference: float) -> str:
-    """The label of an interval ``[lo, hi]`` for a claim whose paper slope is ``reference`` (sign = direction)."""
+def label_for(lo: float, hi: float, reference: float, direction: int | None = None) -> str:
+    """The label of an interval ``[lo, hi]`` for a claim whose paper slope is ``reference`` (sign = direction).
+
+    ``reproduced`` when the interval lies on the claimed side of 0, ``contradicted`` when it lies beyond
+    ``reference`` on the other side (below +0.50 for "rises" with the paper's number; below 0 for a claim judged on
+    its sign, ``reference = SIGN``), ``inconclusive`` whenever it holds a threshold it must clear. ``direction``
+    (+1 rises, −1 falls) is needed where ``reference`` is 0.
+    """
     if not (np.isfinite(lo) and np.isfinite(hi)):
         return "not run"
-    if reference < 0:  # "falls": mirror
+    if direction is None:
+        if reference == 0:
+            raise ValueError("label_for: a sign-only reference (0) needs direction=+1 (rises) or -1 (falls)")
+        direction = 1 if reference > 0 else -1
+    if direction < 0:  # "falls": mirror
         lo, hi, reference = -hi, -lo, -reference
     if lo > 0:
         return "reproduced"
@@ -201,7 +230,7 @@ def label_for(lo: float, hi: float, reference: float) -> str:
 
 
 def slope_test(summaries: pd.DataFrame, reference: float = PAPER_SLOPE, confidence: float = 0.95,
-               target_power: float = 0.8) -> dict:
+               target_power: float = 0.8, direction: int | None = None) -> dict:
     """OLS slope of ``y`` on log ``width`` over runs (one row each), its interval, power and label.
 
     Returns a dict with :data:`SLOPE_COLUMNS`: ``slope`` with ``slope_lo``/``slope_hi`` (t interval,
@@ -230,7 +259,7 @@ def slope_test(summaries: pd.DataFrame, reference: float = PAPER_SLOPE, confiden
     half = float(stats.t.ppf(1 - (1 - confidence) / 2, df)) * se
     row.update(slope=slope, slope_lo=slope - half, slope_hi=slope + half, se=se, df=df, sigma=sigma,
                detectable=detectable_slope(se, df, confidence, target_power),
-               label=label_for(slope - half, slope + half, reference))
+               label=label_for(slope - half, slope + half, reference, direction))
     return {name: row[name] for name in SLOPE_COLUMNS}
 
 
@@ -266,7 +295,7 @@ def noise_components(summaries: pd.DataFrame, per_checkpoint: pd.DataFrame | Non
 def simulate_labels(widths: Sequence[float], seeds: int, slope: float, *, run_sd: float | None = None,
                     between_sd: float | None = None, checkpoint_sd: float | None = None, checkpoints: int = 1,
                     residuals: Sequence[float] | None = None, reference: float = PAPER_SLOPE, trials: int = 2000,
-                    confidence: float = 0.95, seed: int = 0) -> pd.Series:
+                    confidence: float = 0.95, seed: int = 0, direction: int | None = None) -> pd.Series:
     """Share of each label over ``trials`` synthetic tables with ``slope`` built in.
 
     Each synthetic run at width N has summary ``slope · log N + noise``. The noise is either
@@ -295,7 +324,7 @@ def simulate_labels(widths: Sequence[float], seeds: int, slope: float, *, run_sd
     residual = y - y.mean(axis=1, keepdims=True) - fitted[:, None] * xc
     df = len(x) - 2
     half = stats.t.ppf(1 - (1 - confidence) / 2, df) * np.sqrt((residual ** 2).sum(axis=1) / df / sxx)
-    labels = [label_for(lo, hi, reference) for lo, hi in zip(fitted - half, fitted + half)]
+    labels = [label_for(lo, hi, reference, direction) for lo, hi in zip(fitted - half, fitted + half)]
     return pd.Series(labels).value_counts().reindex(list(LABELS), fill_value=0) / trials
 
 
@@ -307,9 +336,183 @@ def width_residuals(summaries: pd.DataFrame) -> np.ndarray:
     return (deviation * np.sqrt(seeds[keep] / (seeds[keep] - 1))).to_numpy()
 
 
+# ---- where log d_align cannot be estimated
+
+ESTIMABLE_SHARE = 0.5
+"""A design is ``not estimable`` when the interval of ‖μ‖² holds 0 (or d_align reads 0) at more than this share of
+the checkpoints a verdict reads: there the estimate of d_align is noise around 0, and any slope of its log would
+depend on the floor put under the log."""
+
+
+def estimability(rows: pd.DataFrame, value: str = "d_align") -> dict:
+    """How many of ``rows`` (one per checkpoint of a run) carry an estimate of ``value`` that is informative.
+
+    Counts the rows whose ‖μ‖² interval holds 0 (``mean_sq_lo ≤ 0``; absent columns count as informative) or whose
+    ``value`` is 0 or less (its ‖μ‖⁴ estimate not positive). Returns ``checkpoints``, ``holds_zero`` (interval holds
+    0, or the value is not positive), ``zeros`` (the value is not positive) and ``estimable`` (``holds_zero`` at most
+    :data:`ESTIMABLE_SHARE` of ``checkpoints``; False for no rows).
+    """
+    rows = rows.dropna(subset=[value])
+    zeros = rows[value] <= 0
+    holds = zeros | (rows.mean_sq_lo <= 0 if "mean_sq_lo" in rows else False)
+    n = len(rows)
+    return dict(checkpoints=n, holds_zero=int(holds.sum()), zeros=int(zeros.sum()),
+                estimable=bool(n) and int(holds.sum()) <= ESTIMABLE_SHARE * n)
+
+
+# ---- matched loss without the training clock
+
+def clock_window(rows: pd.DataFrame, value: str = "d_align") -> int | None:
+    """The first step of the window where every width's loss overlaps: the last checkpoint (after step 0) at or
+    before the earliest step at which any run reaches the common held-out loss of :func:`matched_loss_summaries`.
+
+    From there to the end, each run's crossing of the common level lies inside the window, so a comparison at the
+    same steps over the window covers the loss every width passes through. None where no run crosses.
+    """
+    crossings = matched_loss_summaries(rows, value, (0.0,))
+    if crossings.empty:
+        return None
+    steps = sorted(s for s in rows.step.unique() if s > 0)
+    before = [s for s in steps if s <= crossings.step.min() + 1e-9]
+    return int(before[-1] if before else steps[0])
+
+
+def _window_matrix(rows: pd.DataFrame, value: str, start: float) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
+    """Log ``value`` of runs (``width``, ``seed``) × the steps from ``start`` at which every run has a positive one:
+    (runs, steps, runs × steps matrix)."""
+    part = rows[(rows.step >= start) & (rows[value] > 0)].dropna(subset=[value])
+    table = part.assign(y=np.log(part[value].astype(float))).pivot_table(index=list(RUN), columns="step", values="y")
+    table = table.dropna(axis=1, how="any")
+    return table.index.to_frame(index=False), table.columns.to_numpy(dtype=float), table.to_numpy()
+
+
+def clock_free_summaries(rows: pd.DataFrame, value: str, start: int) -> pd.DataFrame:
+    """Per run: the mean over the window's steps of log ``value`` minus that step's mean over all runs.
+
+    Step fixed effects, one summary per run: over the steps from ``start`` that every run has (a balanced window),
+    this run mean of the step-demeaned values regressed on log width gives exactly the width slope of least squares
+    with a fixed effect per step, and its t interval over runs is the interval clustered by run (each run's
+    checkpoints share its initialization and data order, so the run, not the checkpoint, is the unit of
+    replication). Rows whose ``value`` is 0 or less are left out, and a step some run lacks leaves the window.
+    Columns ``width, seed, y, checkpoints``.
+    """
+    runs, _, logs = _window_matrix(rows, value, start)
+    if logs.size == 0:
+        return pd.DataFrame(columns=[*RUN, "y", "checkpoints"])
+    demeaned = logs - logs.mean(axis=0, keepdims=True)
+    return runs.assign(y=demeaned.mean(axis=1), checkpoints=logs.shape[1])
+
+
+def clock_free_test(rows: pd.DataFrame, value: str = "d_align", reference: float = PAPER_SLOPE,
+                    direction: int | None = None, confidence: float = 0.95) -> dict:
+    """The matched-loss claim with the training clock removed: :func:`slope_test` on :func:`clock_free_summaries`
+    over the window from :func:`clock_window`. Adds ``start`` (the window's first step) and ``window_steps``."""
+    start = clock_window(rows, value)
+    if start is None:
+        return {**slope_test(rows.iloc[0:0].assign(y=[]), reference, confidence, direction=direction),
+                "start": math.nan, "window_steps": 0}
+    summaries = clock_free_summaries(rows, value, start)
+    steps = int(summaries.checkpoints.iloc[0]) if len(summaries) else 0
+    return {**slope_test(summaries, reference, confidence, direction=direction), "start": start,
+            "window_steps": steps}
+
+
+def clock_diagnostics(rows: pd.DataFrame, value: str = "d_align", confidence: float = 0.95) -> dict:
+    """Why matched steps and matched loss can disagree, measured on one sweep's judged rows.
+
+    Returns:
+        ``level`` (the common held-out loss, nats), ``crossing`` (width → median step at which its runs reach it),
+        ``crossing_slope``/``_lo``/``_hi`` (log crossing step on log width, t interval over runs), ``time_slope``
+        (log ``value`` per unit log step within a run over the window, pooled over runs), ``predicted`` (the
+        matched-loss slope the clock alone gives: ``time_slope × crossing_slope``), ``matched`` (the matched-loss
+        slope itself, with ``matched_lo``/``_hi``) and ``start`` (:func:`clock_window`). NaN where no run crosses.
+    """
+    nan = dict(level=math.nan, crossing={}, crossing_slope=math.nan, crossing_lo=math.nan, crossing_hi=math.nan,
+               time_slope=math.nan, predicted=math.nan, matched=math.nan, matched_lo=math.nan, matched_hi=math.nan,
+               start=math.nan)
+    crossings = matched_loss_summaries(rows, value, (0.0,))
+    if crossings.empty:
+        return nan
+    start = clock_window(rows, value)
+    crossing = slope_test(crossings.assign(y=np.log(crossings.step.clip(lower=1e-9))), -1.0, confidence)
+    matched = slope_test(crossings, PAPER_SLOPE, confidence)
+    _, steps, logs = _window_matrix(rows, value, start)
+    steps = np.log(steps)
+    if logs.shape[1] > 1:
+        xc = steps - steps.mean()
+        time_slope = float(((logs - logs.mean(axis=1, keepdims=True)) @ xc).sum() / (len(logs) * (xc ** 2).sum()))
+    else:
+        time_slope = math.nan
+    return dict(level=float(crossings.loss_level.iloc[0]),
+                crossing={int(w): float(s) for w, s in crossings.groupby("width").step.median().items()},
+                crossing_slope=crossing["slope"], crossing_lo=crossing["slope_lo"], crossing_hi=crossing["slope_hi"],
+                time_slope=time_slope, predicted=time_slope * crossing["slope"], matched=matched["slope"],
+                matched_lo=matched["slope_lo"], matched_hi=matched["slope_hi"], start=start)
+
+
+def _fit_many(x: np.ndarray, y: np.ndarray, confidence: float) -> tuple[np.ndarray, np.ndarray]:
+    """OLS slopes of every row of ``y`` (trials × runs) on ``x`` (runs) and their t half-widths, as slope_test fits."""
+    xc = x - x.mean()
+    sxx = float((xc ** 2).sum())
+    centred = y - y.mean(axis=1, keepdims=True)
+    fitted = centred @ xc / sxx
+    residual = centred - fitted[:, None] * xc
+    df = len(x) - 2
+    return fitted, stats.t.ppf(1 - (1 - confidence) / 2, df) * np.sqrt((residual ** 2).sum(axis=1) / df / sxx)
+
+
+def simulate_clock_labels(rows: pd.DataFrame, slope: float, *, value: str = "d_align",
+                          reference: float = PAPER_SLOPE, direction: int | None = None, trials: int = 1000,
+                          confidence: float = 0.95, seed: int = 0) -> pd.DataFrame:
+    """Label shares of the clock-free test and of the plain matched-loss test on synthetic sweeps with a clock.
+
+    The synthetic sweep keeps the committed runs as they are in all but log ``value``: their widths, checkpoints
+    and held-out loss curves (so wider runs reach the common loss at the steps they did, earlier). Its log
+    ``value`` is a width-free time trend (the mean over widths of each step's width means), plus ``slope`` · log N,
+    plus the residual trajectory of a run drawn with replacement from the committed runs (its value minus its
+    width's mean at each step, scaled by √(s/(s−1)) for the s seeds of that mean): the noise between runs and
+    between the checkpoints of one run, their tails and their correlation along training kept. With ``slope = 0``
+    the only path from width to ``value`` is the clock.
+
+    Returns:
+        One row per test (``clock_free``, ``matched_loss``), one column per label of :data:`LABELS` (shares).
+    """
+    start = clock_window(rows, value)
+    runs, steps, matrix = _window_matrix(rows, value, -np.inf)
+    widths = runs.width.to_numpy()
+    width_means = np.stack([matrix[widths == w].mean(axis=0) for w in widths])
+    seeds = runs.groupby("width").seed.transform("size").to_numpy(dtype=float)[:, None]
+    residuals = (matrix - width_means) * np.sqrt(seeds / np.maximum(seeds - 1, 1))
+    time_trend = np.mean([matrix[widths == w].mean(axis=0) for w in np.unique(widths)], axis=0)
+    x = np.log(runs.width.to_numpy(dtype=float))
+    # the plain matched-loss reading: log value interpolated at each run's committed crossing step
+    crossings = matched_loss_summaries(rows, value, (0.0,)).set_index(list(RUN)).step
+    at = np.array([crossings.get((w, s), np.nan) for w, s in zip(runs.width, runs.seed)])
+    upper = np.clip(np.searchsorted(steps, at), 1, len(steps) - 1)
+    weight = np.clip((at - steps[upper - 1]) / (steps[upper] - steps[upper - 1]), 0, 1)
+    window = steps >= (start if start is not None else np.inf)
+    rng = np.random.default_rng(seed)
+    drawn = residuals[rng.integers(0, len(residuals), size=(trials, len(residuals)))]  # trials × runs × steps
+    synthetic = time_trend + slope * x[:, None] + drawn
+    out = {}
+    if window.sum() and np.isfinite(at).all():
+        inside = synthetic[:, :, window]
+        clock_free = (inside - inside.mean(axis=1, keepdims=True)).mean(axis=2)
+        matched = (synthetic[:, np.arange(len(x)), upper - 1] * (1 - weight)
+                   + synthetic[:, np.arange(len(x)), upper] * weight)
+        for name, y in (("clock_free", clock_free), ("matched_loss", matched)):
+            fitted, half = _fit_many(x, y, confidence)
+            labels = [label_for(lo, hi, reference, direction) for lo, hi in zip(fitted - half, fitted + half)]
+            out[name] = pd.Series(labels).value_counts().reindex(list(LABELS), fill_value=0) / trials
+    return pd.DataFrame(out).T.reindex(columns=list(LABELS))
+
+
 @dataclass(frozen=True)
 class Verdict:
-    """A computed verdict on one claim: ``label`` (one of :data:`LABELS`) and ``sentence``."""
+    """A computed verdict on one claim: ``label`` (one of :data:`LABELS`) and ``sentence``.
+
+    ``scale``: " at this scale" where the regime judged is not the paper's (empty where it is), printed after the
+    label in the sentence and in :attr:`shown`."""
 
     claim: str
     label: str
@@ -319,10 +522,16 @@ class Verdict:
     slope_hi: float = math.nan
     detectable: float = math.nan
     reference: float = math.nan
+    scale: str = ""
+
+    @property
+    def shown(self) -> str:
+        """The label as a page shows it: "contradicted at this scale" where the regime is not the paper's."""
+        return self.label + (self.scale if self.label not in ("not run",) else "")
 
     def markdown(self) -> str:
         """The sentence for a chapter: the label in bold, math for d_align, β and (M, K), module names as code."""
-        text = self.sentence.replace(self.label, f"**{self.label}**", 1)
+        text = self.sentence.replace(self.shown, f"**{self.shown}**", 1)
         text = re.sub(r"\bat ([A-Za-z_]\w*(?:\.\w+)+) \(", r"at `\1` (", text)
         for plain, typeset in (("d_align", r"$d_{\mathrm{align}}$"), ("(M, K)", "$(M, K)$"),
                                ("heldout pool", "held-out pool")):
@@ -330,23 +539,50 @@ class Verdict:
         return text
 
 
-def verdict(row: pd.Series | dict | None, claim: str, *, quantity: str = "log d_align") -> Verdict:
-    """Judge ``claim`` from one slope-test row (:func:`slope_test`), with the sentence a chapter prints."""
+def _reference_text(reference: float, direction: int) -> str:
+    """How a claim's reference reads in a sentence."""
+    if reference == 0:
+        return (f"The paper gives this claim a direction and no number for this family, so it is judged on its sign "
+                f"({'a rise' if direction > 0 else 'a fall'}: the interval on the claimed side of 0)")
+    return f"The paper's effect is a slope of {reference:+.2f}"
+
+
+def verdict(row: pd.Series | dict | None, claim: str, *, quantity: str = "log d_align", direction: int | None = None,
+            scale: str = "", note: str = "") -> Verdict:
+    """Judge ``claim`` from one slope-test row (:func:`slope_test`), with the sentence a chapter prints.
+
+    ``direction`` (+1 rises, −1 falls) is needed for a row judged on its sign (``reference`` 0); ``scale`` is
+    appended to the label (" at this scale"); ``note`` is a sentence appended to the verdict's.
+    """
     if row is None or (isinstance(row, pd.Series) and row.empty) or row.get("label", "not run") == "not run":
         return Verdict(claim, "not run", f"{claim}: not run at this profile (no slope could be fitted).")
     label, reference = row["label"], float(row["reference"])
+    direction = direction if direction is not None else (1 if reference >= 0 else -1)
     lo, hi, slope = float(row["slope_lo"]), float(row["slope_hi"]), float(row["slope"])
-    direction = "rise" if reference > 0 else "fall"
+    word = "rise" if direction > 0 else "fall"
+    beyond = (hi < reference if direction > 0 else lo > reference) and reference != 0
     reading = {
         "reproduced": f"the interval excludes 0 on the claimed side"
-                      f"{' (though it also excludes the paper-sized effect)' if (hi < reference if reference > 0 else lo > reference) else ''}",
+                      f"{' (though it also excludes the paper-sized effect)' if beyond else ''}",
         "contradicted": ("the interval lies on the wrong side of 0: the quantity moves the other way"
-                         if (hi < 0 if reference > 0 else lo > 0) else
-                         f"the interval excludes the paper-sized {direction}: any {direction} is smaller than claimed"),
-        "inconclusive": "the interval holds both 0 and the paper-sized effect: this design cannot tell them apart",
+                         if (hi < 0 if direction > 0 else lo > 0) else
+                         f"the interval excludes the paper-sized {word}: any {word} is smaller than claimed"),
+        "inconclusive": ("the interval holds 0: this design cannot tell a " + word + " from none" if reference == 0
+                         else "the interval holds both 0 and the paper-sized effect: this design cannot tell them "
+                              "apart"),
     }[label]
-    sentence = (f"{claim}: {label}. The slope of {quantity} on log width is {slope:+.2f}, 95% interval "
+    sentence = (f"{claim}: {label}{scale}. The slope of {quantity} on log width is {slope:+.2f}, 95% interval "
                 f"[{lo:+.2f}, {hi:+.2f}], over {int(row['n_runs'])} runs at {int(row['n_widths'])} widths; "
-                f"{reading}. The paper's effect is a slope of {reference:+.2f}; this design detects slopes of "
-                f"{float(row['detectable']):.2f} or more in size with 80% power.")
-    return Verdict(claim, label, sentence, slope, lo, hi, float(row["detectable"]), reference)
+                f"{reading}. {_reference_text(reference, direction)}; this design detects slopes of "
+                f"{float(row['detectable']):.2f} or more in size with 80% power." + (f" {note}" if note else ""))
+    return Verdict(claim, label, sentence, slope, lo, hi, float(row["detectable"]), reference, scale)
+
+
+def not_estimable(claim: str, counts: dict, scale: str = "") -> Verdict:
+    """The verdict of a claim whose d_align is noise around 0 at most checkpoints it reads (:func:`estimability`)."""
+    sentence = (f"{claim}: not estimable{scale}. The interval of ‖μ‖² holds 0 (or d_align reads 0) at "
+                f"{counts['holds_zero']} of the {counts['checkpoints']} late checkpoints (d_align is exactly 0 at "
+                f"{counts['zeros']}), more than {ESTIMABLE_SHARE:.0%}: the mean gradient is not resolved from the "
+                "noise at this design, so log d_align has no estimate to fit and any slope of it would be set by the "
+                "floor put under the log.")
+    return Verdict(claim, "not estimable", sentence, scale=scale)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pandas as pd
 import pytest
 
-from dalign_core import claims, growth
+from dalign_core import claims, growth, report, trend
 from dalign_core.config import REPO_ROOT
 from dalign_core.experiments import claims as claims_experiment
 from dalign_core.experiments._runner import run_experiment
@@ -15,7 +16,7 @@ from dalign_core.experiments.llama_width import Config as LlamaConfig
 from dalign_core.intervention_report import FAMILY_NAMES
 from dalign_core.report import width_verdicts
 
-LABELS = {"reproduced", "partly", "not reproduced", "contradicted", "inconclusive", claims.NOT_RUN}
+LABELS = {*trend.VOCABULARY, claims.NOT_RUN} - {"not run"}  # one vocabulary; "not run" reads "… at this profile"
 CPU = REPO_ROOT / "results" / "cpu"
 
 
@@ -37,7 +38,8 @@ def test_the_committed_cpu_results_are_judged_by_the_chapters_own_verdicts():
     assert set(table.verdict) <= LABELS
     trend = pd.read_csv(CPU / "llama_trend.csv")
     layer = pd.read_csv(CPU / "llama_misalignment.csv").layer.iloc[0]
-    step, loss, budget = width_verdicts(trend, layer)
+    geometry = pd.read_csv(CPU / "llama_geometry.csv")
+    step, loss, budget = width_verdicts(trend, layer, geometry=geometry, family="llama")
     llama = table[table.scope == "LLaMA"].set_index("claim").verdict
     def label(judged):
         return claims.NOT_RUN if judged.label == "not run" else judged.label
@@ -62,7 +64,7 @@ def _geometry(d512: float, d3072: float) -> pd.DataFrame:
 
 
 @pytest.mark.parametrize("values, label", [((4.1, 9.0), "reproduced"), ((4.0, 5.0), "partly"),
-                                           ((6.0, 5.0), "not reproduced")])
+                                           ((6.0, 5.0), "contradicted")])
 def test_the_headline_llama_numbers_are_compared_with_the_paper(tmp_path, values, label):
     _write(tmp_path, "llama_geometry", _geometry(*values))
     _write(tmp_path, "llama_misalignment", _misalignment([0.5, 0.45, 0.4]).assign(layer="model.layers.3"))
@@ -98,7 +100,7 @@ def test_certificate_claims_follow_their_rules(tmp_path):
     # fresh examples misaligned far more often than the certificates allow: the bound fails out of sample
     _write(tmp_path, "llama_misalignment", _misalignment(MANY, fresh=0.6))
     llama = claims.claims_table(tmp_path)[lambda t: t.scope == "LLaMA"].set_index("claim")
-    assert llama.loc["empirical ≤ B_exact ≤ B_align"].verdict == "not reproduced"
+    assert llama.loc["empirical ≤ B_exact ≤ B_align"].verdict == "contradicted"
     assert "0 of 24 informative cells" in llama.loc["empirical ≤ B_exact ≤ B_align"].ours
     # three models: too few cells to decide either way
     _write(tmp_path, "llama_misalignment", _misalignment([0.49, 0.45, 0.4]))
@@ -137,7 +139,7 @@ def test_the_experiment_writes_the_table_and_the_tables_it_read(tmp_path):
     _write(tmp_path, "llama_misalignment", _misalignment(MANY, fresh=0.6))
     claims_experiment.run(config, out_dir=tmp_path)
     again = pd.read_csv(out / "claims.csv").set_index(["claim", "scope"]).verdict
-    assert again[("empirical ≤ B_exact ≤ B_align", "LLaMA")] == "not reproduced"
+    assert again[("empirical ≤ B_exact ≤ B_align", "LLaMA")] == "contradicted"
 
 
 def test_every_profile_lines_up_regimes_and_marks_what_did_not_run(tmp_path):
@@ -173,3 +175,124 @@ def test_tables_of_an_earlier_design_are_not_judged(tmp_path):
     write_table(trend, folder, "resnet_trend", current, 1.0)
     assert not claims._stale(folder, "resnet_trend") and claims._stale(folder, "resnet_misalignment")
     assert claims._read(folder, "resnet_trend") is not None and claims._read(folder, "resnet_misalignment") is None
+
+
+WIDTH_CLAIMS = [claim for claim, _, _ in claims._WIDTH_CLAIMS]
+
+
+@pytest.mark.skipif(not (CPU / "llama_trend.csv").exists(), reason="the committed cpu results are not present")
+def test_every_width_row_states_its_regime_and_its_own_reference():
+    table = claims.claims_table(CPU)
+    width = table[table.claim.isin(WIDTH_CLAIMS) & (table.verdict != claims.NOT_RUN)]
+    assert len(width) >= 12
+    for row in width.itertuples():
+        family = row.scope.split(",")[0]
+        geometry = pd.read_csv(CPU / f"{ {'LLaMA': 'llama', 'Pythia': 'pythia', 'ResNet-20': 'resnet'}[family]}_geometry.csv")
+        if family == "Pythia":
+            geometry = geometry[geometry.depth == int(row.depth)]
+        assert row.widths == "/".join(map(str, sorted(geometry.width.unique())))  # read from the results files
+        assert row.epochs > 0 and row.d_align_median > 0 and row.paper_regime and row.regime
+        if family == "ResNet-20":
+            assert row.image_size == "32×32" and math.isnan(row.train_tokens) and row.depth == 20
+        else:
+            assert row.context > 0 and row.train_tokens > 1e5 and row.depth > 0
+        # a family is judged against its own claim: only LLaMA has the paper's number
+        if family == "LLaMA":
+            assert row.reference.startswith("slope +0.50" if "d_align" in row.claim else "slope -0.50")
+        else:
+            assert row.reference.startswith("sign: ")
+        # the regime is not the paper's at cpu (widths below the paper's): every label says so, on the page and in ours
+        assert row.at_this_scale and row.shown == f"{row.verdict} at this scale" and "at this scale" in row.ours
+    # Pythia is judged on the sign: the old +0.50 bound made an interval holding 0 read "contradicted"
+    pythia = width[width.scope == "Pythia, 6 layers"].set_index("claim")
+    steps = pythia.loc["d_align rises with width (matched steps)"]
+    assert steps.slope_lo < 0 < steps.slope_hi and steps.verdict == "inconclusive"
+
+
+def test_a_regime_that_is_the_papers_has_no_scale_mark():
+    assert report.at_this_scale("llama", [32, 256]) and not report.at_this_scale("llama", [512, 1024, 3072])
+    assert not report.at_this_scale("pythia", [128, 256, 512], depth=6)
+    assert report.at_this_scale("pythia", [128, 256, 512], depth=12) and report.at_this_scale("pythia", [32], depth=6)
+    assert report.at_this_scale("resnet", [16, 32], dataset="fashion-mnist", epochs=200)
+    assert report.at_this_scale("resnet", [16, 32], dataset="cifar10", epochs=0.6)
+    assert not report.at_this_scale("resnet", [16, 32], dataset="cifar10", epochs=200)
+    row = claims.Row("c", "LLaMA", "p", "o", "contradicted", "x", at_this_scale=False)
+    assert row.shown == "contradicted"
+    assert claims.Row("c", "LLaMA", "p", "o", claims.NOT_RUN, "x", at_this_scale=True).shown == "not run"
+
+
+@pytest.mark.skipif(not (CPU / "resnet_geometry.csv").exists(), reason="the committed cpu results are not present")
+def test_no_width_verdict_depends_on_the_floor_under_the_log(monkeypatch):
+    """ResNet-20's ‖μ‖² interval holds 0 at most late checkpoints: "not estimable" at any floor; LLaMA and Pythia's
+    labels do not move either (their verdicts leave rows reading 0 out instead of flooring them)."""
+    labels = {}
+    for floor in (1e-5, 1e-8):
+        monkeypatch.setattr(trend, "FLOOR", floor)
+        table = claims._width_rows(CPU)
+        labels[floor] = {(row.claim, row.scope): (row.verdict, f"{row.slope:.12g}") for row in table
+                         if row.verdict != claims.NOT_RUN}
+    assert labels[1e-5] == labels[1e-8]
+    resnet = {key: value for key, value in labels[1e-5].items() if key[1].startswith("ResNet")}
+    assert resnet[("d_align rises with width (matched steps)", "ResNet-20, fashion-mnist")][0] == "not estimable"
+    assert resnet[("d_align rises with width (matched loss)", "ResNet-20, fashion-mnist")][0] == "not estimable"
+    # ... while the floored late-window slope the sweep's trend table holds does move with the floor
+    geometry = pd.read_csv(CPU / "resnet_geometry.csv")
+    rows = report.judged_geometry(geometry, pd.read_csv(CPU / "resnet_trend.csv"), "layer2.2")
+    late = report.late_steps(rows)
+    slopes = {}
+    for floor in (1e-5, 1e-8):
+        monkeypatch.setattr(trend, "FLOOR", floor)
+        slopes[floor] = trend.slope_test(trend.run_summaries(rows, "d_align", late))["slope"]
+    assert abs(slopes[1e-5] - slopes[1e-8]) > 0.2
+
+
+def _context_tables(folder, slopes: dict[int, float]):
+    """A context study's tables: per context, runs whose d_align rises with width by ``slopes[context]``."""
+    from dalign_core.experiments import llama_context
+    from dalign_core.sweep import trend_table
+
+    config = llama_context.Config.for_profile("smoke")
+    geometry, misalignment, trends = [], [], []
+    for sweep in config.sweeps():
+        rows = []
+        for width in sweep.widths:
+            for seed in range(3):
+                for step in sweep.checkpoint_steps:
+                    noise = 0.05 * ((seed * 7 + step) % 5 - 2)
+                    rows.append(dict(family="llama_context", model=f"m{width}-{seed}", width=width, seed=seed,
+                                     context=sweep.context, step=step, pool="heldout", layer="model.layers.0",
+                                     reduction="shared", trained_ok=True, mean_sq=1.0, mean_sq_lo=0.5,
+                                     heldout_loss=5 - 0.1 * step - 0.01 * width,
+                                     d_align=0.01 * sweep.context * width ** slopes[sweep.context]
+                                     * (step + 1) ** -0.5 * 2.718 ** noise))
+        part = pd.DataFrame(rows)
+        mis = pd.DataFrame([dict(family="llama_context", model=f"m{w}-{s}", width=w, seed=s, context=sweep.context,
+                                 layer="model.layers.0", setting="heldout/heldout", M=4, K=4, trials=1000,
+                                 p_misalign=0.3 - 0.001 * w + 0.01 * s, p_misalign_lo=0.2, p_misalign_hi=0.4,
+                                 b_exact=0.4, b_align=0.5, d_align=0.1, trained_ok=True)
+                            for w in sweep.widths for s in range(3)])
+        trends.append(trend_table(sweep, part, mis, "model.layers.0").assign(context=sweep.context))
+        geometry.append(part)
+        misalignment.append(mis)
+    for name, frames in (("geometry", geometry), ("misalignment", misalignment), ("trend", trends)):
+        _write(folder, f"llama_context_{name}", pd.concat(frames, ignore_index=True), config)
+    return config
+
+
+def test_the_context_study_gives_one_row_per_context_with_its_regime(tmp_path):
+    before = claims.claims_table(tmp_path)
+    idle = before[before.scope == "LLaMA, context study"]
+    assert len(idle) == 3 and set(idle.verdict) == {claims.NOT_RUN}
+    config = _context_tables(tmp_path, {16: 1.0, 32: -1.0})
+    table = claims.claims_table(tmp_path)
+    assert "LLaMA, context study" not in set(table.scope)
+    for context, label in ((16, "reproduced"), (32, "contradicted")):
+        rows = table[table.scope == f"LLaMA, context {context}"].set_index("claim")
+        assert len(rows) == 3 and rows.context.eq(context).all()
+        assert rows.widths.iloc[0] == "/".join(map(str, config.widths))
+        row = rows.loc["d_align rises with width (matched steps)"]
+        assert row.verdict == label and row.reference.startswith("slope +0.50")
+        assert row.shown == f"{label} at this scale"  # N = 16-32 is not the paper's 512-3072
+    # beside another profile, the context rows keep the family's own LLaMA row
+    merged = claims.by_profile({"cpu": table, "gpu": claims.claims_table(tmp_path / "none")})
+    assert ("d_align rises with width (matched steps)", "LLaMA, context 16") in set(zip(merged.claim, merged.scope))
