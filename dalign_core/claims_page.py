@@ -3,9 +3,15 @@
 :func:`claims_grid_html` turns a claims table (:func:`dalign_core.claims.claims_table`) into
 one self-contained HTML block: a row per claim, a column per family (LLaMA, Pythia,
 ResNet-20), each cell one coloured label per scope (a depth regime or a data set), linked
-to the chapter whose figures show the evidence. Rows with nothing judged at the profile
-fold away into a ``<details>`` toggle. The table fits a 700-px column and, below 600 px
-(a phone's 390), each row becomes a card with its family labels side by side.
+to the chapter whose figures show the evidence. Above the claims, two rows state the regime each
+family's verdicts were reached in (widths, depth, context or image size, training budget: the
+claims table's ``widths``, ``depth``, ``context`` and ``train_tokens`` columns, where it has them)
+and the paper's (its ``paper_regime`` column), so a verdict is never read without its scale. Rows
+with nothing judged at the profile fold away into a ``<details>`` toggle. The grid is compact
+enough to stand on one 1280 × 900 screen, and below 600 px (a phone's 390) each row becomes a
+card with its family labels side by side. :func:`claims_details_html` is the full table (what the
+paper reports, what we measured, the rule), folded, one card per row on a phone: nothing scrolls
+sideways, and no text hides in a tooltip.
 :func:`headline` counts the verdicts of the paper's width claims, the theorem checks and
 the intervention claims separately.
 
@@ -23,8 +29,8 @@ import pandas as pd
 from dalign_core import growth
 from dalign_core.claims import NOT_RUN
 
-__all__ = ["FAMILIES", "GROUPS", "VERDICTS", "claim_group", "claims_grid_html", "headline", "headline_text",
-           "verdict_class"]
+__all__ = ["FAMILIES", "GROUPS", "VERDICTS", "claim_group", "claims_details_html", "claims_grid_html", "headline",
+           "headline_text", "paper_regime_text", "regime_text", "verdict_class"]
 
 GROUPS = {
     "width": ("the paper's width claims", (
@@ -45,27 +51,35 @@ VERDICTS = ("reproduced", "partly", "inconclusive", "contradicted", "not reprodu
 """Every label, in the order the headline lists them."""
 
 CHAPTER_NAMES = {"01_theory": "theory", "02_llama_width": "LLaMA", "03_pythia_width": "Pythia",
-                 "04_resnet_width": "ResNet-20", "05_interventions": "interventions", "08_growth": "growth"}
+                 "04_resnet_width": "ResNet-20", "05_interventions": "interventions", "08_growth": "growth",
+                 "09_llama_context": "LLaMA context"}
 
 _SYMBOLS = (("d_align", "d<sub>align</sub>"), ("B_exact", "B<sub>exact</sub>"), ("B_align", "B<sub>align</sub>"),
             ("(M, K)", "(<i>M</i>, <i>K</i>)"), (" N = ", " <i>N</i> = "))
 
 _STYLE = """
 <style>
-.dalign-claims { max-width: 100%; margin: 0.5rem 0 1rem; font-size: 0.95rem; }
+.dalign-claims { max-width: 100%; margin: 0.5rem 0 1rem; font-size: 0.85rem; line-height: 1.3; }
 .dalign-claims table { width: 100%; table-layout: fixed; border-collapse: collapse; margin: 0; }
-.dalign-claims th, .dalign-claims td { padding: 0.35rem 0.4rem; vertical-align: top; text-align: left;
+.dalign-claims th, .dalign-claims td { padding: 0.2rem 0.35rem; vertical-align: top; text-align: left;
   border-bottom: 1px solid rgba(128, 128, 128, 0.35); overflow-wrap: anywhere; word-break: normal; }
 .dalign-claims thead th { font-weight: 600; border-bottom: 2px solid rgba(128, 128, 128, 0.6); }
-.dalign-claims col.claim { width: 37%; }
-.dalign-claims th.group { padding-top: 0.8rem; font-size: 0.85rem; text-transform: uppercase; letter-spacing: 0.03em;
+.dalign-claims col.claim { width: 34%; }
+.dalign-claims th.group { padding-top: 0.45rem; font-size: 0.75rem; text-transform: uppercase; letter-spacing: 0.03em;
   opacity: 0.75; border-bottom: none; }
-.dalign-claims .verdict { display: inline-block; margin: 0 0.25rem 0.25rem 0; padding: 0.05rem 0.45rem;
-  border-radius: 0.8rem; font-size: 0.8rem; line-height: 1.4; font-weight: 600; white-space: normal;
+.dalign-claims tr.regime th, .dalign-claims tr.regime td { font-size: 0.75rem; font-weight: normal; opacity: 0.9; }
+.dalign-claims tr.regime td div + div { margin-top: 0.1rem; }
+.dalign-claims .scope-label { display: block; }
+.dalign-claims .verdict { display: inline-block; margin: 0 0.2rem 0.1rem 0; padding: 0 0.4rem;
+  border-radius: 0.8rem; font-size: 0.75rem; line-height: 1.4; font-weight: 600; white-space: normal;
   text-decoration: none; border: 1px solid transparent; }
-.dalign-claims a.verdict:hover { text-decoration: underline; }
-.dalign-claims .regime { display: block; font-size: 0.75rem; opacity: 0.8; }
-.dalign-claims .slope { display: block; font-size: 0.72rem; opacity: 0.8; margin: -0.15rem 0 0.3rem; }
+.dalign-claims a.verdict:focus, .dalign-claims a.verdict:hover { text-decoration: underline; }
+.dalign-claims .regime { font-size: 0.72rem; opacity: 0.8; margin-right: 0.2rem; }
+.dalign-claims .own-regime { display: block; font-size: 0.68rem; opacity: 0.75; }
+.dalign-claims .slope { display: block; font-size: 0.68rem; opacity: 0.8; margin: 0 0 0.2rem; white-space: nowrap; }
+.dalign-claims dl { margin: 0.2rem 0; }
+.dalign-claims dt { font-weight: 600; }
+.dalign-claims dd { margin: 0 0 0.3rem 0.8rem; }
 .dalign-claims .v-reproduced { background: #d6f0dc; color: #14532d; border-color: #86c79a; }
 .dalign-claims .v-partly { background: #fdf0c8; color: #6b4e00; border-color: #e3c35e; }
 .dalign-claims .v-inconclusive { background: #e4e8ef; color: #27344a; border-color: #a8b3c4; }
@@ -89,6 +103,7 @@ html[data-theme="dark"] .dalign-claims .v-not-reproduced { background: #47260f; 
     vertical-align: top; }
   .dalign-claims td.family::before { content: attr(data-family); display: block; font-size: 0.75rem; opacity: 0.75; }
   .dalign-claims td.family:empty { display: none; }
+  .dalign-claims .slope { white-space: normal; }
 }
 </style>
 """
@@ -120,29 +135,144 @@ def _claim_html(claim: str) -> str:
     return text
 
 
-def _label(row, link: bool) -> str:
+REGIME_COLUMNS = ("widths", "depth", "context", "train_tokens")
+"""The claims table's columns that state the regime a verdict was reached in (read when present)."""
+PAPER_REGIME_COLUMNS = ("paper_regime", "regime_paper", "paper_scale")
+"""Where the claims table states the paper's regime for a row (the first of these it has)."""
+IMAGE_FAMILIES = ("ResNet-20",)
+"""Families whose context is an image size and whose training budget counts images, not tokens."""
+
+
+def _present(value) -> bool:
+    if value is None:
+        return False
+    if isinstance(value, float) and math.isnan(value):
+        return False
+    return str(value).strip() not in ("", "nan", "None")
+
+
+def _count(value) -> str:
+    """4900000 -> "4.9M", 120000 -> "120k"; text stays as it is."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    for size, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(number) >= size:
+            return f"{number / size:.3g}{unit}"
+    return f"{number:.3g}"
+
+
+def _widths(value) -> str:
+    text = str(value).strip().strip("[]()")
+    parts = [p for p in text.replace(";", ",").replace(" ", ",").split(",") if p]
+    try:
+        numbers = sorted(int(float(p)) for p in parts)
+    except ValueError:
+        return f"N {text}"
+    if len(numbers) > 1:
+        return f"N = {numbers[0]}–{numbers[-1]} ({len(numbers)} widths)"
+    return f"N = {numbers[0]}" if numbers else f"N {text}"
+
+
+def regime_text(row, family: str = "") -> str:
+    """One line, "N = 32–256 (4 widths) · 2 layers · context 64 · 4.9M tokens", from a claims row's regime columns
+    (any subset of :data:`REGIME_COLUMNS`; "" when it has none)."""
+    image = family in IMAGE_FAMILIES
+    parts = []
+    widths, depth = getattr(row, "widths", None), getattr(row, "depth", None)
+    context, budget = getattr(row, "context", None), getattr(row, "train_tokens", None)
+    if _present(widths):
+        parts.append(_widths(widths))
+    if _present(depth):
+        parts.append(f"{_count(depth)} layers" if str(depth).replace(".", "", 1).isdigit() else str(depth))
+    if _present(context):
+        parts.append(f"{'image' if image else 'context'} {context}")
+    if _present(budget):
+        parts.append(f"{_count(budget)} {'images' if image else 'tokens'} seen"
+                     if str(budget).replace(".", "", 1).replace("e+", "", 1).isdigit() else str(budget))
+    return " · ".join(parts)
+
+
+def paper_regime_text(row) -> str:
+    """The paper's regime for a claims row (its :data:`PAPER_REGIME_COLUMNS` value; "" when it has none)."""
+    for column in PAPER_REGIME_COLUMNS:
+        value = getattr(row, column, None)
+        if _present(value):
+            return str(value)
+    return ""
+
+
+def _label(row, link: bool, family_regime: dict[str, str] | None = None) -> str:
     verdict = str(row.verdict)
     shown = "not run" if verdict == NOT_RUN else verdict
     chapter = str(row.chapter) if isinstance(row.chapter, str) else ""
-    title = html.escape(f"{row.claim} ({row.scope}): ours: {row.ours}; the paper: {row.paper}", quote=True)
     css = f"verdict {verdict_class(verdict)}"
     if link and chapter:
-        label = (f'<a class="{css}" href="{html.escape(chapter)}.html" title="{title}">{html.escape(shown)}'
+        label = (f'<a class="{css}" href="{html.escape(chapter)}.html">{html.escape(shown)}'
                  f'<span class="visually-hidden"> ({html.escape(CHAPTER_NAMES.get(chapter, chapter))} '
                  f'chapter)</span></a>')
     else:
-        label = f'<span class="{css}" title="{title}">{html.escape(shown)}</span>'
+        label = f'<span class="{css}">{html.escape(shown)}</span>'
     regime = _regime(row.scope)
     slope = ""
     value = getattr(row, "slope", math.nan)
     if verdict != NOT_RUN and isinstance(value, (int, float)) and not math.isnan(value):
         lo, hi = getattr(row, "slope_lo", math.nan), getattr(row, "slope_hi", math.nan)
         slope = f'<span class="slope">slope {value:+.2f} [{lo:+.2f}, {hi:+.2f}]</span>'
-    return (f'<span class="regime">{html.escape(regime)}</span>' if regime else "") + label + slope
+    # A row reached in another regime than its scope's (shown in the regime row above) says so under its label.
+    own = regime_text(row, _family(row.scope))
+    header = (family_regime or {}).get(str(row.scope), own)
+    differs = f'<span class="own-regime">{html.escape(own)}</span>' if own and own != header else ""
+    return ('<span class="scope-label">' + (f'<span class="regime">{html.escape(regime)}</span>' if regime else "")
+            + label + "</span>" + slope + differs)
+
+
+def _scope_regimes(table: pd.DataFrame) -> dict[str, str]:
+    """Scope -> its regime line: the one most of its judged rows were reached in."""
+    found: dict[str, str] = {}
+    judged = table[table.verdict != NOT_RUN]
+    for scope, part in (judged if len(judged) else table).groupby("scope", sort=False):
+        lines = [regime_text(row, _family(scope)) for row in part.itertuples(index=False)]
+        lines = [line for line in lines if line]
+        if lines:
+            found[str(scope)] = Counter(lines).most_common(1)[0][0]
+    return found
+
+
+def _paper_regimes(table: pd.DataFrame) -> dict[str, str]:
+    """Family -> the paper's regime for it (the first row that states one)."""
+    found: dict[str, str] = {}
+    for row in table.itertuples(index=False):
+        text = paper_regime_text(row)
+        if text:
+            found.setdefault(_family(row.scope), text)
+    return found
+
+
+def _regime_rows(table: pd.DataFrame, families: list[str]) -> str:
+    """The two rows above the claims: our regime per family (one line per scope) and the paper's."""
+    ours = _scope_regimes(table)
+    paper = _paper_regimes(table)
+    out = []
+    if ours:
+        cells = []
+        for family in families:
+            scopes = [scope for scope in dict.fromkeys(table.scope) if _family(scope) == family and scope in ours]
+            inner = "".join(f"<div>{html.escape(_regime(scope) + ': ' if _regime(scope) else '')}"
+                            f"{html.escape(ours[scope])}</div>" for scope in scopes)
+            cells.append(f'<td class="family" data-family="{html.escape(family)}">{inner}</td>')
+        out.append(f'<tr class="regime"><th scope="row">Our regime (this profile)</th>{"".join(cells)}</tr>')
+    if paper:
+        cells = "".join(f'<td class="family" data-family="{html.escape(family)}">'
+                        f'{html.escape(paper.get(family, ""))}</td>' for family in families)
+        out.append(f'<tr class="regime paper"><th scope="row">The paper\'s regime</th>{cells}</tr>')
+    return "\n".join(out)
 
 
 def _rows_html(table: pd.DataFrame, claims: list[str], families: list[str], link: bool) -> str:
     out = []
+    regimes = _scope_regimes(table)
     for group in list(GROUPS) + ["other"]:
         in_group = [claim for claim in claims if claim_group(claim) == group]
         if not in_group:
@@ -155,41 +285,93 @@ def _rows_html(table: pd.DataFrame, claims: list[str], families: list[str], link
             cells = []
             for family in families:
                 part = rows[rows.scope.map(_family) == family]
-                inner = "".join(_label(row, link) for row in part.itertuples(index=False))
+                inner = "".join(_label(row, link, regimes) for row in part.itertuples(index=False))
                 cells.append(f'<td class="family" data-family="{html.escape(family)}">{inner}</td>')
             out.append(f'<tr><th scope="row" class="claim">{_claim_html(claim)}</th>{"".join(cells)}</tr>')
     return "\n".join(out)
 
 
-def _table_html(table: pd.DataFrame, claims: list[str], families: list[str], link: bool) -> str:
+def _table_html(table: pd.DataFrame, claims: list[str], families: list[str], link: bool,
+                regimes: bool = False) -> str:
     head = "".join(f'<th scope="col">{html.escape(f)}</th>' for f in families)
     cols = '<col class="claim">' + "<col>" * len(families)
+    regime_rows = _regime_rows(table, families) if regimes else ""
     return (f"<table><colgroup>{cols}</colgroup><thead><tr><th scope=\"col\">Claim</th>{head}</tr></thead>"
-            f"<tbody>\n{_rows_html(table, claims, families, link)}\n</tbody></table>")
+            f"<tbody>\n{regime_rows}\n{_rows_html(table, claims, families, link)}\n</tbody></table>")
 
 
-def claims_grid_html(table: pd.DataFrame, link: bool = True) -> str:
+def _families(table: pd.DataFrame) -> list[str]:
+    present = [f for f in FAMILIES if (table.scope.map(_family) == f).any()]
+    return present + [f for f in dict.fromkeys(table.scope.map(_family)) if f not in present]
+
+
+def claims_grid_html(table: pd.DataFrame, link: bool = True, details: bool = True) -> str:
     """The grid of claim × family as one HTML block (its own ``<style>``); see the module docstring.
 
     ``link``: each label links to its chapter (``<chapter>.html``, beside this page in the book).
     Claims with no verdict at all but "not run" are listed under a ``<details>`` toggle, closed.
+    ``details``: the full table follows, folded (:func:`claims_details_html`).
     """
     if table.empty:
         return '<div class="dalign-claims"><p>No claim was judged.</p></div>'
-    present = [f for f in FAMILIES if (table.scope.map(_family) == f).any()]
-    families = present + [f for f in dict.fromkeys(table.scope.map(_family)) if f not in present]
+    families = _families(table)
     claims = list(dict.fromkeys(table.claim))
     judged = [c for c in claims if (table[table.claim == c].verdict != NOT_RUN).any()]
     idle = [c for c in claims if c not in judged]
-    parts = [_STYLE, '<div class="dalign-claims">']
+    parts = [_STYLE, '<div class="dalign-claims" id="dalign-claims-grid">']
     if judged:
-        parts.append(_table_html(table, judged, families, link))
+        parts.append(_table_html(table, judged, families, link, regimes=True))
     if idle:
         parts.append(f"<details><summary>{len(idle)} claim{'s' if len(idle) > 1 else ''} not run at this profile"
                      "</summary>")
         parts.append(_table_html(table, idle, families, link))
         parts.append("</details>")
     parts.append("</div>")
+    if details:
+        parts.append(claims_details_html(table, style=False))
+    return "\n".join(parts)
+
+
+DETAIL_COLUMNS = (("paper", "The paper"), ("ours", "Ours"), ("d_align_median", "median d<sub>align</sub>"),
+                  ("reference", "Reference"), ("rule", "Rule"))
+"""The claims table's columns the folded details show under each (claim, scope), where present and filled."""
+
+
+def claims_details_html(table: pd.DataFrame, summary: str = "Every check in full", style: bool = True) -> str:
+    """The whole claims table, folded under ``summary``: per claim, one entry per scope with its verdict, the
+    regime it was reached in beside the paper's, what the paper reports, what we measured and the rule.
+
+    A definition list, not a wide table: it reads the same at 1280 px and on a phone, with nothing to scroll.
+    """
+    if table.empty:
+        return '<div class="dalign-claims"><p>No claim was judged.</p></div>'
+    parts = [_STYLE if style else "", f'<div class="dalign-claims dalign-details"><details class="dalign-all"><summary>{html.escape(summary)} '
+             f"({len(table)} claim × scope checks)</summary>"]
+    for claim in dict.fromkeys(table.claim):
+        parts.append(f"<h4>{_claim_html(claim)}</h4><dl>")
+        for row in table[table.claim == claim].itertuples(index=False):
+            verdict = str(row.verdict)
+            parts.append(f'<dt>{html.escape(str(row.scope))}: <span class="verdict {verdict_class(verdict)}">'
+                         f'{html.escape("not run" if verdict == NOT_RUN else verdict)}</span></dt>')
+            facts = []
+            ours, paper = regime_text(row, _family(row.scope)), paper_regime_text(row)
+            if ours or paper:
+                facts.append("<strong>Regime</strong>: " + html.escape(ours or "not stated")
+                             + (f"; the paper's: {html.escape(paper)}" if paper else ""))
+            for column, title in DETAIL_COLUMNS:
+                value = getattr(row, column, None)
+                if column == "rule" or not _present(value):
+                    continue
+                text = _count(value) if column == "d_align_median" else html.escape(str(value))
+                facts.append(f"<strong>{title}</strong>: {text}")
+            chapter = str(row.chapter) if isinstance(row.chapter, str) else ""
+            if chapter:
+                facts.append(f'<a href="{html.escape(chapter)}.html">the evidence: the '
+                             f"{html.escape(CHAPTER_NAMES.get(chapter, chapter))} chapter</a>")
+            parts.append("<dd>" + "<br>".join(facts) + "</dd>")
+        rule = table[table.claim == claim].rule.iloc[0] if "rule" in table else ""
+        parts.append("</dl>" + (f"<p><strong>Rule</strong>: {html.escape(str(rule))}</p>" if _present(rule) else ""))
+    parts.append("</details></div>")
     return "\n".join(parts)
 
 

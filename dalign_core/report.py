@@ -76,19 +76,36 @@ def sweep_records(provenance: dict) -> list[dict]:
 
 
 def rerun_box(chapter: str, module: str | None, profile: str, provenance: dict | None, *, first: str = "",
-              example: str = "", seconds: float | None = None) -> str:
-    """The "Rerun this chapter" box: the command, the wall time the shown results took, what must run first, and
-    how to change one parameter, as MyST (an admonition) from the results' provenance.
+              example: str = "", seconds: float | None = None, fresh: bool = True) -> str:
+    """The "Rerun this chapter" box, as MyST (an admonition): the command; what a run from no checkpoint costs, at
+    this profile and at the classroom profile ``lab`` (:func:`dalign_core.timings.fresh_run`: measured, or
+    projected by the dry run and labelled so); the wall time the shown results took, and how many of their models
+    were loaded from checkpoints that existed before that run (:func:`dalign_core.timings.loaded_before`); what
+    must run first; how to change one parameter.
 
     Args:
         chapter: the notebook's stem (``"02_llama_width"``); module: the experiment (``"llama_width"``), or None.
         provenance: the provenance JSON of the chapter's main table (its ``wall_time_s`` and ``hardware``).
         first: what must run first, in words; example: a ``SET=`` value for the example override.
-        seconds: the wall time when the chapter has no results table (measured in the notebook).
+        seconds: the wall time when the chapter has no results table (measured in the notebook); ``fresh``: whether
+            that run computed everything (False: it reused a cached model, so it is not a fresh run's cost).
     """
+    from dalign_core import timings
+    from dalign_core.config import default_results_dir
+
     lines = [f"`make notebooks ONLY={chapter} PROFILE={profile} FORCE=1` recomputes it"
              + (f" (without Jupyter: `python -m dalign_core.experiments.{module} --profile {profile} --force`)"
                 if module else "") + "."]
+    cost = timings.fresh_run(chapter, profile)
+    if cost is None and provenance is None and seconds is not None and fresh:
+        cost = timings.Timing(chapter, profile, seconds, "measured", "chapter", note="this build of the page")
+    lines.append(f"A run from no checkpoint takes {cost.sentence()}." if cost is not None else
+                 "What a run from no checkpoint costs at this profile has not been measured.")
+    if profile != "lab":
+        lab = timings.fresh_run(chapter, "lab")
+        if lab is not None:
+            lines.append(f"At the classroom profile, `make notebooks ONLY={chapter} PROFILE=lab` takes "
+                         f"{lab.sentence()}.")
     wall = provenance.get("wall_time_s") if provenance else seconds
     if wall is not None:
         hardware = (provenance or {}).get("hardware", {})
@@ -97,9 +114,9 @@ def rerun_box(chapter: str, module: str | None, profile: str, provenance: dict |
         lines.append(f"The results shown took {took}"
                      + (f" on {provenance.get('device', 'this machine')}" if provenance else "")
                      + (f" ({workers} worker process(es) of {hardware.get('threads_per_process', 1)} thread(s))"
-                        if workers else "") + ".")
-        runs = [sweep.get("runs", {}) for sweep in sweep_records(provenance or {})]
-        loaded, measured = sum(r.get("training_loaded", 0) for r in runs), sum(r.get("count", 0) for r in runs)
+                        if workers else "") + ("" if fresh else ", with the model the page had cached") + ".")
+        folder = default_results_dir(profile)
+        loaded, measured = timings.loaded_before(provenance or {}, folder if folder.is_dir() else None)
         if loaded:
             lines.append(f"That run loaded {loaded} of its {measured} measured models from the checkpoints of an "
                          "earlier one instead of training them, so a fresh run takes longer.")

@@ -1,0 +1,254 @@
+"""What a chapter costs to rerun: one source for the rerun boxes, the course table of the book's landing page
+and the README.
+
+A chapter's results were often computed partly from the checkpoints of an earlier run, so the wall time in their
+provenance is not what a reader pays to recompute them. The cost a reader can trust is that of a run **from no
+checkpoint**: measured (a fresh clone, ``make notebooks ONLY=<chapter> PROFILE=<p> FORCE=1``) or projected by the
+experiment's ``--dry-run`` (``benchmarks/bench_projection.py``), and labelled as one or the other.
+
+Those costs are recorded, with the date, commit and command that measured them, in ``results/cpu/timings.csv``
+(:data:`TIMINGS_FILE`; one row per chapter and profile, the classroom profile ``lab`` included), a tidy table
+with the columns of :class:`Timing`. :func:`fresh_run` reads it; where a chapter's own provenance shows a run that
+loaded nothing made before it (:func:`loaded_before`) and is newer than the recorded row, that provenance is the
+measurement instead. The README's timing table is checked against this file by ``tests/test_readme.py``.
+
+Nothing here measures: the numbers are the recorded ones. A chapter with no record reads "not measured".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from dalign_core.config import default_results_dir
+
+__all__ = ["KINDS", "TIMINGS_FILE", "Timing", "chapter_experiments", "duration", "fresh_run", "loaded_before",
+           "reading_minutes", "recorded"]
+
+TIMINGS_FILE = default_results_dir("cpu") / "timings.csv"
+"""The recorded fresh-run costs (``results/cpu/timings.csv``, committed with the cpu results)."""
+
+KINDS = ("measured", "projected")
+"""``measured``: a run from no checkpoint was timed; ``projected``: the experiment's dry run projected it."""
+
+COLUMNS = ("chapter", "profile", "seconds", "kind", "scope", "date", "commit", "command", "note")
+
+CHAPTER_EXPERIMENTS = {
+    "01_theory": ("theory_alignment", "theory_estimators", "theory_sketch"),
+    "02_llama_width": ("llama_runs",),
+    "03_pythia_width": ("pythia_runs",),
+    "04_resnet_width": ("resnet_runs",),
+    "05_interventions": ("interventions",),
+    "06_claims": ("claims",),
+    "08_growth": ("growth",),
+    "09_llama_context": ("llama_context",),
+}
+"""Chapter -> the results tables whose provenance holds its experiment's wall time (07 computes in the page)."""
+
+WORDS_PER_MINUTE = 180
+"""Reading speed for prose with formulas (a textbook's pace, below the 200-250 of plain text)."""
+SECONDS_PER_FIGURE = 60
+"""Time to read one figure or table against the sentence that follows it."""
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One recorded cost of a chapter at a profile.
+
+    Attributes:
+        chapter: the notebook's stem (``"04_resnet_width"``); profile: ``"cpu"``, ``"lab"`` ...
+        seconds: the wall time in seconds (2 one-thread worker processes on 2 cores, as the book's runs use).
+        kind: ``"measured"`` (a run from no checkpoint was timed) or ``"projected"`` (its dry run projected it).
+        scope: ``"chapter"`` (``make notebooks``, the whole notebook) or ``"experiment"`` (the experiment alone).
+        date: when (ISO date); commit: the commit it ran at; command: the command that was timed or projected.
+        note: conditions (an idle machine, other work beside it ...).
+    """
+
+    chapter: str
+    profile: str
+    seconds: float
+    kind: str
+    scope: str = "chapter"
+    date: str = ""
+    commit: str = ""
+    command: str = ""
+    note: str = ""
+
+    @property
+    def minutes(self) -> float:
+        return self.seconds / 60
+
+    def short(self) -> str:
+        """``"31 min"`` or ``"≈ 33 min (projected)"``."""
+        text = duration(self.seconds)
+        return text if self.kind == "measured" else f"≈ {text} (projected)"
+
+    def sentence(self) -> str:
+        """``"30.8 min, measured on 2026-12-02 at d1c0bea (`make ...`)"``, for a rerun box."""
+        how = "measured" if self.kind == "measured" else "projected by the dry run"
+        when = f" on {self.date}" if self.date else ""
+        at = f" at `{self.commit[:7]}`" if self.commit else ""
+        command = f" (`{self.command}`)" if self.command else ""
+        note = f"; {self.note}" if self.note else ""
+        return f"{'' if self.kind == 'measured' else 'about '}{duration(self.seconds)}, {how}{when}{at}{command}{note}"
+
+
+def duration(seconds: float) -> str:
+    """``"45 s"``, ``"5.8 min"``, ``"1.2 h"``: one decimal from a minute on."""
+    if not math.isfinite(seconds):
+        return "not measured"
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def recorded(path: Path | str | None = None) -> pd.DataFrame:
+    """The recorded costs (``results/cpu/timings.csv``) as a table with the columns of :class:`Timing`.
+
+    Raises ValueError, naming the file and what is wrong, for a missing column or an unknown ``kind``.
+    """
+    path = Path(path) if path is not None else TIMINGS_FILE
+    if not path.is_file():
+        return pd.DataFrame(columns=list(COLUMNS))
+    table = pd.read_csv(path, dtype={"commit": str, "date": str}, keep_default_na=False)
+    missing = [c for c in COLUMNS if c not in table]
+    if missing:
+        raise ValueError(f"{path}: missing column(s) {', '.join(missing)}; it needs {', '.join(COLUMNS)}")
+    unknown = sorted(set(table.kind) - set(KINDS))
+    if unknown:
+        raise ValueError(f"{path}: kind {unknown} is not one of {', '.join(KINDS)}")
+    table["seconds"] = pd.to_numeric(table.seconds, errors="raise")
+    return table
+
+
+def sweep_records(provenance: dict) -> list[dict]:
+    """One record per sweep of a width experiment's provenance (``sweeps``: Pythia's depths), else the provenance."""
+    return provenance.get("sweeps") or [provenance]
+
+
+def loaded_before(provenance: dict, folder: Path | str | None = None) -> tuple[int, int]:
+    """(models whose training was loaded from a checkpoint that existed before the run, models measured).
+
+    A sweep's ``runs.training_loaded`` also counts models the run itself trained first and then loaded: the first
+    seed of a width whose rate trials ran at full length, and the widest width's first seed, which the rate fit's
+    full-length check trains. With the sweep's tables in ``folder`` (``<family>_runs.csv`` and ``<family>_lr.csv``),
+    a loaded run whose (width, seed, rate) a full-length trial or check row of the same regime holds is not counted,
+    unless every model of that regime was loaded (then the trial's model was loaded as well). Without the tables
+    the provenance's count stands. Growth and interventions count the models whose rows were taken from an earlier
+    run (``reused_from``).
+    """
+    loaded = measured = 0
+    for record in sweep_records(provenance):
+        runs = record.get("runs") or {}
+        count, found = int(runs.get("count", 0)), int(runs.get("training_loaded", 0))
+        measured += count
+        if found and folder is not None and runs.get("table"):
+            steps = (record.get("config") or provenance.get("config") or {}).get("steps")
+            found = _loaded_before_tables(Path(folder), str(runs["table"]), record, steps)
+        loaded += found
+    for facts in (provenance.get("families") or {}).values():
+        models = facts.get("models", []) if isinstance(facts, dict) else []
+        measured += len(models)
+        loaded += sum(1 for model in models if "reused_from" in model)
+    return loaded, measured
+
+
+def _loaded_before_tables(folder: Path, runs_name: str, record: dict, steps: int | None) -> int:
+    try:
+        runs = pd.read_csv(folder / runs_name)
+        rates = pd.read_csv(folder / runs_name.replace("_runs.csv", "_lr.csv"))
+    except (OSError, ValueError):
+        return int((record.get("runs") or {}).get("training_loaded", 0))
+    for key in ("depth", "dataset", "context"):  # this record's regime (Pythia's depth, ResNet's data set)
+        if key in record:
+            runs = runs[runs[key] == record[key]] if key in runs else runs
+            rates = rates[rates[key] == record[key]] if key in rates else rates
+    if "training_loaded" not in runs or not len(runs):
+        return 0
+    loaded = runs[runs.training_loaded.fillna(False).astype(bool)]
+    if len(loaded) == len(runs) or "steps" not in rates or not len(rates):
+        return len(loaded)
+    full = rates[rates.steps >= (steps if steps else rates.steps.max())]
+    trained_here = set(zip(full.width, full.seed, full.lr.round(12)))
+    return int(sum((r.width, r.seed, round(r.lr, 12)) not in trained_here for r in loaded.itertuples()))
+
+
+def chapter_experiments(chapter: str) -> tuple[str, ...]:
+    """The results tables whose provenance records ``chapter``'s experiment (empty: it computes in the page)."""
+    return CHAPTER_EXPERIMENTS.get(chapter, ())
+
+
+def _provenance_run(chapter: str, profile: str) -> Timing | None:
+    """The chapter's own results as a measurement, when they were computed from no earlier checkpoint."""
+    names = chapter_experiments(chapter)
+    if not names:
+        return None
+    folder = default_results_dir(profile)
+    seconds, dates, commits = 0.0, [], []
+    for name in names:
+        try:
+            provenance = json.loads((folder / f"{name}.json").read_text())
+        except (OSError, ValueError):
+            return None
+        if provenance.get("wall_time_s") is None or loaded_before(provenance, folder)[0]:
+            return None
+        seconds += float(provenance["wall_time_s"])
+        dates.append(str(provenance.get("written_utc", ""))[:10])
+        commits.append(str((provenance.get("git") or {}).get("commit") or ""))
+    return Timing(chapter, profile, seconds, "measured", "experiment", max(dates), commits[-1],
+                  f"make notebooks ONLY={chapter} PROFILE={profile} FORCE=1",
+                  "the experiment's wall time in the provenance of the results shown, which trained every model it "
+                  "measured")
+
+
+def fresh_run(chapter: str, profile: str, path: Path | str | None = None) -> Timing | None:
+    """What rerunning ``chapter`` at ``profile`` from no checkpoint costs (None: never measured or projected).
+
+    A measured row of :data:`TIMINGS_FILE`; else the chapter's own provenance where that run loaded nothing made
+    before it (a measurement of the results on the page); else a projected row.
+    """
+    table = recorded(path)
+    rows = table[(table.chapter == chapter) & (table.profile == profile)]
+    row = None
+    if len(rows):
+        best = rows.sort_values(["kind", "date"], ascending=[True, False]).iloc[0]  # measured before projected
+        row = Timing(**{c: best[c] for c in COLUMNS})
+    if row is not None and row.kind == "measured":
+        return row
+    own = _provenance_run(chapter, profile)
+    return own if own is not None else row
+
+
+def reading_minutes(notebook: Path | str) -> int:
+    """Minutes to read a chapter: its prose at :data:`WORDS_PER_MINUTE` and :data:`SECONDS_PER_FIGURE` per figure.
+
+    Counts the words of the markdown cells and of the sentences the code generates (text/markdown outputs of an
+    executed copy, when ``notebook`` is one), formulas as one word each, and the figures the code cells draw (in
+    the source: ``plt.show()``/``plots.`` calls; executed: image outputs). At least 1.
+    """
+    cells = json.loads(Path(notebook).read_text(encoding="utf-8"))["cells"]
+    words, figures = 0, 0
+    for cell in cells:
+        text = "".join(cell.get("source", ""))
+        if cell["cell_type"] == "markdown":
+            words += _words(text)
+            continue
+        outputs = cell.get("outputs", [])
+        images = sum(1 for out in outputs if "image/png" in out.get("data", {}))
+        figures += images or len(re.findall(r"plt\.show\(\)|^\s*plots\.\w+\(", text, flags=re.MULTILINE))
+        for out in outputs:
+            words += _words("".join(out.get("data", {}).get("text/markdown", "")))
+    return max(1, round(words / WORDS_PER_MINUTE + figures * SECONDS_PER_FIGURE / 60))
+
+
+def _words(text: str) -> int:
+    text = re.sub(r"\$\$.*?\$\$|\$[^$]*\$", " x ", text, flags=re.DOTALL)  # a formula reads as one word
+    text = re.sub(r"```.*?```", " ", text, flags=re.DOTALL)
+    return len(re.findall(r"[A-Za-z0-9][\w'’-]*", text))
