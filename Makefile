@@ -61,6 +61,9 @@ LOCK := $(PY) scripts/build_lock.py book/_build/.build.lock --
 # Headless plotting for scripts, tests and benchmarks (notebook kernels get the inline backend
 # from scripts/execute_notebooks.py, so figures land in the executed notebooks).
 export MPLBACKEND := Agg
+# The data cache (tokenizers, corpora, downloads) of make's runs stays in the repository (make distclean
+# removes it); outside make the library uses $$DALIGN_CACHE or the user's cache folder.
+export DALIGN_CACHE ?= $(CURDIR)/.cache/dalign
 # Tests never reach a model hub: tests/conftest.py sets the offline variables for them.
 
 .PHONY: help setup data book notebooks serve publish test bench clean distclean

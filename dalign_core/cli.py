@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="dalign",
         description="Measure the effective alignment dimension d_align of a model's activation gradients.",
     )
+    from dalign_core import __version__
+
+    parser.add_argument("--version", action="version", version=f"dalign {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 

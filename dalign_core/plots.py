@@ -19,10 +19,15 @@ import math
 import re
 from typing import Sequence
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-import seaborn as sns
+
+try:  # the figures need the plots extra (matplotlib, seaborn); the rest of dalign_core does not
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+except ImportError as err:  # pragma: no cover  (both are installed wherever the book is built)
+    raise ImportError(f"dalign_core.plots draws with matplotlib and seaborn, which are not installed ({err}); "
+                      "install the plots extra: pip install 'dalign[plots]'") from err
 from matplotlib.ticker import (FixedLocator, FuncFormatter, LogLocator, MaxNLocator, NullFormatter,
                                NullLocator, ScalarFormatter)
 

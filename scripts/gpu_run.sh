@@ -17,6 +17,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 DALIGN_OFFLINE=1
+# The data cache that `make test` fills (the library alone would use the user's cache folder).
+export DALIGN_CACHE="${DALIGN_CACHE:-$PWD/.cache/dalign}"
 # cuBLAS needs a fixed workspace for deterministic results (torch.use_deterministic_algorithms).
 export CUBLAS_WORKSPACE_CONFIG=${CUBLAS_WORKSPACE_CONFIG:-:4096:8}
 

@@ -187,7 +187,11 @@ def test_wheel_installed_outside_the_repository(tmp_path):
     assert found["sha256"] == load_manifest("shakespeare").sha256
     cwd = elsewhere.resolve()
     assert Path(found["results"]) == cwd / "results" / "cpu"
-    assert Path(found["cache"]) == cwd / ".cache" / "dalign"
+    # The data cache is the user's cache folder, never the working directory (written only where told).
+    import platformdirs
+
+    assert Path(found["cache"]) == Path(platformdirs.user_cache_dir("dalign", appauthor=False))
+    assert not Path(found["cache"]).is_relative_to(cwd)
     assert Path(found["repo_root"]) == cwd and found["version"] == dalign_core.__version__
 
 
@@ -259,3 +263,50 @@ def test_bad_force_value_from_the_command_line():
     assert proc.returncode == 2
     assert "FORCE='maybe' is not understood; use FORCE=1 (or yes, true)" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+# ---------------------------------------------------------------------------
+# Metadata a user reads: the version, classifiers, URLs, type hints, the extras a module needs
+
+
+def test_dalign_version_flag(capsys):
+    from dalign_core.cli import main
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"dalign {dalign_core.__version__}"
+
+
+def test_classifiers_urls_and_py_typed_are_declared():
+    classifiers = PROJECT["classifiers"]
+    assert "Typing :: Typed" in classifiers and "Intended Audience :: Science/Research" in classifiers
+    minimum = PROJECT["requires-python"].removeprefix(">=")
+    assert f"Programming Language :: Python :: {minimum}" in classifiers
+    assert PROJECT["urls"] and all(url.startswith("https://") for url in PROJECT["urls"].values())
+    assert (REPO_ROOT / "dalign_core" / "py.typed").is_file()
+    assert "py.typed" in PYPROJECT["tool"]["setuptools"]["package-data"]["dalign_core"]
+
+
+def test_the_plot_modules_name_the_extra_they_need(monkeypatch):
+    import importlib
+
+    extras = PROJECT["optional-dependencies"]
+    assert {_requirement_name(r) for r in extras["plots"]} == {"matplotlib", "seaborn"}
+    assert {_requirement_name(r) for r in extras["plots"]} <= {_requirement_name(r) for r in extras["book"]}
+    monkeypatch.setitem(sys.modules, "seaborn", None)  # import seaborn now raises ImportError
+    monkeypatch.delitem(sys.modules, "dalign_core.plots", raising=False)
+    with pytest.raises(ImportError, match=r"pip install 'dalign\[plots\]'"):
+        importlib.import_module("dalign_core.plots")
+    monkeypatch.delitem(sys.modules, "dalign_core.plots", raising=False)  # the next import loads it afresh
+
+
+def test_transformers_bound_is_the_first_release_with_dtype():
+    """loading.py calls from_pretrained(dtype=...), which transformers has taken since 4.56 (before: torch_dtype).
+    No install of the minimum versions is possible offline, so the bound is checked against what the code calls."""
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    declared = {Requirement(r).name: Requirement(r) for r in PROJECT["dependencies"]}
+    assert not declared["transformers"].specifier.contains(Version("4.55.4"))
+    assert declared["transformers"].specifier.contains(Version("4.56.0"))
+    loading = (REPO_ROOT / "dalign_core" / "loading.py").read_text()
+    assert "dtype=" in loading and "torch_dtype=" not in loading

@@ -20,8 +20,8 @@ package carries a copy in ``dalign_core/data_manifests/``, see :func:`manifest_d
     how_to_get: |                         # printed when nothing works
       ...
 
-:func:`fetch` looks in the cache first (``<repo>/.cache/dalign``, installed without a checkout
-``./.cache/dalign`` in the working directory, or ``$DALIGN_CACHE``),
+:func:`fetch` looks in the cache first (``$DALIGN_CACHE``, else the user's cache folder: ``~/.cache/dalign``
+on Linux; ``make`` uses the repository's ``.cache/dalign``), announcing any download,
 then tries the sources in order.  Every file is checked against ``sha256`` and ``size``;
 a mismatch raises :class:`ChecksumError` (a ``ValueError``) and never proceeds.  A file is
 copied or downloaded under a temporary name in the cache folder and renamed to its final
@@ -52,7 +52,7 @@ import yaml
 
 from dalign_core._env import env_flag
 from dalign_core.atomic import atomic_path
-from dalign_core.config import REPO_ROOT, SOURCE_ROOT, work_root
+from dalign_core.config import REPO_ROOT, SOURCE_ROOT
 
 __all__ = [
     "Manifest",
@@ -62,6 +62,7 @@ __all__ = [
     "manifest_dir",
     "manifest_dirs",
     "default_cache_dir",
+    "CACHE_VARIABLE",
     "load_manifest",
     "sha256_file",
     "verify_file",
@@ -169,11 +170,28 @@ def manifest_dir() -> Path:
     return manifest_dirs()[-1]
 
 
+CACHE_VARIABLE = "DALIGN_CACHE"
+"""The environment variable that names the data cache (the tokenizers, the corpora, verified downloads)."""
+
+
 def default_cache_dir() -> Path:
-    """``$DALIGN_CACHE`` if set, else ``.cache/dalign`` in the repository root (installed without a
-    checkout: in the working directory, see :func:`dalign_core.config.work_root`)."""
-    env = os.environ.get("DALIGN_CACHE")
-    return Path(env).expanduser() if env else work_root() / ".cache" / "dalign"
+    """The data cache: ``$DALIGN_CACHE`` if set, else the user's cache folder for dalign (``platformdirs``:
+    ``~/.cache/dalign`` on Linux, ``~/Library/Caches/dalign`` on macOS), never the working directory.
+
+    ``make`` sets ``$DALIGN_CACHE`` to the repository's ``.cache/dalign`` (which ``make distclean`` removes)."""
+    env = os.environ.get(CACHE_VARIABLE)
+    if env:
+        return Path(env).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("dalign", appauthor=False))
+
+
+def _announce(what: str) -> None:
+    """Say that a download starts (the command line shows the ``dalign`` logger; a notebook stays quiet)."""
+    import logging
+
+    logging.getLogger("dalign").info("%s", what)
 
 
 def load_manifest(name: "str | os.PathLike | Manifest") -> Manifest:
@@ -385,6 +403,8 @@ def fetch(
             if offline:
                 failures.append(f"{source.kind} {source.value}: skipped (offline)")
                 continue
+            _announce(f"downloading {manifest.filename} ({manifest.size / 2**20:.1f} MiB, {manifest.name}) from "
+                      f"{source.kind} {source.value} into {cache} (set DALIGN_OFFLINE=1 to never download)")
             if source.kind == "pip":
                 return _pip_download(source.value, manifest, final, timeout)
             if source.kind == "deb":
