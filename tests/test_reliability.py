@@ -241,3 +241,36 @@ def test_a_sweeps_checkpoint_root_lies_under_out(tmp_path, monkeypatch):
     root = sweep.checkpoint_root(llama_width.Config.for_profile("smoke"), llama_width.FAMILY)
     assert root.is_relative_to((tmp_path / "o" / "checkpoints").resolve())
     assert list(work.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------
+# The data cache: the user's cache folder or $DALIGN_CACHE, never the working directory; downloads announced
+
+
+def test_the_data_cache_is_the_users_or_the_variables(tmp_path, monkeypatch):
+    import platformdirs
+
+    from dalign_core.data import manifest
+
+    monkeypatch.delenv("DALIGN_CACHE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert manifest.default_cache_dir() == Path(platformdirs.user_cache_dir("dalign", appauthor=False))
+    assert not manifest.default_cache_dir().is_relative_to(tmp_path)
+    monkeypatch.setenv("DALIGN_CACHE", str(tmp_path / "c"))
+    assert manifest.default_cache_dir() == tmp_path / "c"
+
+
+def test_a_download_is_announced(tmp_path, caplog):
+    import logging
+
+    from dalign_core.data import manifest
+
+    probe = manifest.Manifest.from_dict(dict(name="probe", filename="probe.bin", sha256="0" * 64, size=10,
+                                             sources=[{"url": "http://127.0.0.1:9/probe.bin"}]))
+    with caplog.at_level(logging.INFO, logger="dalign"), pytest.raises(manifest.DataMissingError):
+        manifest.fetch(probe, tmp_path, offline=False, timeout=5)
+    assert any("downloading probe.bin" in r.getMessage() and str(tmp_path) in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="dalign"), pytest.raises(manifest.DataMissingError):
+        manifest.fetch(probe, tmp_path, offline=True)
+    assert not any("downloading" in r.getMessage() for r in caplog.records)  # offline: nothing is tried
