@@ -142,3 +142,49 @@ def test_summarize_reads_each_regime_of_a_family_apart():
     assert "-- depth 6" in shallow and "gpt_neox.layers.2" in shallow and "gpt_neox.layers.5" not in shallow
     assert "gpt_neox.layers.5" in deep and "N=128" not in deep
     assert shallow.count("Learning rate kept per width") == deep.count("Learning rate kept per width") == 1
+
+
+def _clock_geometry(crossing_slope: float, width_slope: float = 0.0, zeros: bool = False):
+    """Runs whose log d_align falls 2 per log step at every width and whose loss falls faster the wider they are."""
+    import math
+
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for width in (32, 64, 128):
+        for seed in range(4):
+            for step in (0, 100, 200, 300, 400, 500, 600):
+                clock = step * (width / 32) ** crossing_slope
+                value = 0.0 if zeros and step >= 400 else math.exp(
+                    width_slope * math.log(width) - 2 * math.log(step + 1) + rng.normal(0, 0.1))
+                rows.append(dict(width=width, seed=seed, step=step, layer="L", pool="heldout", reduction="shared",
+                                 trained_ok=True, heldout_loss=6 - clock / 100, d_align=value,
+                                 mean_sq_lo=-1.0 if zeros and step >= 400 else 0.1))
+    return pd.DataFrame(rows)
+
+
+def test_width_verdicts_from_geometry_take_the_clock_out_of_matched_loss():
+    geometry = _clock_geometry(crossing_slope=0.5)  # wider runs reach every loss earlier; no width effect
+    steps, matched_loss, _ = report.width_verdicts(_trend(-0.2, 0.2), "L", geometry=geometry, family="pythia",
+                                                   scale=report.SCALE)
+    assert matched_loss.label == "inconclusive" and "training clock removed" in matched_loss.claim
+    assert matched_loss.sentence.startswith(matched_loss.claim + ": inconclusive at this scale.")
+    assert "judged on its sign" in matched_loss.sentence and "**inconclusive at this scale**" in matched_loss.markdown()
+    text = report.describe_clock(report.judged_geometry(geometry, _trend(-0.2, 0.2), "L"))
+    assert "wider runs are read earlier" in text and "disagree here" in text
+    # the plain crossing of the same runs would have read the clock as a rise with width
+    from dalign_core.trend import clock_diagnostics
+
+    assert clock_diagnostics(geometry)["matched_lo"] > 0
+    rises = report.width_verdicts(_trend(-0.2, 0.2), "L", geometry=_clock_geometry(0.5, 1.0), family="pythia")
+    assert rises[0].label == rises[1].label == "reproduced"
+
+
+def test_width_verdicts_say_not_estimable_where_the_mean_is_lost_in_noise():
+    geometry = _clock_geometry(crossing_slope=0.0, zeros=True)
+    steps, matched_loss, misalignment = report.width_verdicts(_trend(0.1, 0.9), "L", geometry=geometry,
+                                                              family="resnet")
+    assert steps.label == matched_loss.label == "not estimable" and "floor" in steps.sentence
+    assert misalignment.label == "reproduced"  # p̂ does not need d_align: judged on its sign, below 0
+    assert report.family_reference("pythia") == 0 and report.family_reference("llama") > 0.49
