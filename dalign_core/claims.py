@@ -222,7 +222,7 @@ _FAMILIES = (  # family, the column that tells its regimes apart, chapter
     ("pythia", "depth", "03_pythia_width"),
     ("resnet", "dataset", "04_resnet_width"),
 )
-CONTEXT_CHAPTER = "02_llama_width"
+CONTEXT_CHAPTER = "09_llama_context"
 """The chapter whose figures show the context study."""
 _WIDTH_FAMILIES = _FAMILIES + (("llama_context", "context", CONTEXT_CHAPTER),)
 """The families of the width claims: the context study is LLaMA with one regime per context."""
