@@ -22,7 +22,7 @@ from dalign_core.trend import (PAPER_SLOPE, SIGN, Verdict, clock_diagnostics, cl
 
 __all__ = ["by_regime", "judged_only", "rerun_box", "sweep_records", "describe_accuracy", "describe_runs", "describe_learning_rates", "describe_final_geometry",
            "describe_rate_resolution", "width_verdicts", "judged_rows", "judged_geometry", "WIDTH_CLAIMS",
-           "PAPER_REGIMES", "SCALE", "at_this_scale", "family_reference", "reference_text", "describe_clock", "trials", "describe_power", "describe_redundancy", "describe_bounds", "summarize", "styled", "runs_summary",
+           "PAPER_REGIMES", "SCALE", "at_this_scale", "scale_for", "family_reference", "reference_text", "describe_clock", "trials", "describe_power", "describe_redundancy", "describe_bounds", "summarize", "styled", "runs_summary",
            "describe_trajectory", "describe_limiting_dimension", "describe_layers", "describe_budget",
            "describe_context", "describe_sample_choice", "paper_comparison", "verdict_table", "number"]
 
@@ -347,6 +347,12 @@ def at_this_scale(family: str, widths, depth: int | None = None, dataset: str | 
         if epochs is not None and epochs < _PAPER_EPOCHS["resnet"]:
             return True
     return False
+
+
+def scale_for(family: str, widths, depth: int | None = None, dataset: str | None = None,
+              epochs: float | None = None) -> str:
+    """:data:`SCALE` where the regime is not the paper's (:func:`at_this_scale`), else "": what a label adds."""
+    return SCALE if at_this_scale(family, widths, depth, dataset, epochs) else ""
 
 
 def family_reference(family: str | None) -> float:
@@ -751,13 +757,14 @@ def paper_comparison(ours: pd.DataFrame, paper: dict) -> pd.DataFrame:
 
 
 def verdict_table(verdicts: dict, label: str) -> pd.DataFrame:
-    """One row per claim and regime: ``{regime: [Verdict, ...]}`` → regime, claim, verdict, slope [interval], detects."""
+    """One row per claim and regime: ``{regime: [Verdict, ...]}`` → regime, claim, verdict (with " at this scale"
+    where the regime is not the paper's), slope [interval], detects."""
     def slope(v: Verdict) -> str:
-        return DASH if v.label == "not run" else f"{v.slope:+.2f} [{v.slope_lo:+.2f}, {v.slope_hi:+.2f}]"
+        return DASH if math.isnan(v.slope) else f"{v.slope:+.2f} [{v.slope_lo:+.2f}, {v.slope_hi:+.2f}]"
 
     rows = [{label: regime, "claim": v.claim.replace("heldout", "held-out").replace("d_align", D_ALIGN_HTML),
-             "verdict": v.label, "slope [95%]": slope(v),
-             "detects": DASH if v.label == "not run" else f"{v.detectable:.2f}"}
+             "verdict": v.shown, "slope [95%]": slope(v),
+             "detects": DASH if math.isnan(v.detectable) else f"{v.detectable:.2f}"}
             for regime, found in verdicts.items() for v in found]
     return pd.DataFrame(rows, columns=[label, "claim", "verdict", "slope [95%]", "detects"])
 
