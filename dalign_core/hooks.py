@@ -79,14 +79,18 @@ __all__ = [
     "check_capturable",
     "check_not_compiled",
     "per_example_loss",
+    "causal_lm_problem",
 ]
 
 IGNORE_INDEX = -100
 """Target value ignored by the causal-LM loss (the transformers convention)."""
 
 REDUCTIONS = ("shared", "full")
-TASKS = ("auto", "causal_lm", "classification")
+TASKS = ("auto", "causal_lm", "masked_lm", "token_classification", "classification")
 _BLOCK_CLASS = re.compile(r"(DecoderLayer|EncoderLayer|Layer|Block|Bottleneck)$")
+_RANDOM_PROBABILITY_ATTRS = ("p", "drop_prob", "drop_rate", "drop_path_prob", "drop_path_rate", "dropout_prob",
+                             "dropout_rate")
+"""Attributes that hold the probability of a random drop (a module in training mode with one in (0, 1] is random)."""
 _ATTN_DROPOUT_ATTRS = ("attention_dropout", "attn_dropout", "attention_probs_dropout_prob", "dropout_p", "dropout")
 
 LossFn = Callable[[Any, Any], torch.Tensor]
@@ -236,6 +240,95 @@ def _check_batch(model: nn.Module, inputs: Any, targets: Any, loss_fn: LossFn | 
         _check_token_ids(inputs, vocabulary, "inputs (token ids for a model with an input embedding)")
     if loss_fn is None and targets is not None and not isinstance(targets, torch.Tensor):
         raise CaptureError(f"targets (or a batch's labels) must be a tensor, got {_describe(targets)}")
+    first = inputs.get("input_ids") if isinstance(inputs, Mapping) else inputs
+    if not isinstance(first, torch.Tensor) and isinstance(inputs, Mapping):
+        first = next((v for v in inputs.values() if isinstance(v, torch.Tensor)), None)
+    if isinstance(first, torch.Tensor) and (first.ndim == 0 or first.shape[0] == 0):
+        raise CaptureError(f"the batch holds no examples (inputs of shape {tuple(first.shape)}); pass a batch of at "
+                           "least one example, its first axis the examples")
+    if isinstance(inputs, Mapping):
+        _check_token_batch(model, inputs)
+
+
+_POSITION_FIELDS = ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length")
+"""Config fields that bound a transformers model's sequence length (those ``dalign_core.loading`` reads)."""
+
+
+def _position_limit(model: nn.Module) -> tuple[str, int] | None:
+    """(config field, value) bounding the model's sequence length; None if its config states none."""
+    config = getattr(model, "config", None)
+    for name in _POSITION_FIELDS:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return name, value
+    return None
+
+
+def _check_token_batch(model: nn.Module, inputs: Mapping) -> None:
+    """Refuse token batches the model would read wrongly or fail on deep inside: no tokens, more positions than
+    the model has, an attention mask whose shape is not the ids', or one with padding between real tokens."""
+    ids = inputs.get("input_ids")
+    if isinstance(ids, torch.Tensor) and ids.ndim == 2:
+        if ids.shape[1] == 0:
+            raise CaptureError(f"input_ids of shape {tuple(ids.shape)} hold no tokens; pass at least one per example")
+        limit = _position_limit(model)
+        if limit is not None and ids.shape[1] > limit[1]:
+            raise CaptureError(
+                f"input_ids hold sequences of {ids.shape[1]} tokens, longer than the {limit[1]} positions the model "
+                f"was built for (config.{limit[0]}); cut them to {limit[1]} tokens or fewer"
+            )
+    mask = inputs.get("attention_mask")
+    if mask is None:
+        return
+    if not isinstance(mask, torch.Tensor):
+        raise CaptureError(f"attention_mask must be a tensor (batch, T) of 1 (token) and 0 (padding), got {_describe(mask)}")
+    if isinstance(ids, torch.Tensor) and mask.shape != ids.shape:
+        raise CaptureError(
+            f"attention_mask has shape {tuple(mask.shape)}, input_ids {tuple(ids.shape)}; it must have the ids' "
+            "shape (batch, T), 1 at each token and 0 at each padding position (as the tokenizer returns it)"
+        )
+    if mask.ndim == 2 and mask.shape[1] > 1:
+        real = mask != 0
+        runs = real[:, 0].long() + (real[:, 1:] & ~real[:, :-1]).sum(dim=1)  # runs of real tokens per row
+        broken = torch.nonzero(runs > 1).flatten().tolist()
+        if broken:
+            raise CaptureError(
+                f"attention_mask row(s) {broken[:10]} have padding between real tokens; each example must be one run "
+                "of tokens, padded on the right (or on the left)"
+            )
+
+
+def _left_padded(inputs: Any) -> bool:
+    """True when some example of a token batch starts with padding (its attention mask starts with 0)."""
+    mask = inputs.get("attention_mask") if isinstance(inputs, Mapping) else None
+    if not isinstance(mask, torch.Tensor) or mask.ndim != 2 or mask.shape[1] < 2:
+        return False
+    real = mask != 0
+    return bool((~real[:, 0] & real.any(dim=1)).any())
+
+
+def _positions_for_left_padding(model: nn.Module, inputs: Any, task: str, loss_fn: Any) -> Any:
+    """A left-padded batch with the ``position_ids`` that place each example's tokens at 0, 1, 2, …
+
+    Without them a transformers model numbers the positions of the padded row from its first pad, so its tokens
+    sit at shifted positions (absolute position embeddings read other rows; the loss would not be the example's
+    own). This is what transformers' ``generate`` passes for a left-padded batch. Done for a causal LM's
+    next-token loss, the case left padding is made for; any other left-padded batch without ``position_ids`` is
+    refused (the model's own convention, e.g. RoBERTa's offset positions, is not known here). Right-padded
+    batches and batches that carry ``position_ids`` are returned as they are.
+    """
+    if not _left_padded(inputs) or inputs.get("position_ids") is not None:
+        return inputs
+    causal = loss_fn is None and (task == "causal_lm" or task == "auto" and _hf_loss_kind(model) == "causal_lm")
+    if not causal or "position_ids" not in _forward_params(model):
+        why = "takes no position_ids" if causal else "is not captured with a causal LM's next-token loss"
+        raise CaptureError(
+            f"the batch is left-padded (an attention_mask row starts with 0) and {type(model).__name__} {why}, so "
+            "its tokens would sit at shifted positions; pad on the right (tokenizer.padding_side = 'right'), or "
+            "pass position_ids in the batch"
+        )
+    real = (inputs["attention_mask"] != 0).long()
+    return {**inputs, "position_ids": (real.cumsum(dim=1) - 1).clamp(min=0)}
 
 
 def _float_dtype(model: nn.Module) -> torch.dtype | None:
@@ -328,14 +421,21 @@ def check_not_compiled(model: nn.Module) -> None:
         )
 
 
+def _is_probability(value: Any) -> bool:
+    """A float or int in (0, 1]: a drop probability that makes a training-mode forward random."""
+    return isinstance(value, (float, int)) and not isinstance(value, bool) and 0 < value <= 1
+
+
 def check_capturable(model: nn.Module) -> None:
     """Raise :class:`CaptureError` if the model's current state couples examples or is random.
 
     Refused: a BatchNorm in training mode or without running statistics (batch
     statistics couple the examples), ``nn.Dropout``-like modules with p > 0 in
-    training mode, a module in training mode with a float attention-dropout
-    attribute > 0 (transformers' ``attention_dropout``), and a model in training
-    mode whose ``config`` has an attention-dropout probability > 0.
+    training mode, any module in training mode holding a drop probability in (0, 1]
+    (``p``, ``drop_prob``, ``drop_rate``, … : torchvision's ``StochasticDepth``, timm's
+    ``DropPath``), ``nn.RReLU`` in training mode, a module in training mode with a float
+    attention-dropout attribute > 0 (transformers' ``attention_dropout``), and a model in
+    training mode whose ``config`` has an attention-dropout probability > 0.
     """
     check_not_compiled(model)
     problems: list[str] = []
@@ -351,6 +451,15 @@ def check_capturable(model: nn.Module) -> None:
             continue
         if isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0:
             problems.append(f"dropout {label!r} is active (p={module.p} in training mode)")
+            continue
+        if isinstance(module, nn.RReLU) and module.lower != module.upper:
+            problems.append(f"RReLU {label!r} draws random slopes in training mode")
+            continue
+        random_attr = next((attr for attr in _RANDOM_PROBABILITY_ATTRS if _is_probability(getattr(module, attr, None))),
+                           None)
+        if random_attr is not None:  # torchvision's StochasticDepth and DropBlock, timm's DropPath, …
+            problems.append(f"{label!r} ({type(module).__name__}) drops at random in training mode "
+                            f"({random_attr}={getattr(module, random_attr)})")
             continue
         for attr in _ATTN_DROPOUT_ATTRS:
             value = getattr(module, attr, None)
@@ -375,14 +484,36 @@ def check_capturable(model: nn.Module) -> None:
 # Losses
 
 
-def _logits(output: Any) -> torch.Tensor:
+def _logits(output: Any, logits_index: int | None = None) -> torch.Tensor:
+    """The logits in a model output: the output itself (a tensor), its ``.logits``, or the one tensor of a tuple.
+
+    A tuple or list holding several tensors (``(features, logits)``) is ambiguous: which one the logits are is
+    said by ``logits_index``, never guessed (taking the first would score the features as logits)."""
+    if logits_index is not None:
+        if not isinstance(output, (tuple, list)) or not -len(output) <= logits_index < len(output) \
+                or not isinstance(output[logits_index], torch.Tensor):
+            raise CaptureError(
+                f"logits_index={logits_index} does not name a tensor in the model output ({_describe(output)}); "
+                "pass the position of the logits in the tuple the model returns, or logits_index=None for a model "
+                "that returns the logits alone (or an output with .logits)"
+            )
+        return output[logits_index]
     if isinstance(output, torch.Tensor):
         return output
     logits = getattr(output, "logits", None)
     if isinstance(logits, torch.Tensor):
         return logits
-    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
-        return output[0]
+    if isinstance(output, (tuple, list)):
+        tensors = [i for i, item in enumerate(output) if isinstance(item, torch.Tensor)]
+        if len(tensors) == 1:
+            return output[tensors[0]]
+        if len(tensors) > 1:
+            shapes = ", ".join(f"[{i}] {tuple(output[i].shape)}" for i in tensors[:4])
+            raise CaptureError(
+                f"the model returns a {type(output).__name__} of {len(tensors)} tensors ({shapes}), so which one is "
+                "the logits is ambiguous; pass logits_index=<its position> (or loss_fn=(output, targets) -> "
+                "per-example losses), or wrap the model so that it returns the logits alone (as --arch needs)"
+            )
     raise CaptureError(
         f"cannot find logits in the model output of type {type(output).__name__}; pass loss_fn=(output, targets) -> "
         "per-example losses of shape (batch,)"
@@ -410,24 +541,116 @@ def _check_label_range(labels: torch.Tensor, classes: int, what: str, ignore: bo
         )
 
 
-def per_example_loss(output: Any, inputs: Any, targets: Any = None, task: str = "auto") -> torch.Tensor:
+def _class_names(model: nn.Module) -> list[str]:
+    return [cls.__name__ for cls in type(model).__mro__]
+
+
+def _causal_lm_class_names() -> set[str]:
+    """transformers' causal-LM classes (``AutoModelForCausalLM``'s table), by class name."""
+    try:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        return set()
+    names: set[str] = set()
+    for value in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values():
+        names.update([value] if isinstance(value, str) else value)
+    return names
+
+
+def _is_transformers_model(model: nn.Module) -> bool:
+    return any(cls.__module__.startswith("transformers.") for cls in type(model).__mro__)
+
+
+def _hf_loss_kind(model: nn.Module) -> str:
+    """``"token"`` for a transformers masked-LM or token classifier, ``"causal_lm"`` for a causal-LM class, else ""."""
+    if not _is_transformers_model(model):
+        return ""
+    names = _class_names(model)
+    if any(name.endswith(("ForMaskedLM", "ForTokenClassification")) for name in names):
+        return "token"
+    causal = _causal_lm_class_names()
+    if any(name in causal or name.endswith(("ForCausalLM", "LMHeadModel")) for name in names):
+        return "causal_lm"
+    return ""
+
+
+def causal_lm_problem(model: nn.Module) -> str:
+    """Why a next-token loss of ``model`` would be wrong ("" when nothing says so): its attention is bidirectional.
+
+    Read from the model's attention modules: transformers' attention layers carry ``is_causal`` (an encoder such
+    as BERT loaded as ``BertLMHeadModel`` without ``is_decoder=True`` has none that is True: every position sees
+    the tokens after it, so its next-token prediction reads the answer); without such flags, their ``is_decoder``
+    flags. A model with neither (a recurrent or state-space decoder, a plain module) is taken as it is.
+    """
+    flags = [m.is_causal for m in model.modules() if isinstance(getattr(m, "is_causal", None), bool)]
+    if not flags:
+        flags = [m.is_decoder for m in model.modules() if isinstance(getattr(m, "is_decoder", None), bool)]
+    if not flags or any(flags):
+        return ""
+    config = getattr(model, "config", None)
+    hint = " (an encoder: set config.is_decoder=True only if it was trained as a decoder)" \
+        if getattr(config, "is_decoder", None) is False else ""
+    return (f"{type(model).__name__} attends in both directions{hint}: every position sees the tokens after it, so "
+            "a next-token loss would score predictions that read the answer")
+
+
+def _resolve_task(model: nn.Module | None, task: str, logits: torch.Tensor) -> str:
+    """The loss ``task`` means for ``model`` and its logits: ``"auto"`` read from the model, refused when unclear.
+
+    2-D logits: a classifier. 3-D logits: a transformers masked-LM or token classifier scores each token as it is,
+    a transformers causal LM the next token; any other model must say which (``task=``): shifting the labels of a
+    token classifier, or not shifting those of a causal LM, would give a silently wrong q. A next-token loss of a
+    model whose attention is bidirectional is refused (:func:`causal_lm_problem`).
+    """
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+    if task == "auto":
+        if logits.ndim == 2:
+            return "classification"
+        if logits.ndim != 3:
+            raise CaptureError(f"cannot tell the task from logits of shape {tuple(logits.shape)}; pass task= or loss_fn=")
+        if model is None:  # per_example_loss without a model: the logits alone (its documented rule)
+            return "causal_lm"
+        kind = _hf_loss_kind(model)
+        if not kind:
+            raise CaptureError(
+                f"{type(model).__name__} returns per-token logits {tuple(logits.shape)} and is not a transformers "
+                "causal-LM, masked-LM or token-classification model, so whether its labels are next tokens is "
+                "unknown; pass task='causal_lm' (position t predicts token t+1) or task='token_classification' "
+                "(position t predicts its own label; also task='masked_lm')"
+            )
+        task = "masked_lm" if kind == "token" else "causal_lm"
+    if task == "causal_lm" and model is not None:
+        problem = causal_lm_problem(model)
+        if problem:
+            raise CaptureError(f"{problem}; capture it with task='masked_lm' and masked-LM labels, or use a causal LM")
+    return task
+
+
+def per_example_loss(output: Any, inputs: Any, targets: Any = None, task: str = "auto", *,
+                     model: nn.Module | None = None, logits_index: int | None = None) -> torch.Tensor:
     """Per-example losses ``(batch,)`` from a model output.
 
     * ``causal_lm`` (logits ``(b, T, V)``): mean next-token cross-entropy over each
       example's target tokens. ``targets`` follow the transformers ``labels``
       convention (aligned with the inputs, shifted here, ``-100`` ignored); the
-      default is the input ids. Positions with ``attention_mask == 0`` are ignored.
-      The loss is computed in the logits' precision (half precision in float32).
+      default is the input ids. Positions with ``attention_mask == 0`` are ignored:
+      their labels, and the pairs that start at one (with left padding, the last pad
+      followed by the first real token).
+    * ``masked_lm`` or ``token_classification`` (logits ``(b, T, C)``, labels ``(b, T)``,
+      ``-100`` where ignored): mean cross-entropy of each position's own label, not
+      shifted, over the example's labelled non-padding positions.
     * ``classification`` (logits ``(b, C)``): cross-entropy of each example's label
       (class indices ``(b,)`` or class probabilities ``(b, C)``).
+
+    The loss is computed in the logits' precision (half precision in float32).
+    ``task="auto"``: 2-D logits are a classifier's; 3-D logits are read from ``model``
+    (a transformers causal LM, masked LM or token classifier; refused for others), or
+    taken as a causal LM's when no ``model`` is given. ``logits_index``: the position
+    of the logits in a model output that is a tuple of several tensors.
     """
-    logits = _logits(output)
-    if task not in TASKS:
-        raise ValueError(f"task must be one of {TASKS}, got {task!r}")
-    if task == "auto":
-        task = "causal_lm" if logits.ndim == 3 else "classification" if logits.ndim == 2 else ""
-        if not task:
-            raise CaptureError(f"cannot tell the task from logits of shape {tuple(logits.shape)}; pass task= or loss_fn=")
+    logits = _logits(output, logits_index)
+    task = _resolve_task(model, task, logits)
     if task == "classification":
         if targets is None:
             raise CaptureError("a classifier needs targets (the labels of the batch) to define each example's loss")
@@ -437,6 +660,8 @@ def per_example_loss(output: Any, inputs: Any, targets: Any = None, task: str = 
         elif isinstance(targets, torch.Tensor) and logits.ndim == 2:
             _check_label_range(targets, logits.shape[-1], "targets (class labels)", ignore=False)
         return F.cross_entropy(logits, _as_long(targets), reduction="none")
+    if task in ("masked_lm", "token_classification"):
+        return _token_loss(logits, inputs, targets, task)
     # causal LM
     mask = inputs.get("attention_mask") if isinstance(inputs, Mapping) else None
     if targets is None:
@@ -461,6 +686,8 @@ def per_example_loss(output: Any, inputs: Any, targets: Any = None, task: str = 
     # contributes exactly 0 to the loss and to the logits' gradient. Each scored token's loss and gradient are
     # bit-identical to cross-entropy on the sliced logits[:, :-1].
     shifted = torch.cat([labels[:, 1:], labels.new_full((labels.shape[0], 1), IGNORE_INDEX)], dim=1)
+    if mask is not None:  # a padding position predicts nothing (left padding: the last pad precedes a real token)
+        shifted = shifted.masked_fill(mask.to(shifted.device) == 0, IGNORE_INDEX)
     token_loss = F.cross_entropy(
         _at_least_float32(logits).flatten(0, 1), shifted.flatten(), ignore_index=IGNORE_INDEX, reduction="none",
     ).view(shifted.shape)[:, :-1].contiguous()  # the T - 1 scored positions, summed below as before
@@ -471,6 +698,32 @@ def per_example_loss(output: Any, inputs: Any, targets: Any = None, task: str = 
             f"example(s) {empty[:10]} have no target token (fewer than 2 non-padding tokens), so their loss is undefined; "
             "drop them"
         )
+    return token_loss.sum(dim=1) / counts
+
+
+def _token_loss(logits: torch.Tensor, inputs: Any, targets: Any, task: str) -> torch.Tensor:
+    """Mean cross-entropy of each position's own label (masked LM, token classification): ``(b, T, C)`` → ``(b,)``."""
+    what = "masked-LM labels" if task == "masked_lm" else "token labels"
+    if not isinstance(targets, torch.Tensor) or targets.is_floating_point() or targets.dtype == torch.bool:
+        raise CaptureError(
+            f"{task} needs {what}: an integer tensor (batch, T) aligned with the inputs, -100 where a position is "
+            f"not scored (as transformers' labels); got {_describe(targets)}"
+        )
+    labels = _as_long(targets)
+    if logits.ndim != 3 or labels.shape != logits.shape[:2]:
+        raise CaptureError(f"{what} of shape {tuple(labels.shape)} do not match logits {tuple(logits.shape)}")
+    mask = inputs.get("attention_mask") if isinstance(inputs, Mapping) else None
+    if mask is not None:
+        labels = labels.masked_fill(mask.to(labels.device) == 0, IGNORE_INDEX)
+    _check_label_range(labels, logits.shape[-1], what, ignore=True)
+    token_loss = F.cross_entropy(
+        _at_least_float32(logits).flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="none",
+    ).view(labels.shape)
+    counts = (labels != IGNORE_INDEX).sum(dim=1)
+    empty = torch.nonzero(counts == 0).flatten().tolist()
+    if empty:
+        raise CaptureError(f"example(s) {empty[:10]} have no labelled non-padding position, so their loss is "
+                           "undefined; drop them")
     return token_loss.sum(dim=1) / counts
 
 
@@ -511,13 +764,16 @@ def _batch_rows(value: Any, batch: int, index: Any) -> Any:
     return _map_tensors(value, lambda tensor: tensor[index] if tensor.ndim and tensor.shape[0] == batch else tensor)
 
 
-def _check_options(reduction: Any, task: Any, loss_fn: Any) -> None:
+def _check_options(reduction: Any, task: Any, loss_fn: Any, logits_index: Any = None) -> None:
     if reduction not in REDUCTIONS:
         raise CaptureError(f"reduction must be one of {REDUCTIONS}, got {_describe(reduction)}")
     if task not in TASKS:
         raise CaptureError(f"task must be one of {TASKS}, got {_describe(task)}")
     if loss_fn is not None and not callable(loss_fn):
         raise CaptureError(f"loss_fn must be a function (output, targets) -> per-example losses, got {_describe(loss_fn)}")
+    if logits_index is not None and (not isinstance(logits_index, numbers.Integral) or isinstance(logits_index, bool)):
+        raise CaptureError(f"logits_index must be an int (the position of the logits in the model's output tuple) or "
+                           f"None, got {_describe(logits_index)}")
 
 
 def _check_flag(check_determinism: Any) -> None:
@@ -603,12 +859,13 @@ def _in_place_error(names: Sequence[str]) -> CaptureError:
     )
 
 
-def _gradients(model, modules: dict[str, nn.Module], inputs, targets, task, loss_fn) -> dict[str, torch.Tensor]:
+def _gradients(model, modules: dict[str, nn.Module], inputs, targets, task, loss_fn,
+               logits_index: int | None = None) -> dict[str, torch.Tensor]:
     """One forward pass and one backward pass down to the layers' outputs z: ∂(Σ_i ℓ_i)/∂z per layer (z's shape).
 
     Refuses what :func:`_forward_to_losses` refuses, and a layer whose output no gradient path links to the loss.
     """
-    zs, losses = _forward_to_losses(model, modules, inputs, targets, task, loss_fn)
+    zs, losses = _forward_to_losses(model, modules, inputs, targets, task, loss_fn, logits_index)
     with torch.enable_grad():
         grads = torch.autograd.grad(losses.sum(), zs, allow_unused=True)
     unreached = [name for name, grad in zip(modules, grads) if grad is None]
@@ -621,8 +878,8 @@ def _gradients(model, modules: dict[str, nn.Module], inputs, targets, task, loss
     return {name: grad.detach() for name, grad in zip(modules, grads)}
 
 
-def _forward_to_losses(model, modules: dict[str, nn.Module], inputs, targets, task,
-                       loss_fn) -> tuple[list[torch.Tensor], torch.Tensor]:
+def _forward_to_losses(model, modules: dict[str, nn.Module], inputs, targets, task, loss_fn,
+                       logits_index: int | None = None) -> tuple[list[torch.Tensor], torch.Tensor]:
     """One forward pass with gradients on: each layer's output z (in the order of ``modules``) and the per-example
     losses (batch,), ready for backward passes down to the zs.
 
@@ -647,6 +904,7 @@ def _forward_to_losses(model, modules: dict[str, nn.Module], inputs, targets, ta
     try:
         for name, module in modules.items():
             handles.append(module.register_forward_hook(make_hook(name)))
+        inputs = _positions_for_left_padding(model, inputs, task, loss_fn)
         with torch.enable_grad():
             try:
                 output = _call(model, inputs)
@@ -664,7 +922,11 @@ def _forward_to_losses(model, modules: dict[str, nn.Module], inputs, targets, ta
                         f"layer {name!r} {what} in one forward pass; an insertion point must be a submodule that runs "
                         "exactly once per forward"
                     )
-            losses = loss_fn(output, targets) if loss_fn is not None else per_example_loss(output, inputs, targets, task)
+            if loss_fn is not None:
+                losses = loss_fn(output, targets)
+            else:  # the task read from the model here, where the model is known
+                logits = _logits(output, logits_index)
+                losses = per_example_loss(logits, inputs, targets, _resolve_task(model, task, logits))
             if losses.ndim != 1:
                 raise CaptureError(f"per-example losses must have shape (batch,), got {tuple(losses.shape)}")
             bad = torch.nonzero(~torch.isfinite(losses.detach())).flatten().tolist()
@@ -699,7 +961,26 @@ def _determinism_tolerance(dtype: torch.dtype) -> float:
     return max(1e-5, 8 * torch.finfo(dtype).eps) if dtype.is_floating_point else 1e-5
 
 
-def _check_deterministic(model, modules, inputs, targets, task, loss_fn, grads: dict[str, torch.Tensor]) -> None:
+def _random_states() -> list[torch.Tensor]:
+    """The states of torch's default random number generators: the CPU one and each initialized CUDA device's."""
+    states = [torch.random.get_rng_state()]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states += torch.cuda.get_rng_state_all()
+    return states
+
+
+def _drew_random_numbers(before: list[torch.Tensor]) -> bool:
+    """Whether a default generator moved since ``before`` (:func:`_random_states`): something drew random numbers.
+
+    Every random operation in torch (dropout, ``bernoulli_``, ``rand*``) advances its device's generator, whatever
+    module or function calls it: the dependable sign that the forward is random, where the module flags miss a
+    functional call with ``training=True`` and a recomputation of one example sees a random drop only when it
+    happens to differ (stochastic depth of p = 0.1 keeps both copies of an example 81% of the time)."""
+    return any(not torch.equal(a, b) for a, b in zip(_random_states(), before))  # a device set up since: not compared
+
+
+def _check_deterministic(model, modules, inputs, targets, task, loss_fn, grads: dict[str, torch.Tensor],
+                         logits_index: int | None = None) -> None:
     """Recompute example 0 in a batch of copies of itself and compare its gradient with its row of the batch's.
 
     A per-example gradient does not depend on the rest of the batch, nor on the run; a forward that draws random
@@ -708,7 +989,8 @@ def _check_deterministic(model, modules, inputs, targets, task, loss_fn, grads: 
     """
     batch = next(iter(grads.values())).shape[0]
     try:
-        again = _gradients(model, modules, _take_first(inputs, batch), _take_first(targets, batch), task, loss_fn)
+        again = _gradients(model, modules, _take_first(inputs, batch), _take_first(targets, batch), task, loss_fn,
+                           logits_index)
     except CaptureError:
         raise
     except Exception as err:  # e.g. "Expected more than 1 value per channel when training" from F.batch_norm
@@ -741,7 +1023,7 @@ def _check_deterministic(model, modules, inputs, targets, task, loss_fn, grads: 
 
 
 def _capture(model, modules: dict[str, nn.Module], inputs, targets, reductions: tuple[str, ...], task, loss_fn,
-             check_determinism: bool = False) -> dict[str, dict[str, torch.Tensor]]:
+             check_determinism: bool = False, logits_index: int | None = None) -> dict[str, dict[str, torch.Tensor]]:
     """One forward and one backward pass; reduction → layer name → (batch, d) rows, every reduction from one gradient.
 
     The public callers have checked the reductions, task and loss (:func:`_check_options`)."""
@@ -750,7 +1032,15 @@ def _capture(model, modules: dict[str, nn.Module], inputs, targets, reductions: 
     targets = _targets_from_labels(inputs, targets)
     _check_batch(model, inputs, targets, loss_fn)
     inputs, targets = conform_batch(model, inputs, targets)
-    grads = _gradients(model, modules, inputs, targets, task, loss_fn)
+    before = _random_states() if check_determinism else None
+    grads = _gradients(model, modules, inputs, targets, task, loss_fn, logits_index)
+    if before is not None and _drew_random_numbers(before):
+        raise CaptureError(
+            "the model is not deterministic in eval mode: dropout or batch statistics in training mode? Its forward "
+            "drew random numbers (torch's random number generator moved during the capture), so q is random: look "
+            "for F.dropout(..., training=True), a random drop (stochastic depth) or torch.rand*/bernoulli in the "
+            "forward; nn.Dropout modules in eval mode are fine"
+        )
     out: dict[str, dict[str, torch.Tensor]] = {reduction: {} for reduction in reductions}
     for name, grad in grads.items():
         for reduction in reductions:
@@ -760,16 +1050,17 @@ def _capture(model, modules: dict[str, nn.Module], inputs, targets, reductions: 
                 raise CaptureError(f"non-finite activation gradient at {name!r} for example(s) {bad_rows[:10]}")
             out[reduction][name] = rows
     if check_determinism:
-        _check_deterministic(model, modules, inputs, targets, task, loss_fn, grads)
+        _check_deterministic(model, modules, inputs, targets, task, loss_fn, grads, logits_index)
     return out
 
 
 def _captures(model, modules: dict[str, nn.Module], batches: Iterable[Any], reductions: tuple[str, ...], task, loss_fn,
-              check_determinism: bool) -> Iterator[dict[str, dict[str, torch.Tensor]]]:
+              check_determinism: bool, logits_index: int | None = None) -> Iterator[dict[str, dict[str, torch.Tensor]]]:
     """:func:`_capture` of each batch in turn (``check_determinism`` on the first batch only)."""
     for index, batch in enumerate(batches):
         inputs, targets = _split_batch(batch)
-        yield _capture(model, modules, inputs, targets, reductions, task, loss_fn, check_determinism and index == 0)
+        yield _capture(model, modules, inputs, targets, reductions, task, loss_fn, check_determinism and index == 0,
+                       logits_index)
 
 
 def _reductions(reduction: Any) -> tuple[str, ...]:
@@ -791,6 +1082,7 @@ def activation_gradients(
     task: str = "auto",
     loss_fn: LossFn | None = None,
     check_determinism: bool = True,
+    logits_index: int | None = None,
 ) -> torch.Tensor | dict[str, torch.Tensor]:
     """Per-example activation gradients at ``layer`` from one forward and one backward pass.
 
@@ -804,8 +1096,15 @@ def activation_gradients(
             ``labels`` entry of a mapping ``inputs`` is used the same way (its ``-100``
             positions are left out of the loss); give labels one way only.
         reduction: ``"shared"`` (sum over positions) or ``"full"`` (keep positions).
-        task: ``"auto"`` (3-D logits → causal LM, 2-D → classifier), ``"causal_lm"``, ``"classification"``.
+        task: ``"auto"``: 2-D logits → classifier; 3-D logits → read from the model's class
+            (a transformers ``…ForCausalLM``/``…LMHeadModel`` → ``"causal_lm"``, ``…ForMaskedLM`` or
+            ``…ForTokenClassification`` → the unshifted per-token loss), refused for any other
+            model. Or explicitly ``"causal_lm"`` (position t predicts token t+1; refused for a model
+            whose attention is bidirectional), ``"masked_lm"``/``"token_classification"`` (each
+            position its own label, ``-100`` ignored), ``"classification"``.
         loss_fn: ``loss_fn(output, targets) -> (batch,)`` per-example losses, overriding ``task``.
+        logits_index: where the logits are in a model output that is a tuple of several
+            tensors (e.g. ``1`` for ``(features, logits)``); such an output is refused without it.
         check_determinism: recompute example 0 of the batch alone and refuse the capture if
             its gradient differs from its row of the batch's by more than rounding (a
             forward that draws random numbers or uses batch statistics despite eval mode).
@@ -827,9 +1126,10 @@ def activation_gradients(
     _check_model(model)
     check_not_compiled(model)  # before the names: a compiled model's are prefixed with "_orig_mod."
     modules = resolve_layers(model, layer)
-    _check_options(reduction, task, loss_fn)
+    _check_options(reduction, task, loss_fn, logits_index)
     _check_flag(check_determinism)
-    rows = _capture(model, modules, inputs, targets, (reduction,), task, loss_fn, check_determinism)[reduction]
+    rows = _capture(model, modules, inputs, targets, (reduction,), task, loss_fn, check_determinism,
+                    logits_index)[reduction]
     if isinstance(layer, str) and layer != "all":
         return rows[layer]
     return rows
@@ -844,21 +1144,23 @@ def iter_activation_gradients(
     task: str = "auto",
     loss_fn: LossFn | None = None,
     check_determinism: bool = True,
+    logits_index: int | None = None,
 ) -> Iterator[torch.Tensor | dict[str, torch.Tensor]]:
     """Yield :func:`activation_gradients` for each batch (one forward+backward per batch).
 
-    Each batch is a tensor, a mapping, or a pair ``(inputs, targets)``. Hooks live only
+    Each batch is a tensor, a mapping, or a pair ``(inputs, targets)``; the other arguments are
+    :func:`activation_gradients`'. Hooks live only
     during each batch's forward pass, so abandoning the iterator leaves the model clean.
     ``check_determinism`` checks the first batch only (one extra example's passes).
     """
     _check_model(model)
     check_not_compiled(model)
     modules = resolve_layers(model, layer)  # fail before the first batch
-    _check_options(reduction, task, loss_fn)
+    _check_options(reduction, task, loss_fn, logits_index)
     _check_flag(check_determinism)
     _check_batches(batches)
     single = isinstance(layer, str) and layer != "all"
-    for captured in _captures(model, modules, batches, (reduction,), task, loss_fn, check_determinism):
+    for captured in _captures(model, modules, batches, (reduction,), task, loss_fn, check_determinism, logits_index):
         rows = captured[reduction]
         yield rows[next(iter(modules))] if single else rows
 
@@ -873,6 +1175,7 @@ def accumulate_geometry(
     task: str = "auto",
     loss_fn: LossFn | None = None,
     check_determinism: bool = True,
+    logits_index: int | None = None,
     sketch_dim: int | None = None,
     seed: int = 0,
     device=None,
@@ -897,7 +1200,7 @@ def accumulate_geometry(
     modules = resolve_layers(model, layer)
     reductions = _reductions(reduction)
     for each in reductions:
-        _check_options(each, task, loss_fn)
+        _check_options(each, task, loss_fn, logits_index)
     _check_flag(check_determinism)
     _check_batches(batches)
     single = isinstance(layer, str) and layer != "all"
@@ -916,7 +1219,8 @@ def accumulate_geometry(
         bar = tqdm(total=examples, desc=desc, unit="ex", leave=False)
     seen = 0
     try:
-        for captured in _captures(model, modules, batches, reductions, task, loss_fn, check_determinism):
+        for captured in _captures(model, modules, batches, reductions, task, loss_fn, check_determinism,
+                                  logits_index):
             batch_size = len(next(iter(captured[reductions[0]].values())))
             take = batch_size if examples is None else min(examples - seen, batch_size)
             for each, rows in captured.items():

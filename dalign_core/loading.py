@@ -348,6 +348,12 @@ def load_model(source: ModelSource | str, *, device: str | torch.device = "cpu",
     except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as err:
         raise _load_error(source, err) from err
     _check_loading_info(model, info, f"{'folder' if source.local else 'model'} {source.spec!r}")
+    from dalign_core.hooks import causal_lm_problem  # transformers' own warning about it is silenced above
+
+    problem = causal_lm_problem(model)
+    if problem:
+        raise LoadError(f"{'folder' if source.local else 'model'} {source.spec!r} is not a causal language model: "
+                        f"{problem}; pass a causal LM (GPT-2, LLaMA, Pythia, ...)")
     return model.to(device).eval()
 
 
