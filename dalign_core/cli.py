@@ -552,7 +552,7 @@ def estimate(args: argparse.Namespace) -> list[dict]:
     owned = {}
     if args.redundancy_examples:  # is the q just measured a trained parameter's gradient?
         owned = _redundancy_by_layer(model, list(modules), sequences[:args.redundancy_examples], args.batch_size,
-                                     (args.reduction,))
+                                     (args.reduction,), progress=not args.quiet)
     wall = time.perf_counter() - start
     records = []
     for name, accumulator in accumulators.items():
@@ -591,12 +591,23 @@ def _read_sequences(args: argparse.Namespace, tokenizer, count: int, data_path: 
                                  split=args.dataset_split, text_field=args.text_field, mode=args.split_mode)
 
 
-def _redundancy_by_layer(model, layers: list[str], sequences, batch_size: int, reductions) -> dict:
-    """``(layer, reduction) -> row`` of :func:`dalign_core.redundancy.redundancy_rows` on ``sequences``."""
+def _with_progress(batches: list, desc: str, progress: bool = True):
+    """``batches`` behind a progress bar with an ETA on stderr (shown on a terminal only, never with --quiet)."""
+    from tqdm import tqdm
+
+    return tqdm(batches, desc=desc, unit="batch", leave=False, disable=None if progress else True)
+
+
+def _redundancy_by_layer(model, layers: list[str], sequences, batch_size: int, reductions,
+                         progress: bool = True) -> dict:
+    """``(layer, reduction) -> row`` of :func:`dalign_core.redundancy.redundancy_rows` on ``sequences`` (a progress
+    bar with an ETA on a terminal: the check takes most of an ``estimate`` on a large model)."""
     from dalign_core.loading import make_batches
     from dalign_core.redundancy import redundancy_rows
 
-    rows = redundancy_rows(model, layers, make_batches(sequences, batch_size, pad_id=0), reductions=reductions)
+    batches = _with_progress(make_batches(sequences, batch_size, pad_id=0),
+                             f"redundancy check ({len(sequences)} examples)", progress)
+    rows = redundancy_rows(model, layers, batches, reductions=reductions)
     return {(row["layer"], row["reduction"]): row for row in rows}
 
 
@@ -898,8 +909,8 @@ def rank(args: argparse.Namespace) -> list[dict]:
     rows = growth.point_rows(measured, names)
     owned = {}
     if args.redundancy_examples:
-        checked = redundancy_rows(model, layers, batches(0, min(n, args.redundancy_examples)),
-                                  reductions=(args.reduction,))
+        checked = redundancy_rows(model, layers, _with_progress(batches(0, min(n, args.redundancy_examples)),
+                                                                "redundancy check"), reductions=(args.reduction,))
         owned = {row["layer"]: row for row in checked}
     block_index = {name: i for i, name in enumerate(insertion_points(model))} if args.layer == "all" else {}
     for row in rows:

@@ -511,12 +511,15 @@ def run_jobs(folder: str | os.PathLike | None, jobs: Sequence[Job], compute: Cal
                     raise RuntimeError(f"jobs {missing} left no result in {store.folder}")
                 return results
         results = {}
+        kept = {job.name: store.get(job.name) for job in jobs}
+        progress = _workers.GridProgress([job for job in jobs if kept[job.name] is None])
         for job in jobs:
-            done = store.get(job.name)
+            done = kept[job.name]
             if done is not None:
                 log.info("reusing the finished job %s", job.name)
             else:
                 done = store.put(job.name, compute(job, None))
+                log.info("%s", progress.finished(job.name))
                 if finished is not None:
                     finished(job, store.get)
             results[job.name] = done
@@ -529,6 +532,7 @@ def run_jobs(folder: str | os.PathLike | None, jobs: Sequence[Job], compute: Cal
     assignments = plan(todo, ctx.world_size, speedup)
     for size in sorted({a.job.ranks for a in assignments if a.job.ranks > 1}):
         job_group(tuple(range(size)))  # every rank creates every block's group, in the same order
+    mine = _workers.GridProgress([a.job for a in assignments if a.ranks[0] == ctx.rank], label="its job")
     for assignment in assignments:
         if ctx.rank not in assignment.ranks:
             continue
@@ -538,6 +542,7 @@ def run_jobs(folder: str | os.PathLike | None, jobs: Sequence[Job], compute: Cal
         result = compute(job, job_group(assignment.ranks))
         if ctx.rank == assignment.ranks[0]:
             store.put(job.name, result)
+            log.info("rank %d: %s", ctx.rank, mine.finished(job.name))
             if finished is not None:
                 finished(job, store.get)
     barrier()

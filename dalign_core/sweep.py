@@ -831,7 +831,10 @@ def dry_run(config: SweepConfig, family: Family, steps: int = 2) -> str:
                             if min(share) < 1 else "")]
     total = 0.0
     training_seconds, measuring_seconds = {}, {}
-    for width in config.widths:
+    from tqdm import tqdm  # a width's timing takes minutes at the gpu profile: show progress with an ETA
+
+    for width in tqdm(config.widths, desc=f"dry run of {family.name}: timing each width", unit="width",
+                      disable=None):
         model = family.build(config, width, config.seed, splits).to(device)
         probe = TrainConfig(steps=steps, batch_size=config.batch_size, lr=min(config.lr_grid(width)),
                             seed=config.seed, autocast_dtype=config.autocast_dtype, progress=False,

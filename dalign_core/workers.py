@@ -59,8 +59,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-__all__ = ["WORKERS_VARIABLE", "THREADS_VARIABLE", "WorkerError", "cores", "threads", "count", "configure",
-           "settings", "reset", "run_pool"]
+__all__ = ["WORKERS_VARIABLE", "THREADS_VARIABLE", "WorkerError", "GridProgress", "cores", "threads", "count",
+           "configure", "settings", "reset", "run_pool"]
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +187,37 @@ def settings() -> dict[str, Any]:
 # ----------------------------------------------------------------------------- the pool
 
 
+class GridProgress:
+    """``job k of N`` lines with the time taken and an estimate of the time left, for a job grid's log.
+
+    The estimate scales the time so far by the planned cost still to come (:attr:`Job.cost`, relative
+    costs), so a grid whose widest models come first does not promise too early an end."""
+
+    def __init__(self, jobs: Sequence, label: str = "job"):
+        self.total, self.label = len(jobs), label
+        self.costs = {job.name: max(float(getattr(job, "cost", 1.0)), 0.0) for job in jobs}
+        self.total_cost = sum(self.costs.values()) or float(self.total)
+        self.done, self.done_cost = 0, 0.0
+        self.started = time.monotonic()
+
+    def finished(self, name: str) -> str:
+        """Count job ``name`` as done; return its line, e.g. ``job 3 of 16 done (N32_seed0): 4.1 min in, about
+        12 min left``."""
+        self.done += 1
+        self.done_cost += self.costs.get(name, 1.0) if self.costs else 1.0
+        elapsed = time.monotonic() - self.started
+        left = self.total_cost - self.done_cost
+        estimate = (f", about {_duration(elapsed * left / self.done_cost)} left"
+                    if self.done < self.total and self.done_cost > 0 else "")
+        return f"{self.label} {self.done} of {self.total} done ({name}): {_duration(elapsed)} in{estimate}"
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min" if seconds < 7200 else \
+        f"{seconds / 3600:.1f} h"
+
+
+
 PR_SET_PDEATHSIG = 1
 """prctl(2)'s option that sends this process a signal when its parent dies (Linux)."""
 WATCHDOG_SECONDS = 1.0
@@ -299,12 +330,15 @@ def run_pool(jobs: Sequence, compute: Callable, store, workers: int,
         except OSError:  # the worker is gone; its sentinel reports it
             pass
 
+    progress = GridProgress(order)
+
     def handle(index: int, message) -> None:
         kind, number, payload = message
         if kind == "done":
             job = order[number]
             if store.folder is None:
                 store.put(job.name, payload)
+            log.info("%s", progress.finished(job.name))
             if finished is not None:
                 finished(job, store.get)
         elif kind == "failed":

@@ -328,3 +328,30 @@ def test_workers_exit_when_their_parent_is_killed(tmp_path, monkeypatch, pdeaths
         for p in tmp_path.glob("worker-*"):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(p.name.split("-")[1]), signal.SIGKILL)
+
+
+# ---------------------------------------------------------------------------
+# The job grid says how far it is: "job k of N" with the time taken and left
+
+
+@pytest.mark.parametrize("count", [1, 2])
+def test_the_grid_logs_job_k_of_n_with_the_time_left(tmp_path, caplog, count):
+    import logging
+
+    with caplog.at_level(logging.INFO), deadline(120):
+        distributed.run_jobs(tmp_path / "jobs", JOBS, train_mlp, workers=count)
+    lines = [r.getMessage() for r in caplog.records if " of 6 done (" in r.getMessage()]
+    assert len(lines) == 6 and lines[-1].startswith("job 6 of 6 done") and "left" not in lines[-1]
+    assert all("left" in line for line in lines[:-1]) and all(" in" in line for line in lines)
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        distributed.run_jobs(tmp_path / "jobs", JOBS, train_mlp, workers=count)  # all kept: nothing to count
+    assert not any(" of 6 done" in r.getMessage() for r in caplog.records)
+
+
+def test_grid_progress_weighs_the_time_left_by_the_jobs_costs(monkeypatch):
+    clock = iter([0.0, 60.0, 120.0])
+    monkeypatch.setattr(workers.time, "monotonic", lambda: next(clock))
+    progress = workers.GridProgress([Job("wide", cost=3.0), Job("narrow", cost=1.0)])
+    assert progress.finished("wide") == "job 1 of 2 done (wide): 60 s in, about 20 s left"
+    assert progress.finished("narrow") == "job 2 of 2 done (narrow): 2.0 min in"
