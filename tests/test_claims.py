@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -48,14 +49,17 @@ def test_the_committed_cpu_results_are_judged_by_the_chapters_own_verdicts():
     assert llama["d_align rises with width (matched loss)"] == label(loss)
     assert llama["misalignment falls with width at fixed (M, K)"] == label(budget)
     assert llama["d_align from N = 512 to 3072"] == claims.NOT_RUN  # the paper's widths are not trained at cpu
-    if (CPU / "growth.csv").exists():  # the growth claim, ours: one row per family, growth.verdict's label
+    if (CPU / "growth.csv").exists():  # the growth claim, ours: one row per family, growth.decision's label
         grown = pd.read_csv(CPU / "growth.csv")
         scores = growth.score(grown, ["d_align", "grad_norm"])
         rows = table[table.claim == growth.CLAIM].set_index("scope")
         assert set(rows.paper.str.startswith("not a claim of the paper")) == {True}
         for family, name in FAMILY_NAMES.items():
-            judged = growth.verdict(scores, family=family)
-            assert rows.verdict[name] == label(judged) and f"{judged.slope:+.2f}" in rows.ours[name]
+            judged = growth.decision(grown, family=family)
+            assert rows.verdict[name] == label(judged) and judged.reason in rows.ours[name]
+            rho = growth.verdict(scores, family=family)  # the ρ difference, stated beside the decision, not judged
+            assert f"ρ difference (d_align − gradient norm) {rho.slope:+.2f}" in rows.ours[name]
+            assert not np.isfinite(rows.slope[name])  # a grid that shows slopes shows none for growth
 
 
 def _geometry(d512: float, d3072: float) -> pd.DataFrame:

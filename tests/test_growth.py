@@ -249,3 +249,63 @@ def test_a_family_without_sweep_results_is_not_run(tmp_path):
     assert facts["families"]["resnet"]["status"] == "not run"
     assert "resnet_width" in facts["families"]["resnet"]["reason"]
     assert tables["growth"].empty and list(tables["growth"].columns[:5]) == experiment.COLUMNS
+
+
+def _decision_table(gains: dict[str, list[float]], d: list[float], g: list[float], se: float = 0.01) -> pd.DataFrame:
+    rows = []
+    for m, gain in gains.items():
+        for i, value in enumerate(gain):
+            rows.append(dict(family="toy", model=m, seed=0, layer=f"l{i}", layer_index=i, d_align=d[i],
+                             grad_norm=g[i], budget_steps=10, gain=value, gain_lo=value - 12.706 * se,
+                             gain_hi=value + 12.706 * se, repeats=2))
+    return pd.DataFrame(rows)
+
+
+def test_the_decision_reads_regret_against_random_and_the_gradient_norm():
+    d, g = [1, 2, 3, 4], [4, 3, 2, 1]
+    # d_align's top point (the last) is the best in every model; the gradient norm's (the first) the worst
+    follows = _decision_table({f"m{k}": [0.1, 0.2, 0.3, 0.4 + 0.01 * k] for k in range(5)}, d, g)
+    judged = growth.decision(follows)
+    assert judged.label == "reproduced" and judged.models == 5
+    assert judged.regret["d_align"][0] == pytest.approx(0)
+    assert judged.regret["random"][0] == pytest.approx(np.mean([0.4 + 0.01 * k - np.mean([0.1, 0.2, 0.3,
+                                                                  0.4 + 0.01 * k]) for k in range(5)]))
+    assert judged.best_fixed == "last" and "always last" in judged.regret
+    # a win that comes only from the baseline running backwards: d_align no better than random
+    backwards = _decision_table({f"m{k}": [0.4 + 0.01 * k, 0.1, 0.3, 0.2] for k in range(5)}, [2, 4, 1, 3], g)
+    assert growth.decision(backwards).label != "reproduced"
+    # gains within their noise: the experiment cannot tell the points apart
+    noisy = _decision_table({f"m{k}": [0.1, 0.2, 0.3, 0.4] for k in range(5)}, d, g, se=0.5)
+    judged = growth.decision(noisy)
+    assert judged.label == "inconclusive" and "below their noise" in judged.reason
+    assert all(ratio < growth.NOISE_RATIO for _, ratio in judged.ratios)
+    # two points a model: no ranking to judge
+    two = _decision_table({f"m{k}": [0.1, 0.2] for k in range(5)}, d[:2], g[:2])
+    assert growth.decision(two).label == "not estimable"
+    # one model decides: leaving it out changes the label, so the label is inconclusive
+    fragile = _decision_table({**{f"m{k}": [0.1, 0.2, 0.3, 0.4] for k in range(2)}, "m2": [0.4, 0.3, 0.2, 0.1]},
+                              d, g)
+    assert growth.decision(fragile).label == "inconclusive"
+    assert "reproduced" in growth.decision(follows).sentence() and growth.decision(pd.DataFrame()).label == "not run"
+
+
+def test_the_decision_is_calibrated_at_the_committed_cpu_design():
+    """At the committed Pythia design (its models and points), with gains measured above their noise: gains that
+    follow d_align give "reproduced" most of the time; gains unrelated to d_align, or that only run against the
+    gradient norm (a baseline worse than random), at most 5% of the time."""
+    from pathlib import Path
+
+    from dalign_core.results import read_table
+
+    table, _ = read_table(Path(__file__).resolve().parents[1] / "results" / "cpu", "growth")
+    one = table[table.budget_steps == table.budget_steps.max()]
+    points = one.groupby(["family", "model", "seed", "depth"], dropna=False).layer.nunique()
+    pythia = points["pythia"].tolist()
+    assert len(pythia) >= 10 and min(pythia) >= growth.MIN_POINTS
+    effect = growth.simulate_decision(pythia, 0.8, trials=100)
+    assert effect.get("reproduced", 0) >= 0.8, effect
+    for kwargs in (dict(effect=0.0), dict(effect=0.0, backwards=0.8)):
+        found = growth.simulate_decision(pythia, trials=100, seed=1, **kwargs)
+        assert found.get("reproduced", 0) <= 0.05, (kwargs, found)
+    # below the noise gate the rule cannot say reproduced, whatever the effect
+    assert growth.simulate_decision(pythia, 0.8, ratio=0.8, trials=20).get("reproduced", 0) == 0
