@@ -97,17 +97,20 @@ def rerun_box(chapter: str, module: str | None, profile: str, provenance: dict |
              + (f" (without Jupyter: `python -m dalign_core.experiments.{module} --profile {profile} --force`)"
                 if module else "") + "."]
     cost = timings.fresh_run(chapter, profile)
-    if cost is None and provenance is None and seconds is not None and fresh:
-        cost = timings.Timing(chapter, profile, seconds, "measured", "chapter", note="this build of the page")
-    lines.append(f"A run from no checkpoint takes {cost.sentence()}." if cost is not None else
-                 "What a run from no checkpoint costs at this profile has not been measured.")
+    if cost is not None:
+        lines.append(f"A run from no checkpoint takes {cost.sentence()}.")
+    elif provenance is None and seconds is not None and fresh:
+        lines.append(f"A run from nothing takes what this build of the page took: {timings.duration(seconds)}.")
+        seconds = None  # said once
+    else:
+        lines.append("What a run from no checkpoint costs at this profile has not been measured.")
     if profile != "lab":
         lab = timings.fresh_run(chapter, "lab")
         if lab is not None:
             lines.append(f"At the classroom profile, `make notebooks ONLY={chapter} PROFILE=lab` takes "
                          f"{lab.sentence()}.")
     wall = provenance.get("wall_time_s") if provenance else seconds
-    if wall is not None:
+    if wall is not None and wall == wall:
         hardware = (provenance or {}).get("hardware", {})
         workers = hardware.get("workers")
         took = f"{wall:.0f} s" if wall < 60 else f"{wall / 60:.0f} min"

@@ -252,3 +252,42 @@ def _words(text: str) -> int:
     text = re.sub(r"\$\$.*?\$\$|\$[^$]*\$", " x ", text, flags=re.DOTALL)  # a formula reads as one word
     text = re.sub(r"```.*?```", " ", text, flags=re.DOTALL)
     return len(re.findall(r"[A-Za-z0-9][\w'’-]*", text))
+
+
+LAB_VARIANT_LIMIT_S = 600
+"""A lab variant of an exercise must fit a class's 10 minutes (by its chapter's recorded lab cost)."""
+
+
+def exercise_cost(chapters: str | list[str], lab_variant: str = "", what: str = "it reruns",
+                  variant_chapters: str | list[str] | None = None) -> str:
+    """The cost line of an exercise that reruns ``chapters`` (stems), as Markdown: their run from no checkpoint at
+    ``cpu`` and at ``lab`` (summed, from :func:`fresh_run`), then ``lab_variant`` (a command) with the lab cost it
+    stays within (that of ``variant_chapters``, by default ``chapters``), and whether that fits
+    :data:`LAB_VARIANT_LIMIT_S`.
+    """
+    stems = [chapters] if isinstance(chapters, str) else list(chapters)
+    parts = []
+    for profile in ("cpu", "lab"):
+        found = [fresh_run(stem, profile) for stem in stems]
+        known = [t for t in found if t is not None]
+        if not known:
+            parts.append(f"at `{profile}` not measured")
+            continue
+        total = sum(t.seconds for t in known)
+        projected = any(t.kind == "projected" for t in known)
+        text = f"{'≈ ' if projected else ''}{duration(total)}{' (projected)' if projected else ''}"
+        missing = [stem for stem, t in zip(stems, found) if t is None]
+        parts.append(f"at `{profile}` {text}" + (f" plus {', '.join(missing)} (not measured)" if missing else ""))
+    line = f"**Cost**: {what} {', '.join(stems)} from no checkpoint: {'; '.join(parts)}."
+    if lab_variant:
+        variant = stems if variant_chapters is None else (
+            [variant_chapters] if isinstance(variant_chapters, str) else list(variant_chapters))
+        lab = [fresh_run(stem, "lab") for stem in variant]
+        if all(t is not None for t in lab):
+            total = sum(t.seconds for t in lab)
+            fits = "fits a class's 10 minutes" if total <= LAB_VARIANT_LIMIT_S else "does not fit 10 minutes"
+            line += (f" **In class**: `{lab_variant}` trains no more than its lab run, {duration(total)}: "
+                     f"it {fits}.")
+        else:
+            line += f" **In class**: `{lab_variant}` (its lab cost is not measured)."
+    return line
