@@ -21,6 +21,13 @@ from dalign_core.config import REPO_ROOT
 from dalign_core.experiments import _runner, theory
 
 
+@pytest.fixture(autouse=True)
+def _restore_environment(monkeypatch):
+    """The command line sets $DALIGN_CHECKPOINTS (from --out) and $DALIGN_RANKS_PER_JOB in this process: undo."""
+    for name in ("DALIGN_CHECKPOINTS", "DALIGN_RANKS_PER_JOB"):
+        monkeypatch.delenv(name, raising=False)
+
+
 def _probe_compute(config, out_dir):
     return {"first": pd.DataFrame({"trials": [config.trials]}),
             "second": pd.DataFrame({"trials": [config.trials] * 2})}, {}
@@ -274,3 +281,60 @@ def test_a_download_is_announced(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="dalign"), pytest.raises(manifest.DataMissingError):
         manifest.fetch(probe, tmp_path, offline=True)
     assert not any("downloading" in r.getMessage() for r in caplog.records)  # offline: nothing is tried
+
+
+# ---------------------------------------------------------------------------
+# scripts/slurm_paper.sbatch: parses, and its commands and variables resolve (with stand-ins for Slurm)
+
+SBATCH = REPO_ROOT / "scripts" / "slurm_paper.sbatch"
+
+
+def test_the_slurm_script_parses_and_asks_slurm_for_what_it_needs():
+    assert subprocess.run(["bash", "-n", str(SBATCH)], capture_output=True).returncode == 0
+    directives = [line.split()[1] for line in SBATCH.read_text().splitlines() if line.startswith("#SBATCH")]
+    assert {"--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=8", "--cpus-per-task=64"} <= set(directives)
+
+
+def _fake_slurm(tmp_path: Path) -> dict[str, str]:
+    """``scontrol`` and ``srun`` stand-ins on PATH: srun records its arguments and the environment it got."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/bash\nprintf 'node-a\\nnode-b\\n'\n")
+    (bin_dir / "srun").write_text(
+        "#!/bin/bash\nprintf '%s\\n' \"$@\" > \"$RECORD/args\"\n"
+        "env | grep -E '^(CUBLAS_WORKSPACE_CONFIG|DALIGN_CHECKPOINTS|DALIGN_CACHE)=' | sort > \"$RECORD/env\"\n")
+    for tool in ("scontrol", "srun"):
+        (bin_dir / tool).chmod(0o755)
+    return {**{k: v for k, v in os.environ.items() if not k.startswith(("DALIGN_", "CUBLAS_"))},
+            "PATH": f"{bin_dir}:{os.environ['PATH']}", "RECORD": str(tmp_path), "SLURM_JOB_ID": "123456",
+            "SLURM_JOB_NODELIST": "node-[a-b]", "SLURM_JOB_NUM_NODES": "2", "SLURM_CPUS_PER_TASK": "64",
+            "SLURM_SUBMIT_DIR": str(REPO_ROOT)}
+
+
+def test_the_slurm_script_starts_one_torchrun_per_node_with_a_resolvable_command(tmp_path, capsys):
+    import importlib.util
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    env = {**_fake_slurm(tmp_path), "CORPUS": f"dir:{corpus}"}
+    done = subprocess.run(["bash", str(SBATCH)], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    args = (tmp_path / "args").read_text().splitlines()
+    assert args[:2] == ["--cpus-per-task=64", "--kill-on-bad-exit=1"]
+    python = Path(args[2])
+    assert python == REPO_ROOT / ".venv" / "bin" / "python" and args[3:5] == ["-m", "torch.distributed.run"]
+    assert importlib.util.find_spec("torch.distributed.run") is not None
+    assert "--nnodes=2" in args and "--nproc_per_node=8" in args and "--rdzv-id=123456" in args
+    assert f"--rdzv-endpoint=node-a:{20000 + 123456 % 10000}" in args  # the port comes from the job ID
+    experiment_args = args[args.index("-m", 4) + 1:]
+    module = experiment_args[0]
+    assert module == "dalign_core.experiments.llama_width" and importlib.util.find_spec(module) is not None
+    environment = dict(line.split("=", 1) for line in (tmp_path / "env").read_text().splitlines())
+    assert environment["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    assert environment["DALIGN_CHECKPOINTS"] == str(REPO_ROOT / "checkpoints")
+    # The experiment's own arguments (the corpus override, --ranks-per-job) are ones its command line accepts.
+    from dalign_core.experiments import llama_width
+
+    _runner.main(llama_width.Config, lambda *a, **k: None, argv=experiment_args[1:] + ["--print-config"])
+    printed = capsys.readouterr().out
+    assert f"corpus: dir:{corpus}" in printed and "profile: paper" in printed
