@@ -270,6 +270,7 @@ def _context_tables(folder, slopes: dict[int, float]):
                                      d_align=0.01 * sweep.context * width ** slopes[sweep.context]
                                      * (step + 1) ** -0.5 * 2.718 ** noise))
         part = pd.DataFrame(rows)
+        part = part.assign(d_par=part.d_align, d_2=part.d_align)
         mis = pd.DataFrame([dict(family="llama_context", model=f"m{w}-{s}", width=w, seed=s, context=sweep.context,
                                  layer="model.layers.0", setting="heldout/heldout", M=4, K=4, trials=1000,
                                  p_misalign=0.3 - 0.001 * w + 0.01 * s, p_misalign_lo=0.2, p_misalign_hi=0.4,
