@@ -338,3 +338,48 @@ def test_the_slurm_script_starts_one_torchrun_per_node_with_a_resolvable_command
     _runner.main(llama_width.Config, lambda *a, **k: None, argv=experiment_args[1:] + ["--print-config"])
     printed = capsys.readouterr().out
     assert f"corpus: dir:{corpus}" in printed and "profile: paper" in printed
+
+
+# ---------------------------------------------------------------------------
+# torchrun with a --ranks-per-job that does not fit: one line from rank 0, nothing from the others
+
+
+@pytest.mark.parametrize("spec", ["3", "16:3"])
+def test_ranks_per_job_that_does_not_divide_the_world_is_one_line_from_rank_0(monkeypatch, capsys, spec):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    ran = []
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("LOCAL_RANK", str(rank))
+        with pytest.raises(SystemExit) as exit_:
+            _runner.main(llama_width.Config, lambda *a, **k: ran.append(rank),
+                         argv=["--profile", "smoke", "--ranks-per-job", spec])
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        lines = [line for line in err.splitlines() if not line.startswith(("usage:", "  "))]
+        if rank == 0:
+            assert len(lines) == 1 and "do not divide the world size 2" in lines[0], err
+        else:
+            assert err == ""
+    assert not ran
+
+
+def test_ranks_per_job_that_does_not_divide_the_batch_is_refused(monkeypatch, capsys):
+    for name, value in (("WORLD_SIZE", "4"), ("LOCAL_WORLD_SIZE", "4"), ("RANK", "0"), ("LOCAL_RANK", "0")):
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit):
+        _runner.main(llama_width.Config, lambda *a, **k: None,
+                     argv=["--profile", "smoke", "--set", "batch_size=6", "--ranks-per-job", "4"])
+    assert "do not divide batch_size 6" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the refusal is for a machine without a GPU")
+def test_the_paper_profile_on_a_machine_without_a_gpu_is_one_line(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "DALIGN_WORKERS": "1"}
+    done = subprocess.run([sys.executable, "-m", "dalign_core.experiments.llama_width", "--profile", "paper",
+                           "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=300, env=env,
+                          cwd=tmp_path)
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("llama_width: error: ") and "sized for a GPU" in lines[0], lines
