@@ -772,8 +772,9 @@ def verdict_table(verdicts: dict, label: str) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=[label, "claim", "verdict", "slope [95%]", "detects"])
 
 
-REGIME_COLUMNS = ("depth", "dataset")
-"""The columns that tell a family's sibling sweeps apart (Pythia's depth regimes, ResNet's data sets)."""
+REGIME_COLUMNS = ("depth", "dataset", "context")
+"""The columns that tell a family's sibling sweeps apart (Pythia's depth regimes, ResNet's data sets, the context
+study's contexts)."""
 
 
 def summarize(results_dir: str | Path) -> str:
@@ -785,7 +786,7 @@ def summarize(results_dir: str | Path) -> str:
         family = runs_csv.name[: -len("_runs.csv")]
         runs, provenance = read_table(results_dir, f"{family}_runs")
         tables = {"runs": runs, **{name: read_table(results_dir, f"{family}_{name}")[0]
-                                   for name in ("lr", "trend", "misalignment")}}
+                                   for name in ("lr", "trend", "misalignment", "geometry")}}
         git = provenance.get("git", {})
         device = ", ".join(sorted({str(s.get("device")) for s in sweep_records(provenance)}))
         lines += [f"== {family} at profile {provenance.get('profile')}: {device}, "
@@ -802,7 +803,11 @@ def summarize(results_dir: str | Path) -> str:
                     index=False))
             lines += [describe_runs(runs), describe_learning_rates(part["lr"])]
             layer = misalignment.layer.iloc[0] if not misalignment.empty else ""
-            lines += ([v.sentence for v in width_verdicts(part["trend"], layer)] if layer else
+            scale = SCALE if len(runs) and at_this_scale(
+                family, sorted(runs.width.unique()), depth=regime if column == "depth" else None,
+                dataset=regime if column == "dataset" else None) else ""
+            lines += ([v.sentence for v in width_verdicts(part["trend"], layer, geometry=part["geometry"],
+                                                          family=family, scale=scale)] if layer else
                       ["No trend: nothing was measured."])
         lines.append("")
     for provenance_json in sorted(results_dir.glob("theory_*.json")):
