@@ -799,9 +799,42 @@ def _tensor_examples(spec: str, examples: int) -> tuple[torch.Tensor, torch.Tens
     return pair[0][:examples], pair[1][:examples]
 
 
+def _growth_evidence() -> str:
+    """One sentence: what this project's own growth results (the largest profile present) say of d_align as a guide
+    to where to grow, computed by :func:`dalign_core.growth.decision`; "none found" outside a checkout with results."""
+    from dalign_core import growth
+    from dalign_core.config import REPO_ROOT
+    from dalign_core.results import read_table
+
+    for profile in ("paper", "gpu", "cpu"):
+        try:
+            table, _ = read_table(REPO_ROOT / "results" / profile, "growth")
+        except (FileNotFoundError, ValueError, KeyError):
+            continue
+        if table.empty:
+            continue
+        judged = growth.decision(table)
+        return (f"the project's growth results ({profile} profile, {judged.of} grown models) say of d_align as a guide "
+                f"to where to grow: {judged.label} ({judged.reason}).")
+    return "no growth results of this project were found here: nothing says how well d_align guides growth."
+
+
+def _order_text(rows: list[dict], name: str, index: dict) -> str:
+    """The points by predictor ``name``, best first, "=" between exact ties and ">" otherwise."""
+    ranked = sorted(rows, key=lambda r: r[f"rank_{name}"])
+    text = str(index[ranked[0]["layer"]])
+    for before, after in zip(ranked, ranked[1:]):
+        tie = before[name] == after[name] or (math.isnan(before[name]) and math.isnan(after[name]))
+        text += (" = " if tie else " > ") + str(index[after["layer"]])
+    return text
+
+
 def format_ranking(rows: list[dict], names: list[str], owned: dict, n: int, reduction: str, confidence: float,
-                   width: int = 80) -> str:
-    """The ``dalign rank`` report: the points (with redundancy), the main predictors with intervals, the orders."""
+                   width: int = 80, evidence: str | None = None) -> str:
+    """The ``dalign rank`` report: the points (with redundancy), the main predictors with intervals, the recommended
+    point (d_align's first) and those whose d_align interval overlaps it, each predictor's order (exact ties as "=";
+    an order identical to d_align's named once, not repeated), and ``evidence``: what the project's growth results
+    say of d_align as a guide (default: :func:`_growth_evidence`)."""
     import textwrap
 
     from dalign_core.redundancy import REDUNDANT
@@ -834,14 +867,33 @@ def format_ranking(rows: list[dict], names: list[str], owned: dict, n: int, redu
                      [[str(i)] + [pm(row, name) for name, _ in shown] for i, row in enumerate(rows)],
                      ["r"] + ["r"] * len(shown))
     index = {row["layer"]: i for i, row in enumerate(rows)}
-    lines = ["order by each predictor (best first, by #; B_align: lowest first):"]
+    top = min(rows, key=lambda r: r["rank_d_align"])
+    lo, hi = top.get("d_align_lo"), top.get("d_align_hi")
+    if lo is None or hi is None or math.isnan(lo) or math.isnan(hi):
+        overlap = "its d_align has no interval here, so no other point is ruled out"
+    else:
+        close = [index[r["layer"]] for r in rows if r is not top and r.get("d_align_lo") is not None
+                 and not math.isnan(r["d_align_lo"]) and r["d_align_lo"] <= hi and r["d_align_hi"] >= lo]
+        overlap = (f"the d_align intervals of {', '.join(f'#{i}' for i in sorted(close))} overlap it: the data do "
+                   "not tell those points apart" if close else "no other point's d_align interval overlaps it")
+    recommended = f"recommended by d_align: #{index[top['layer']]} ({top['layer']}); {overlap}."
+    lines = ["order by each predictor (best first, by #; =: a tie; B_align: lowest first):"]
+    reference = _order_text(rows, "d_align", index)
+    same = []
     for name in names:
-        ranked = sorted(rows, key=lambda r: r[f"rank_{name}"])
+        text = _order_text(rows, name, index)
+        if name != "d_align" and text == reference:
+            same.append(_rank_label(name))
+            continue
         label = f"{_rank_label(name):<11} "
-        parts = textwrap.wrap(" > ".join(str(index[r["layer"]]) for r in ranked), width=width - len(label),
-                              break_on_hyphens=False)
+        parts = textwrap.wrap(text, width=width - len(label), break_on_hyphens=False)
         lines += [(label if k == 0 else " " * len(label)) + part for k, part in enumerate(parts)]
-    return "\n".join(textwrap.wrap(header, width)) + "\n" + points + "\n\n" + values + "\n\n" + "\n".join(lines)
+    if same:
+        lines += textwrap.wrap(f"same order as d_align: {', '.join(same)}", width)
+    evidence = _growth_evidence() if evidence is None else evidence
+    return ("\n".join(textwrap.wrap(header, width)) + "\n" + points + "\n\n" + values + "\n\n"
+            + "\n".join(textwrap.wrap(recommended, width)) + "\n" + "\n".join(lines) + "\n\n"
+            + "\n".join(textwrap.wrap(evidence, width)))
 
 
 def rank(args: argparse.Namespace) -> list[dict]:

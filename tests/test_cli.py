@@ -253,15 +253,21 @@ def test_layers_with_data_shows_each_blocks_redundancy(pythia_checkpoint, checkp
 
 
 def _rank_lines(printed: str) -> dict[str, list[str]]:
-    """The ``dalign rank`` orders: predictor label -> point numbers, best first (wrapped lines joined)."""
-    orders, label = {}, None
+    """The ``dalign rank`` orders: predictor label -> point numbers, best first (wrapped lines joined); an order the
+    command names as d_align's ("same order as d_align: ...") is d_align's."""
+    orders, label, same = {}, None, ""
     for line in printed.split("order by each predictor", 1)[1].splitlines()[1:]:
-        if not line.strip() or line.startswith("wrote"):
+        if not line.strip():
+            break  # the orders end at the first blank line (then: what the growth results say)
+        if line.startswith("same order as d_align:") or same:
+            same += line.split(":", 1)[-1] + " "
             continue
         if not line.startswith(" "):
             label, line = line.split()[0], line[len(line.split()[0]):]
             orders[label] = []
-        orders[label] += [cell for cell in line.replace(">", " ").split()]
+        orders[label] += [cell for cell in line.replace(">", " ").replace("=", " ").split()]
+    for name in (n.strip() for n in same.split(",") if n.strip()):
+        orders[name] = orders["d_align"]
     return orders
 
 
@@ -278,6 +284,8 @@ def test_rank_orders_the_blocks_of_a_saved_model(checkpoint, tmp_path, capsys):
                            "|grad|"}
     assert all(sorted(o) == ["0", "1", "2"] for o in orders.values())
     assert orders["d_align"] == orders["B_align@2"] == orders["B_align@8"]
+    assert "B_align@2" in printed.split("same order as d_align:", 1)[1]  # an order that repeats d_align's, named once
+    assert "recommended by d_align: #" in printed and "say of d_align as a guide" in " ".join(printed.split())
     table = pd.read_csv(out)
     assert list(table.layer) == ["model.layers.0", "model.layers.1", "model.layers.2"]
     for name in ("d_align", "grad_norm", "alignment_8", "b_align_8"):
@@ -290,6 +298,26 @@ def test_rank_orders_the_blocks_of_a_saved_model(checkpoint, tmp_path, capsys):
     assert main(["rank", "--model", str(folder), "--data", str(data), "--examples", "16", "--seq-len", "12",
                  "--budgets", "9"]) == 1
     assert "--budgets" in capsys.readouterr().err
+
+
+def test_rank_shows_ties_as_ties_and_names_the_points_it_cannot_separate():
+    from dalign_core.cli import format_ranking
+
+    def row(i, d, g):
+        return dict(layer=f"l{i}", d_align=d, d_align_lo=d - 0.01, d_align_hi=d + 0.01, grad_norm=g,
+                    grad_norm_lo=g, grad_norm_hi=g, mean_sq=1.0, mean_sq_lo=float("nan"), mean_sq_hi=float("nan"),
+                    alignment_4=1.0, alignment_4_lo=0.0, alignment_4_hi=2.0, b_align_4=-d)
+    rows = [row(0, 0.03, 2.0), row(1, 0.025, 2.0), row(2, 0.001, 1.0)]
+    names = ["d_align", "mean_sq", "alignment_4", "b_align_4", "grad_norm"]
+    for name in names:  # ranks as growth.point_rows gives them (ties: the given order)
+        for k, r in enumerate(sorted(rows, key=lambda r: -r[name] if name != "b_align_4" else r[name])):
+            r[f"rank_{name}"] = k + 1
+    text = format_ranking(rows, names, {}, 16, "shared", 0.95, evidence="growth: inconclusive (a reason).")
+    assert "recommended by d_align: #0 (l0); the d_align intervals of #1 overlap it" in " ".join(text.split())
+    orders = _rank_lines(text)
+    assert "|grad|      0 = 1 > 2" in text and "||mu||^2    0 = 1 = 2" in text
+    assert "same order as d_align: B_align@4" in text and orders["B_align@4"] == ["0", "1", "2"]
+    assert text.rstrip().endswith("growth: inconclusive (a reason).")
 
 
 def test_rank_warns_where_q_is_a_trained_bias_gradient(pythia_checkpoint, checkpoint, capsys):
