@@ -32,6 +32,20 @@ summary per run there is no within-run replication left for a seed effect to abs
 * ``inconclusive``  the interval holds both 0 and β*: this design cannot tell;
 * ``not run``       nothing to judge.
 
+**Each family's own claim.** The paper gives a number only for LLaMA; for Pythia and ResNet-20 it says
+"rises", so those are judged on the sign (``reference = SIGN``: contradicted when the interval lies below 0).
+
+**Matched loss without the clock.** Reading each run where its held-out loss crosses a common level
+(:func:`matched_loss_summaries`) mixes width with training time when wider runs get there earlier and
+log d_align moves along training at every width. :func:`clock_free_test` compares the runs at the same
+steps instead (a fixed effect per step, one summary per run) over the window where every width's loss
+passes the common level (:func:`clock_window`); :func:`clock_diagnostics` measures the crossing steps and
+the clock, and :func:`simulate_clock_labels` calibrates both readings on the committed runs' loss curves.
+
+**Not estimable.** Where the interval of ‖μ‖² holds 0 at most checkpoints a verdict reads
+(:func:`estimability`), log d_align has no estimate and any slope would be set by the floor under the log:
+the label is ``not estimable``. Elsewhere the verdicts leave a d_align of 0 out of its run's mean.
+
 **Power.** Every verdict states the smallest slope the design detects with 80% power
 (:func:`detectable_slope`): the δ·SE at which a noncentral t with n − 2 degrees of
 freedom and noncentrality δ exceeds t_{0.975} with probability 0.8. The seeds a sweep
