@@ -47,7 +47,7 @@ GROUPS = {
 FAMILIES = ("LLaMA", "Pythia", "ResNet-20")
 """The grid's columns: a scope's family is its name before the comma ("Pythia, 6 layers" -> Pythia)."""
 
-VERDICTS = ("reproduced", "partly", "inconclusive", "contradicted", "not reproduced", NOT_RUN)
+VERDICTS = ("reproduced", "partly", "inconclusive", "contradicted", "not reproduced", "not estimable", NOT_RUN)
 """Every label, in the order the headline lists them."""
 
 CHAPTER_NAMES = {"01_theory": "theory", "02_llama_width": "LLaMA", "03_pythia_width": "Pythia",
@@ -59,17 +59,18 @@ _SYMBOLS = (("d_align", "d<sub>align</sub>"), ("B_exact", "B<sub>exact</sub>"), 
 
 _STYLE = """
 <style>
-.dalign-claims { max-width: 100%; margin: 0.5rem 0 1rem; font-size: 0.85rem; line-height: 1.3; }
+.dalign-claims { max-width: 100%; margin: 0.5rem 0 1rem; font-size: 0.85rem; line-height: 1.25; }
 .dalign-claims table { width: 100%; table-layout: fixed; border-collapse: collapse; margin: 0; }
-.dalign-claims th, .dalign-claims td { padding: 0.2rem 0.35rem; vertical-align: top; text-align: left;
+.dalign-claims th, .dalign-claims td { padding: 0.15rem 0.35rem; vertical-align: top; text-align: left;
   border-bottom: 1px solid rgba(128, 128, 128, 0.35); overflow-wrap: anywhere; word-break: normal; }
 .dalign-claims thead th { font-weight: 600; border-bottom: 2px solid rgba(128, 128, 128, 0.6); }
-.dalign-claims col.claim { width: 34%; }
+.dalign-claims col.claim { width: 22%; }
+.dalign-claims .group-note { text-transform: none; letter-spacing: 0; font-weight: normal; }
 .dalign-claims th.group { padding-top: 0.45rem; font-size: 0.75rem; text-transform: uppercase; letter-spacing: 0.03em;
   opacity: 0.75; border-bottom: none; }
 .dalign-claims tr.regime th, .dalign-claims tr.regime td { font-size: 0.75rem; font-weight: normal; opacity: 0.9; }
 .dalign-claims tr.regime td div + div { margin-top: 0.1rem; }
-.dalign-claims .scope-label { display: block; }
+.dalign-claims .scope-label { display: block; margin-top: 0.1rem; }
 .dalign-claims .verdict { display: inline-block; margin: 0 0.2rem 0.1rem 0; padding: 0 0.4rem;
   border-radius: 0.8rem; font-size: 0.75rem; line-height: 1.4; font-weight: 600; white-space: normal;
   text-decoration: none; border: 1px solid transparent; }
@@ -85,6 +86,8 @@ _STYLE = """
 .dalign-claims .v-inconclusive { background: #e4e8ef; color: #27344a; border-color: #a8b3c4; }
 .dalign-claims .v-contradicted { background: #f9d5d3; color: #7f1d1d; border-color: #e08e88; }
 .dalign-claims .v-not-reproduced { background: #fbe0cc; color: #7c2d12; border-color: #e9a676; }
+.dalign-claims .v-not-estimable { background: #eee6f5; color: #4a2a6a; border-color: #b9a3cf; }
+html[data-theme="dark"] .dalign-claims .v-not-estimable { background: #33263f; color: #e2d3f2; border-color: #6e5389; }
 .dalign-claims .v-not-run { background: transparent; color: inherit; opacity: 0.65; border: 1px dashed #999; }
 html[data-theme="dark"] .dalign-claims .v-reproduced { background: #163d24; color: #b9efc8; border-color: #2f7a48; }
 html[data-theme="dark"] .dalign-claims .v-partly { background: #3f3410; color: #f6dd8a; border-color: #8a6f1d; }
@@ -93,6 +96,13 @@ html[data-theme="dark"] .dalign-claims .v-contradicted { background: #4a1b1b; co
 html[data-theme="dark"] .dalign-claims .v-not-reproduced { background: #47260f; color: #f7c9a6; border-color: #a0592a; }
 .dalign-claims details { margin-top: 0.75rem; }
 .dalign-claims summary { cursor: pointer; font-weight: 600; }
+/* On a wide screen the grid takes the room of the page's right-hand contents column (which the claims page does
+   without: book/_ext/dalign_publish.py), so that it stands on one screen. */
+@media (min-width: 1200px) {
+  #dalign-claims-grid { width: 136%; max-width: 136%; position: relative; z-index: 2; }
+  .bd-article .cell_output:has(#dalign-claims-grid), .bd-article .output:has(#dalign-claims-grid) {
+    overflow: visible; }
+}
 @media (max-width: 600px) {
   .dalign-claims table, .dalign-claims tbody, .dalign-claims tr, .dalign-claims td, .dalign-claims th { display: block;
     width: 100%; }
@@ -135,8 +145,9 @@ def _claim_html(claim: str) -> str:
     return text
 
 
-REGIME_COLUMNS = ("widths", "depth", "context", "train_tokens")
-"""The claims table's columns that state the regime a verdict was reached in (read when present)."""
+REGIME_COLUMNS = ("regime", "widths", "depth", "context", "image_size", "train_tokens")
+"""The claims table's columns that state the regime a verdict was reached in (read when present): ``regime`` in
+words, else the line is built from the others."""
 PAPER_REGIME_COLUMNS = ("paper_regime", "regime_paper", "paper_scale")
 """Where the claims table states the paper's regime for a row (the first of these it has)."""
 IMAGE_FAMILIES = ("ResNet-20",)
@@ -178,6 +189,9 @@ def _widths(value) -> str:
 def regime_text(row, family: str = "") -> str:
     """One line, "N = 32–256 (4 widths) · 2 layers · context 64 · 4.9M tokens", from a claims row's regime columns
     (any subset of :data:`REGIME_COLUMNS`; "" when it has none)."""
+    given = getattr(row, "regime", None)
+    if _present(given):  # the claims table states it in words
+        return str(given)
     image = family in IMAGE_FAMILIES
     parts = []
     widths, depth = getattr(row, "widths", None), getattr(row, "depth", None)
@@ -187,7 +201,9 @@ def regime_text(row, family: str = "") -> str:
     if _present(depth):
         parts.append(f"{_count(depth)} layers" if str(depth).replace(".", "", 1).isdigit() else str(depth))
     if _present(context):
-        parts.append(f"{'image' if image else 'context'} {context}")
+        parts.append(f"{'image' if image else 'context'} {_count(context)}")
+    if _present(getattr(row, "image_size", None)):
+        parts.append(f"{row.image_size} images")
     if _present(budget):
         parts.append(f"{_count(budget)} {'images' if image else 'tokens'} seen"
                      if str(budget).replace(".", "", 1).replace("e+", "", 1).isdigit() else str(budget))
@@ -203,23 +219,38 @@ def paper_regime_text(row) -> str:
     return ""
 
 
+def _at_this_scale(row) -> bool:
+    value = getattr(row, "at_this_scale", None)
+    if _present(value):
+        return str(value).strip().lower() in ("true", "1", "yes")
+    return "at this scale" in str(getattr(row, "shown", "") or "")
+
+
+def _slope_text(row) -> str:
+    value = getattr(row, "slope", math.nan)
+    if str(row.verdict) == NOT_RUN or not isinstance(value, (int, float)) or math.isnan(value):
+        return ""
+    lo, hi = getattr(row, "slope_lo", math.nan), getattr(row, "slope_hi", math.nan)
+    return f"{value:+.2f} [{lo:+.2f}, {hi:+.2f}]"
+
+
 def _label(row, link: bool, family_regime: dict[str, str] | None = None) -> str:
+    """One verdict of the grid: its scope's regime name, the coloured label (a star when it holds at this scale
+    only), the slope and its interval under it, and its own regime where it differs from its scope's."""
     verdict = str(row.verdict)
     shown = "not run" if verdict == NOT_RUN else verdict
+    star = "*" if verdict != NOT_RUN and _at_this_scale(row) else ""
     chapter = str(row.chapter) if isinstance(row.chapter, str) else ""
     css = f"verdict {verdict_class(verdict)}"
+    hidden = (f'<span class="visually-hidden">{" at this scale" if star else ""} '
+              f'({html.escape(CHAPTER_NAMES.get(chapter, chapter))} chapter)</span>') if chapter else ""
     if link and chapter:
-        label = (f'<a class="{css}" href="{html.escape(chapter)}.html">{html.escape(shown)}'
-                 f'<span class="visually-hidden"> ({html.escape(CHAPTER_NAMES.get(chapter, chapter))} '
-                 f'chapter)</span></a>')
+        label = f'<a class="{css}" href="{html.escape(chapter)}.html">{html.escape(shown)}{star}{hidden}</a>'
     else:
-        label = f'<span class="{css}">{html.escape(shown)}</span>'
+        label = f'<span class="{css}">{html.escape(shown)}{star}{hidden}</span>'
     regime = _regime(row.scope)
-    slope = ""
-    value = getattr(row, "slope", math.nan)
-    if verdict != NOT_RUN and isinstance(value, (int, float)) and not math.isnan(value):
-        lo, hi = getattr(row, "slope_lo", math.nan), getattr(row, "slope_hi", math.nan)
-        slope = f'<span class="slope">slope {value:+.2f} [{lo:+.2f}, {hi:+.2f}]</span>'
+    slope = _slope_text(row)
+    slope = f'<span class="slope">{slope}</span>' if slope else ""
     # A row reached in another regime than its scope's (shown in the regime row above) says so under its label.
     own = regime_text(row, _family(row.scope))
     header = (family_regime or {}).get(str(row.scope), own)
@@ -259,10 +290,12 @@ def _regime_rows(table: pd.DataFrame, families: list[str]) -> str:
         cells = []
         for family in families:
             scopes = [scope for scope in dict.fromkeys(table.scope) if _family(scope) == family and scope in ours]
-            inner = "".join(f"<div>{html.escape(_regime(scope) + ': ' if _regime(scope) else '')}"
+            inner = "".join(f"<div>{html.escape(_regime(scope) + ': ' if _regime(scope) and _regime(scope) not in ours[scope] else '')}"
                             f"{html.escape(ours[scope])}</div>" for scope in scopes)
             cells.append(f'<td class="family" data-family="{html.escape(family)}">{inner}</td>')
-        out.append(f'<tr class="regime"><th scope="row">Our regime (this profile)</th>{"".join(cells)}</tr>')
+        star = (" A star marks a verdict that holds at this scale only." if any(
+            _at_this_scale(row) for row in table.itertuples(index=False) if str(row.verdict) != NOT_RUN) else "")
+        out.append(f'<tr class="regime"><th scope="row">Our regime (this profile).{star}</th>{"".join(cells)}</tr>')
     if paper:
         cells = "".join(f'<td class="family" data-family="{html.escape(family)}">'
                         f'{html.escape(paper.get(family, ""))}</td>' for family in families)
@@ -270,16 +303,21 @@ def _regime_rows(table: pd.DataFrame, families: list[str]) -> str:
     return "\n".join(out)
 
 
-def _rows_html(table: pd.DataFrame, claims: list[str], families: list[str], link: bool) -> str:
+def _rows_html(table: pd.DataFrame, claims: list[str], families: list[str], link: bool,
+               judged_only: bool = False) -> str:
     out = []
     regimes = _scope_regimes(table)
+    if judged_only:  # the scopes not run for a judged claim are listed in the details below the grid
+        table = table[table.verdict != NOT_RUN]
     for group in list(GROUPS) + ["other"]:
         in_group = [claim for claim in claims if claim_group(claim) == group]
         if not in_group:
             continue
         name = GROUPS[group][0] if group in GROUPS else "other claims"
+        note = ('<span class="group-note"> · under each label: the slope of log d<sub>align</sub> (or logit p̂) '
+                "on log <i>N</i>, with its 95% interval</span>") if group == "width" and judged_only else ""
         out.append(f'<tr><th class="group" colspan="{1 + len(families)}">{html.escape(name[0].upper() + name[1:])}'
-                   "</th></tr>")
+                   f"{note}</th></tr>")
         for claim in in_group:
             rows = table[table.claim == claim]
             cells = []
@@ -297,7 +335,8 @@ def _table_html(table: pd.DataFrame, claims: list[str], families: list[str], lin
     cols = '<col class="claim">' + "<col>" * len(families)
     regime_rows = _regime_rows(table, families) if regimes else ""
     return (f"<table><colgroup>{cols}</colgroup><thead><tr><th scope=\"col\">Claim</th>{head}</tr></thead>"
-            f"<tbody>\n{regime_rows}\n{_rows_html(table, claims, families, link)}\n</tbody></table>")
+            f"<tbody>\n{regime_rows}\n{_rows_html(table, claims, families, link, judged_only=regimes)}\n"
+            "</tbody></table>")
 
 
 def _families(table: pd.DataFrame) -> list[str]:
@@ -351,13 +390,20 @@ def claims_details_html(table: pd.DataFrame, summary: str = "Every check in full
         parts.append(f"<h4>{_claim_html(claim)}</h4><dl>")
         for row in table[table.claim == claim].itertuples(index=False):
             verdict = str(row.verdict)
+            said = "not run" if verdict == NOT_RUN else str(row.shown) if _present(getattr(row, "shown", None)) else verdict
             parts.append(f'<dt>{html.escape(str(row.scope))}: <span class="verdict {verdict_class(verdict)}">'
-                         f'{html.escape("not run" if verdict == NOT_RUN else verdict)}</span></dt>')
+                         f'{html.escape(said)}</span></dt>')
             facts = []
             ours, paper = regime_text(row, _family(row.scope)), paper_regime_text(row)
             if ours or paper:
                 facts.append("<strong>Regime</strong>: " + html.escape(ours or "not stated")
                              + (f"; the paper's: {html.escape(paper)}" if paper else ""))
+            slope = _slope_text(row)
+            if slope:
+                detect = getattr(row, "detectable", math.nan)
+                facts.append(f"<strong>Slope</strong>: slope {slope} on log <i>N</i>"
+                             + (f" (detects ≥ {detect:.2f})" if isinstance(detect, float) and detect == detect
+                                else ""))
             for column, title in DETAIL_COLUMNS:
                 value = getattr(row, column, None)
                 if column == "rule" or not _present(value):

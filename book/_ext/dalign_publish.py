@@ -71,6 +71,20 @@ def repository_url(config_url: str) -> str:
     return url.removesuffix(".git").rstrip("/")
 
 
+WIDE_PAGES = ("chapters/06_claims",)
+"""Pages without the right-hand contents column: their grid takes its room (dalign_core.claims_page)."""
+
+
+def widen_pages(app, config) -> None:
+    """No right-hand contents column on :data:`WIDE_PAGES` (the theme's ``secondary_sidebar_items`` by page)."""
+    options = config.html_theme_options
+    items = options.get("secondary_sidebar_items", ["page-toc"])
+    default = items.get("**", ["page-toc"]) if isinstance(items, dict) else items
+    by_page = dict(items) if isinstance(items, dict) else {"**": list(default)}
+    by_page.update({page: [] for page in WIDE_PAGES})
+    options["secondary_sidebar_items"] = by_page
+
+
 def set_repository(app, config) -> None:
     """Fill in the theme's repository address (see the module docstring); without one, show no buttons."""
     options = config.html_theme_options
@@ -100,6 +114,7 @@ def launch_from_notebooks(app, pagename, templatename, context, doctree) -> None
 
 def setup(app):
     app.connect("config-inited", set_repository)
+    app.connect("config-inited", widen_pages)
     app.connect("html-page-context", launch_from_notebooks, priority=900)
     app.connect("build-finished", copy_mathjax)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
