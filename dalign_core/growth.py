@@ -52,10 +52,20 @@ removed, parameters, buffers, ``requires_grad`` and mode as they were.
 * ``hit``: whether the point the predictor ranks first has the largest gain;
 * ``regret``: the largest gain minus the gain at the predictor's first point (≥ 0).
 
-**Verdict** (:func:`verdict`), a rule that can go either way, in the spirit of
-:mod:`dalign_core.trend`: per model ``Δ = ρ(d_align) − ρ(grad_norm)``; over models the
-mean of Δ with its t interval; above 0 ``reproduced``, below 0 ``contradicted``, holding
-0 ``inconclusive``; fewer than 2 models with both correlations ``not run``.
+**Decision** (:func:`decision`), the claim the claims table judges (:data:`CLAIM`): among
+models with at least :data:`MIN_POINTS` points whose gains stand above their noise
+(:func:`noise`: spread across points ≥ :data:`NOISE_RATIO` standard errors of one point's
+gain), the regret of d_align's choice against a random choice (its expectation), the
+gradient norm's and fixed rules' (:func:`regrets`), with t intervals over models; both
+advantages above 0 ``reproduced``, either below ``contradicted``, else ``inconclusive``,
+also when one model left out changes the label. :func:`simulate_decision` runs it on
+simulated gains at a given design.
+
+**ρ difference** (:func:`verdict`), shown beside the decision and not judged: per model
+``Δ = ρ(d_align) − ρ(grad_norm)``; over models the mean of Δ with its t interval; above 0
+``reproduced``, below 0 ``contradicted``, holding 0 ``inconclusive``; fewer than 2 models
+with both correlations ``not run``. A baseline that runs backwards makes Δ favour d_align
+without d_align beating chance, which is why the decision reads regrets against random.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from dalign_core.intervention_report import FAMILY_NAMES, PAPER_RETENTION, Z_BIN
 from dalign_core.plots import COLUMN_WIDTH, _empty, _legend_below, log_ticks
 
 __all__ = ["retention_curves", "conditional_by_step", "curvature_check", "sign_by_size",
-           "rates_beside_certificates"]
+           "rates_beside_certificates", "out_of_sample_curves"]
 
 KIND_NAMES = {"bias": "shared bias", "block": "zero-output block"}
 
@@ -54,7 +54,7 @@ def retention_curves(table: pd.DataFrame, low: float = -0.5) -> plt.Figure:
         ax.set_ylim(low, 1.5)
         ax.set_title(KIND_NAMES[kind])
         ax.set_xlabel(r"step $\delta$ (train-loss decrease, nats)")
-    axes[0].set_ylabel(r"retention $\Delta L_K / (-\eta\,\langle G_M, G_K\rangle)$")
+    axes[0].set_ylabel("retention on K (Taylor's theorem)\n" r"$\Delta L_K / (-\eta\,\langle G_M, G_K\rangle)$")
     _legend_below(fig, axes, ncols=4)
     return fig
 
@@ -179,4 +179,45 @@ def rates_beside_certificates(frame: pd.DataFrame) -> plt.Figure:
     axes[0].legend(fontsize=8.5, loc="upper left")
     if len(covered):
         axes[1].legend(loc="lower right")
+    return fig
+
+
+def out_of_sample_curves(curve: pd.DataFrame, low: float = -0.5, high: float = 1.5) -> plt.Figure:
+    """Retention out of sample against δ (an :func:`~dalign_core.intervention_report.out_of_sample_retention`
+    frame), one panel per family: ΔL_E over the prediction from g_K (solid, with its interval over models) and from
+    μ_M (dotted) beside ΔL_K over the prediction from g_K (dashed: the same-sample curve, Taylor's theorem). Steps
+    stated as fractions of one optimizer step are the open markers, at their median δ. Shared-bias steps; the
+    retention study's float64 steps where it measured E, else the sign study's train/held-out steps."""
+    families = sorted(set(curve.family)) if len(curve) else []
+    fig, axes = plt.subplots(1, max(len(families), 1), figsize=(COLUMN_WIDTH, 3.2), sharey=True, squeeze=False)
+    axes = axes[0]
+    if not families:
+        _empty(axes[0], "no step measured on E")
+        return fig
+    for ax, family in zip(axes, families):
+        part = curve[curve.family == family]
+        part = part[part.source == "retention"] if (part.source == "retention").any() else \
+            part[part.setting == "train/heldout"]
+        grid = part[part.step_fraction.isna()].sort_values("train_decrease")
+        ax.axhspan(*PAPER_RETENTION, color="0.85", zorder=0, label="paper: 96–99%")
+        ax.axhline(1.0, color="0.4", lw=0.8)
+        ax.plot(grid.train_decrease, grid.same_sample.clip(low, high), ls="--", color="0.3", marker=".",
+                label="on K (Taylor's theorem)")
+        ax.fill_between(grid.train_decrease, grid.from_g_lo.clip(low, high), grid.from_g_hi.clip(low, high),
+                        color="C0", alpha=0.2, lw=0)
+        ax.plot(grid.train_decrease, grid.from_g.clip(low, high), color="C0", marker="o", ms=3,
+                label=r"on E, predicted from $g_K$")
+        ax.plot(grid.train_decrease, grid.from_mu.clip(low, high), color="C1", ls=":", marker="s", ms=3,
+                label=r"on E, predicted from $\mu_M$")
+        fractions = part[part.step_fraction.notna()]
+        if len(fractions):
+            ax.scatter(fractions.train_decrease, fractions.from_g.clip(low, high), facecolors="none",
+                       edgecolors="C0", s=30, label="fraction of an optimizer step")
+        ax.set_xscale("log")
+        log_ticks(ax.xaxis, part.train_decrease)
+        ax.set_ylim(low, high)
+        ax.set_title(FAMILY_NAMES.get(family, family))
+        ax.set_xlabel(r"step $\delta$ (nats)")
+    axes[0].set_ylabel("median retention")
+    _legend_below(fig, axes, ncols=3)
     return fig

@@ -30,7 +30,15 @@ at every smaller δ; *partly* when it is within 10 % of 1 at the smallest δ but
 96-99 % (the curvature along the step is negative, or the grid steps over the band); *not
 reproduced* otherwise; *inconclusive* when no draw predicted a decrease. The verdict names
 the δ where retention lies within 96-99 % and the first δ where first order breaks (beyond
-10 %).
+10 %). That curve is Taylor's theorem on K and cannot fail; the claims table reads retention
+*out of sample* (:func:`out_of_sample_retention`, :func:`out_of_sample_verdict`): ΔL_E over
+the first-order prediction from g_K, at the smallest δ where first order holds on K.
+
+**The sign as a prediction** (:func:`sign_prediction`, the claims table's rule): per family
+and setting, P(ΔL_E < 0 | μ_Mᵀg_K > 0), P(ΔL_E < 0 | ≤ 0), their difference and the AUC of
+μ_Mᵀg_K for a fall, with intervals that resample models; the sign predicts only where the
+difference lies above 0 (:func:`prediction_label`). :func:`simulate_prediction_verdict` runs
+the rule at a design.
 """
 
 from __future__ import annotations
@@ -48,7 +56,10 @@ __all__ = ["PAPER_RETENTION", "Z_BINS", "SIGN_BANDS", "FIRST_ORDER_TOLERANCE", "
            "conditional_decrease", "agreement", "sign_agreement", "retention_curve", "retention_verdict",
            "sign_verdict", "sign_design", "simulate_sign_verdict", "describe_sign_calibration", "block_explained",
            "theory_vs_observation", "describe_retention", "describe_sign", "describe_steps", "describe_lowest_bin",
-           "describe_positive_share", "FAMILY_NAMES"]
+           "describe_positive_share", "FAMILY_NAMES", "PREDICTION_MARGIN", "SETTING_NAMES", "prediction_label",
+           "sign_prediction", "prediction_design", "simulate_prediction_verdict", "describe_prediction",
+           "describe_prediction_calibration", "out_of_sample_steps", "out_of_sample_retention",
+           "out_of_sample_verdict", "describe_out_of_sample"]
 
 PAPER_RETENTION = (0.96, 0.99)
 CLOSE_TO_ONE = 0.04
