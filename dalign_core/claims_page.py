@@ -446,3 +446,27 @@ def headline_text(table: pd.DataFrame, profile: str) -> str:
         lines.append(f"- **{name[0].upper() + name[1:]}** ({total} claim × scope "
                      f"check{'s' if total > 1 else ''}): {text}.")
     return "\n".join(lines)
+
+
+def chapter_verdicts_markdown(chapter: str, results_dir) -> str:
+    """The verdicts of the claims table in ``results_dir`` that rest on ``chapter``, as a Markdown list for its
+    takeaways ("- d_align rises with width (matched steps), Pythia, 6 layers: **inconclusive at this scale**"), or
+    one sentence saying where they will be once the claims chapter has judged this profile."""
+    from pathlib import Path
+
+    path = Path(results_dir) / "claims.csv"
+    table = pd.read_csv(path) if path.is_file() else pd.DataFrame(columns=["claim", "scope", "verdict", "chapter"])
+    rows = table[(table.chapter == chapter) & (table.verdict != NOT_RUN)]
+    if not len(rows):
+        return ("The claims chapter states this chapter's verdicts once it has judged this profile's results "
+                "({doc}`06_claims`).")
+    lines = []
+    for row in rows.itertuples(index=False):
+        said = str(row.shown) if _present(getattr(row, "shown", None)) else str(row.verdict)
+        claim = str(row.claim)
+        for plain, math_text in (("d_align", "$d_{\\mathrm{align}}$"), ("B_exact", "$B_{\\mathrm{exact}}$"),
+                                 ("B_align", "$B_{\\mathrm{align}}$"), ("(M, K)", "$(M, K)$")):
+            claim = claim.replace(plain, math_text)
+        lines.append(f"- {claim} ({row.scope}): **{said}**")
+    return ("The verdicts this chapter's results give, as the claims chapter ({doc}`06_claims`) judged them at "
+            "this profile:\n\n" + "\n".join(lines))
