@@ -53,8 +53,14 @@ def _chapters() -> list[str]:
 
 def _notebook(stem: str) -> Path:
     """The executed chapter where it exists (its generated sentences and figures count), else the source."""
-    executed = BOOK / "chapters" / f"{stem}.ipynb"
-    return executed if executed.is_file() else BOOK.parent / "notebooks" / f"{stem}.ipynb"
+    from dalign_core.config import REPO_ROOT
+
+    for path in (BOOK / "chapters" / f"{stem}.ipynb", BOOK.parent / "notebooks" / f"{stem}.ipynb",
+                 REPO_ROOT / "notebooks" / f"{stem}.ipynb"):  # a copy of book/ (the browser test) has no notebooks/
+        if path.is_file():
+            return path
+    raise FileNotFoundError(f"course table: no notebook {stem}.ipynb in book/chapters/ or notebooks/; "
+                            "run make notebooks")
 
 
 def _title(path: Path) -> str:
@@ -107,7 +113,8 @@ class CourseTable(Directive):
     def run(self):
         lines = yaml.safe_load("\n".join(self.content)) or {}
         rows = []
-        for number, stem in enumerate(_chapters(), start=1):
+        for stem in _chapters():
+            number = int(stem.split("_")[0])  # the chapters call each other by their file's number
             path = _notebook(stem)
             link = nodes.paragraph()
             ref = nodes.reference("", "", internal=True, refuri=f"chapters/{stem}.html")
@@ -137,7 +144,7 @@ class CoursePlan(Directive):
                 raise self.error(f"course-plan: {unknown} are not chapters of _toc.yml ({', '.join(chapters)})")
             reading = sum(timings.reading_minutes(_notebook(stem)) for stem in read)
             costs = [timings.fresh_run(stem, "lab") for stem in session.get("in_class", [])]
-            runs = ", ".join(f"{chapters.index(stem) + 1} ({timing.short() if timing else 'not measured'})"
+            runs = ", ".join(f"{int(stem.split('_')[0])} ({timing.short() if timing else 'not measured'})"
                              for stem, timing in zip(session.get("in_class", []), costs))
             total = sum(t.seconds for t in costs if t) if costs and all(costs) else math.nan
             in_class = nodes.paragraph()
@@ -149,7 +156,7 @@ class CoursePlan(Directive):
             else:
                 in_class += nodes.Text("nothing (read the committed cpu results)")
             rows.append([str(session.get("session", "")),
-                         ", ".join(str(chapters.index(stem) + 1) for stem in read) + f" ({reading} min reading)",
+                         ", ".join(str(int(stem.split("_")[0])) for stem in read) + f" ({reading} min reading)",
                          str(session.get("exercises", "")), in_class, str(session.get("note", ""))])
         return [_table(["dalign-plan"], ["Session", "Chapters", "Exercises", "Runs at lab in class", "Goal"], rows,
                        [14, 16, 16, 30, 24])]
