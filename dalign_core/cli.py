@@ -79,13 +79,16 @@ def build_parser() -> argparse.ArgumentParser:
             "certificates B_exact, B_align for budgets M (train) and K (test)."
         ),
     )
-    est.add_argument("--model", required=True, help="local checkpoint folder (save_pretrained output) or Hugging Face id")
+    est.add_argument("--model", required=True,
+                     help="local checkpoint folder (save_pretrained output) or Hugging Face id; with --arch, a state "
+                          "dict file (.pt or .safetensors) for the model --arch builds")
     est.add_argument("--revision", default=None,
                      help="checkpoint revision: a Hub branch, tag or commit (e.g. step1000), or for a local folder "
                           "its subfolder <model>/<revision>/ (default: the model's main checkpoint)")
     est.add_argument("--layer", required=True,
                      help="module path as in model.named_modules() (e.g. model.layers.1), several separated by commas, "
                           "or 'all' for every residual block")
+    _add_arch_options(est)
     _add_data_options(est, required=True)
     est.add_argument("--examples", "-n", type=int, required=True, help="number of examples (sequences), at least 5")
     est.add_argument("--m", type=float, default=None, help="train budget M for the certificates (default: N)")
@@ -104,8 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
 
     lay = sub.add_parser("layers", help="list a model's residual blocks (insertion points)")
-    lay.add_argument("--model", required=True, help="local checkpoint folder or Hugging Face id")
+    lay.add_argument("--model", required=True,
+                     help="local checkpoint folder or Hugging Face id; with --arch, a state dict file")
     lay.add_argument("--revision", default=None, help="checkpoint revision (Hub branch or local subfolder)")
+    _add_arch_options(lay)
     lay.add_argument("--all-modules", action="store_true", help="list every named module, not only residual blocks")
     _add_data_options(lay, required=False)
     lay.add_argument("--redundancy-examples", type=int, default=64,
@@ -119,11 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="local checkpoint folder or Hugging Face id of a causal LM; with --arch, a state dict "
                            "file (.pt or .safetensors) for the model --arch builds")
     rank.add_argument("--revision", default=None, help="checkpoint revision (Hub branch or local subfolder)")
-    rank.add_argument("--arch", default=None, metavar="MODULE:CALLABLE",
-                      help="build the model by calling this (e.g. torchvision.models:resnet18); --data is then a .pt "
-                           "file holding {'inputs': tensor, 'targets': tensor}")
-    rank.add_argument("--arch-kwargs", default="{}", metavar="JSON",
-                      help="keyword arguments of --arch as JSON (e.g. '{\"num_classes\": 10}')")
+    _add_arch_options(rank)
     _add_data_options(rank, required=True)
     rank.add_argument("--layer", default="all", help="insertion points, separated by commas (default: all blocks)")
     rank.add_argument("--examples", "-n", type=int, default=64,
@@ -141,6 +142,26 @@ def build_parser() -> argparse.ArgumentParser:
     rank.add_argument("--csv", type=_out_file, default=None,
                       help="write every number to this CSV file (atomically; never over an input or a non-CSV file)")
     return parser
+
+
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+"""The normalization torchvision's pretrained models expect (``--normalize imagenet``)."""
+
+
+def _add_arch_options(parser: argparse.ArgumentParser) -> None:
+    """``--arch`` (any nn.Module a callable builds) and how an image folder given as ``--data`` is read."""
+    parser.add_argument("--arch", default=None, metavar="MODULE:CALLABLE",
+                        help="build the model by calling this (e.g. torchvision.models:resnet18) and load --model, a "
+                             "state dict, into it; --data is then a .pt file holding {'inputs': tensor, 'targets': "
+                             "tensor} or an image folder (torchvision ImageFolder: one subfolder per class)")
+    parser.add_argument("--arch-kwargs", default="{}", metavar="JSON",
+                        help="keyword arguments of --arch as JSON (e.g. '{\"num_classes\": 10}')")
+    parser.add_argument("--image-size", type=int, default=224,
+                        help="with --arch and an image folder: each image is resized (shorter side) and center-"
+                             "cropped to this many pixels (default: 224)")
+    parser.add_argument("--normalize", choices=("imagenet", "none"), default="imagenet",
+                        help="with --arch and an image folder: subtract ImageNet's channel means and divide by its "
+                             "standard deviations, as torchvision's pretrained models expect (default), or not")
 
 
 def _add_data_options(parser: argparse.ArgumentParser, required: bool) -> None:
@@ -321,8 +342,8 @@ def _check_numbers(args: argparse.Namespace) -> None:
     """Refuse numeric options out of range, before anything is loaded."""
     if args.examples < 5:
         raise ValueError(f"--examples must be at least 5 (the intervals need n >= 5), got {args.examples}")
-    if args.seq_len < 2:
-        raise ValueError(f"--seq-len must be at least 2 (a next-token loss needs two tokens), got {args.seq_len}")
+    if args.arch is None:
+        _check_seq_len(args)
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
     if args.sketch_dim is not None and args.sketch_dim < 1:
@@ -516,6 +537,8 @@ def estimate(args: argparse.Namespace) -> list[dict]:
 
     _check_numbers(args)
     device = resolve_device(args.device)
+    if args.arch is not None:
+        return _estimate_arch(args, device)
     source = resolve_model_source(args.model, revision=args.revision)  # fails fast, loads nothing
     data_path = Path(args.data).expanduser() if _is_local_data(args.data) else None
     if data_path is not None:
@@ -547,21 +570,62 @@ def estimate(args: argparse.Namespace) -> list[dict]:
         model, list(modules), batches, examples=n, reduction=args.reduction, sketch_dim=args.sketch_dim,
         progress=not args.quiet, desc=f"capture ({len(modules)} layer{'s' if len(modules) > 1 else ''})",
     )
-    M = args.m if args.m is not None else n
-    K = args.k if args.k is not None else n
     owned = {}
     if args.redundancy_examples:  # is the q just measured a trained parameter's gradient?
         owned = _redundancy_by_layer(model, list(modules), sequences[:args.redundancy_examples], args.batch_size,
                                      (args.reduction,), progress=not args.quiet)
-    wall = time.perf_counter() - start
+    return _report_estimate(args, accumulators, owned, block_index, n, args.revision, time.perf_counter() - start)
+
+
+def _estimate_arch(args: argparse.Namespace, device) -> list[dict]:
+    """``dalign estimate --arch``: the model a callable builds, on tensors or an image folder; as :func:`estimate`."""
+    import torch
+    from dalign_core.hooks import accumulate_geometry, resolve_layers
+    from dalign_core.redundancy import redundancy_rows
+
+    if args.out is not None:  # never over the state dict or the examples
+        _check_out(args.out, (("the --model file", Path(args.model)), ("the --data file or folder", Path(args.data))))
+    start = time.perf_counter()
+    model = _load_arch(args, device).to(getattr(torch, args.dtype))
+    layer_arg = args.layer if args.layer == "all" else [s.strip() for s in args.layer.split(",") if s.strip()]
+    modules = resolve_layers(model, layer_arg)
+    block_index = _block_indices(model)
+    inputs, targets = _arch_examples(args, args.examples)
+    if inputs.is_floating_point():
+        inputs = inputs.to(getattr(torch, args.dtype))
+    n = len(targets)
+    if n < 5:
+        raise ValueError(f"{args.data} gives only {n} example(s); at least 5 are needed")
+    if n < args.examples:
+        print(f"note: {args.data} holds only {n} examples; using all of them", file=sys.stderr)
+    batches = _arch_batches(inputs, targets, args.batch_size)
+    accumulators = accumulate_geometry(
+        model, list(modules), batches(0, n), examples=n, reduction=args.reduction, sketch_dim=args.sketch_dim,
+        progress=not args.quiet, desc=f"capture ({len(modules)} layer{'s' if len(modules) > 1 else ''})",
+    )
+    owned = {}
+    if args.redundancy_examples:
+        rows = redundancy_rows(model, list(modules), _with_progress(batches(0, min(n, args.redundancy_examples)),
+                                                                    "redundancy check", not args.quiet),
+                               reductions=(args.reduction,))
+        owned = {(row["layer"], row["reduction"]): row for row in rows}
+    return _report_estimate(args, accumulators, owned, block_index, n, None, time.perf_counter() - start)
+
+
+def _report_estimate(args: argparse.Namespace, accumulators: dict, owned: dict, block_index: dict, n: int,
+                     revision: str | None, wall: float) -> list[dict]:
+    """Rows of ``dalign estimate`` from each layer's accumulator: printed, warned about, written to ``--out``."""
+    M = args.m if args.m is not None else n
+    K = args.k if args.k is not None else n
     records = []
     for name, accumulator in accumulators.items():
         geometry = accumulator.result(args.confidence)
         row = geometry.to_row()
         row.update(
-            model=args.model, revision=args.revision, layer=name, layer_index=block_index.get(name), data=args.data,
-            reduction=args.reduction, seq_len=args.seq_len, M=M, K=K, confidence=args.confidence,
-            b_exact=geometry.b_exact(M, K), wall_time_s=round(wall, 3), **_b_align_columns(row, M, K),
+            model=args.model, revision=revision, layer=name, layer_index=block_index.get(name), data=args.data,
+            reduction=args.reduction, seq_len=None if args.arch else args.seq_len, M=M, K=K,
+            confidence=args.confidence, b_exact=geometry.b_exact(M, K), wall_time_s=round(wall, 3),
+            **_b_align_columns(row, M, K),
         )
         check = owned.get((name, args.reduction))
         row.update(redundancy=check["fraction"] if check else None,
@@ -672,12 +736,15 @@ def _layers(args: argparse.Namespace) -> None:
         raise ValueError("--all-modules lists names only; the redundancy column (--data) is for residual blocks: "
                          "drop one of them")
     if args.data is not None:
-        _check_seq_len(args)
+        if args.arch is None:
+            _check_seq_len(args)
         if args.batch_size < 1:
             raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
     if args.data is not None and args.redundancy_examples < 4:
         raise ValueError(f"--redundancy-examples must be at least 4 (the held-out fit needs them), "
                          f"got {args.redundancy_examples}")
+    if args.arch is not None:
+        return _layers_arch(args)
     source = resolve_model_source(args.model, revision=args.revision)
     data_path = Path(args.data).expanduser() if args.data is not None and _is_local_data(args.data) else None
     if data_path is not None:
@@ -698,6 +765,28 @@ def _layers(args: argparse.Namespace) -> None:
                          "redundancy check needs at least 4: use more text or a smaller --seq-len")
     owned = _redundancy_by_layer(model, names, sequences, args.batch_size, ("shared", "full"))
     print(format_redundancy(names, owned, len(sequences)))
+
+
+def _layers_arch(args: argparse.Namespace) -> None:
+    """``dalign layers --arch``: the insertion points of the model a callable builds, with --data their redundancy."""
+    from dalign_core._tensor import resolve_device
+    from dalign_core.hooks import insertion_points
+    from dalign_core.redundancy import redundancy_rows
+
+    device = resolve_device(args.device) if args.data is not None else "cpu"
+    model = _load_arch(args, device)
+    names = [n for n, _ in model.named_modules() if n] if args.all_modules else insertion_points(model)
+    if args.data is None:
+        for name in names:
+            print(name)
+        return
+    inputs, targets = _arch_examples(args, args.redundancy_examples)
+    if len(targets) < 4:
+        raise ValueError(f"{args.data} gives only {len(targets)} example(s); the redundancy check needs at least 4")
+    batches = _arch_batches(inputs, targets, args.batch_size)(0, len(targets))
+    rows = redundancy_rows(model, names, _with_progress(batches, "redundancy check"), reductions=("shared", "full"))
+    owned = {(row["layer"], row["reduction"]): row for row in rows}
+    print(format_redundancy(names, owned, len(targets)))
 
 
 # ---------------------------------------------------------------------------
@@ -778,6 +867,69 @@ def _load_arch(args: argparse.Namespace, device):
     return model.to(device).eval()
 
 
+def _image_transform(args: argparse.Namespace):
+    """The transform an image folder is read with, and its description (printed, so the numbers can be redone)."""
+    from torchvision import transforms
+
+    steps = [transforms.Resize(args.image_size), transforms.CenterCrop(args.image_size), transforms.ToTensor()]
+    said = f"Resize({args.image_size}) -> CenterCrop({args.image_size}) -> ToTensor()"
+    if args.normalize == "imagenet":
+        steps.append(transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD))
+        said += f" -> Normalize(mean={IMAGENET_MEAN}, std={IMAGENET_STD})"
+    return transforms.Compose(steps), said
+
+
+def _image_folder_examples(args: argparse.Namespace, path: Path, examples: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(images, class indices)`` of up to ``examples`` images of a torchvision ``ImageFolder`` (one subfolder per
+    class), drawn in a fixed shuffled order (seed ``--seed`` where the command has one, else 0) so the classes
+    mix; the transform is printed."""
+    import torch
+    from dalign_core.loading import LoadError
+
+    if args.image_size < 1:
+        raise ValueError(f"--image-size must be at least 1 pixel, got {args.image_size}")
+    try:
+        from torchvision import datasets
+    except ImportError as err:
+        raise LoadError(f"--data {str(path)!r} is a folder of images, which needs torchvision: pip install "
+                        "'dalign[vision]'") from err
+    transform, said = _image_transform(args)
+    try:
+        folder = datasets.ImageFolder(str(path), transform=transform)
+    except (FileNotFoundError, OSError) as err:
+        raise LoadError(f"--data {str(path)!r} is not an image folder torchvision reads ({str(err).strip()}); give "
+                        "a folder with one subfolder of images per class, or a .pt file of tensors") from err
+    order = torch.randperm(len(folder), generator=torch.Generator().manual_seed(getattr(args, "seed", 0) or 0))
+    chosen = order[:examples].tolist()
+    images, labels = [], []
+    for index in chosen:
+        try:
+            image, label = folder[index]
+        except Exception as err:  # noqa: BLE001  (PIL raises many kinds for a damaged image)
+            raise LoadError(f"{folder.samples[index][0]} could not be read as an image ({type(err).__name__}: "
+                            f"{str(err).strip()}); remove it or replace it") from err
+        images.append(image)
+        labels.append(label)
+    print(f"images: {len(chosen)} of {len(folder)} in {path} ({len(folder.classes)} classes: "
+          f"{', '.join(folder.classes[:5])}{', …' if len(folder.classes) > 5 else ''}), transform {said}",
+          file=sys.stderr)
+    return torch.stack(images), torch.tensor(labels)
+
+
+def _arch_examples(args: argparse.Namespace, examples: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(inputs, targets)`` of an ``--arch`` model: from a ``.pt`` file of tensors or an image folder."""
+    path = Path(args.data).expanduser()
+    if path.is_dir():
+        return _image_folder_examples(args, path, examples)
+    return _tensor_examples(args.data, examples)
+
+
+def _arch_batches(inputs, targets, batch_size: int):
+    """``batches(lo, hi)``: the pairs ``(inputs, targets)`` of examples lo to hi, ``batch_size`` at a time."""
+    return lambda lo, hi: [(inputs[i:min(i + batch_size, hi)], targets[i:min(i + batch_size, hi)])
+                           for i in range(lo, hi, batch_size)]
+
+
 def _tensor_examples(spec: str, examples: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(inputs, targets)`` from a ``.pt`` file holding a dict with those keys (or a pair), at most ``examples``."""
     import torch
@@ -786,7 +938,8 @@ def _tensor_examples(spec: str, examples: int) -> tuple[torch.Tensor, torch.Tens
     path = Path(spec).expanduser()
     if not path.is_file():
         raise LoadError(f"--data {spec!r} does not exist; with --arch it is a .pt file of "
-                        "{'inputs': tensor, 'targets': tensor} (torch.save)")
+                        "{'inputs': tensor, 'targets': tensor} (torch.save) or an image folder (one subfolder per "
+                        "class)")
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001
@@ -919,10 +1072,9 @@ def rank(args: argparse.Namespace) -> list[dict]:
             _check_out(args.csv, (("the --model file", Path(args.model)), ("the --data file", Path(args.data))),
                        flag="--csv")
         model = _load_arch(args, device)
-        inputs, targets = _tensor_examples(args.data, args.examples)
+        inputs, targets = _arch_examples(args, args.examples)
         n = len(targets)
-        batches = lambda lo, hi: [(inputs[i:min(i + args.batch_size, hi)], targets[i:min(i + args.batch_size, hi)])  # noqa: E731
-                                  for i in range(lo, hi, args.batch_size)]
+        batches = _arch_batches(inputs, targets, args.batch_size)
     else:
         from dalign_core.loading import (check_data_file, check_seq_len, check_tokenizer_fits, load_model,
                                          load_tokenizer, make_batches, resolve_model_source)

@@ -352,3 +352,75 @@ def test_rank_takes_a_torchvision_resnet(tmp_path, capsys):
     assert main(base) == 1
     err = capsys.readouterr().err
     assert "does not match" in err and "--arch-kwargs" in err
+
+
+# ---------------------------------------------------------------------------
+# estimate and layers take --arch as rank does: tensor files and image folders
+
+
+@pytest.fixture(scope="module")
+def vision(tmp_path_factory):
+    """A torchvision ResNet-18 of 3 classes (its state dict), a tensor file and an ImageFolder of 12 small images."""
+    torchvision = pytest.importorskip("torchvision")
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("vision")
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=3).eval()
+    torch.save(model.state_dict(), root / "weights.pt")
+    torch.save({"inputs": torch.randn(12, 3, 32, 32), "targets": torch.randint(0, 3, (12,))}, root / "images.pt")
+    generator = torch.Generator().manual_seed(1)
+    for label in ("cat", "dog", "fox"):
+        (root / "folder" / label).mkdir(parents=True)
+        for i in range(4):
+            pixels = (torch.rand(40, 48, 3, generator=generator) * 255).to(torch.uint8).numpy()
+            Image.fromarray(pixels).save(root / "folder" / label / f"{i}.png")
+    return root
+
+
+def _vision_argv(vision, command: str, data: str, *extra: str) -> list[str]:
+    return [command, "--arch", "torchvision.models:resnet18", "--arch-kwargs", '{"num_classes": 3}',
+            "--model", str(vision / "weights.pt"), "--data", str(vision / data), "--device", "cpu", *extra]
+
+
+@pytest.mark.parametrize("data", ["images.pt", "folder"])
+def test_estimate_takes_an_arch_model_on_tensors_or_an_image_folder(vision, tmp_path, capsys, data):
+    out = tmp_path / "geometry.csv"
+    extra = ["--image-size", "32"] if data == "folder" else []
+    assert main(_vision_argv(vision, "estimate", data, "--layer", "all", "--examples", "12", "--batch-size", "6",
+                             "--redundancy-examples", "8", "--quiet", "--out", str(out), *extra)) == 0
+    printed, err = capsys.readouterr()
+    assert "ranked by d_align" in printed
+    table = pd.read_csv(out)
+    assert sorted(table.layer) == sorted(f"layer{s}.{b}" for s in range(1, 5) for b in range(2))
+    assert (table.n == 12).all() and table.redundancy.notna().all()
+    if data == "folder":  # the transform is stated, so the numbers can be redone
+        assert "12 of 12" in err and "3 classes: cat, dog, fox" in err and "Resize(32) -> CenterCrop(32)" in err
+        assert "Normalize(mean=(0.485, 0.456, 0.406)" in err
+
+
+def test_layers_takes_an_arch_model(vision, capsys):
+    assert main(["layers", "--arch", "torchvision.models:resnet18", "--arch-kwargs", '{"num_classes": 3}',
+                 "--model", str(vision / "weights.pt")]) == 0
+    assert capsys.readouterr().out.split() == [f"layer{s}.{b}" for s in range(1, 5) for b in range(2)]
+    assert main(_vision_argv(vision, "layers", "folder", "--image-size", "32", "--redundancy-examples", "8")) == 0
+    printed = capsys.readouterr().out
+    assert "redundancy of q at each block on n=8 examples" in printed and "layer4.1" in printed
+
+
+def test_rank_takes_an_image_folder(vision, capsys):
+    assert main(_vision_argv(vision, "rank", "folder", "--image-size", "32", "--examples", "12", "--batch-size", "6",
+                             "--redundancy-examples", "0")) == 0
+    assert "insertion points" in capsys.readouterr().out
+
+
+def test_an_arch_estimate_never_writes_over_its_inputs(vision, tmp_path, capsys):
+    import shutil
+
+    copy = tmp_path / "w.csv"
+    shutil.copy(vision / "weights.pt", copy)
+    argv = _vision_argv(vision, "estimate", "images.pt", "--layer", "layer1.0", "--examples", "12", "--out", str(copy))
+    argv[argv.index(str(vision / "weights.pt"))] = str(copy)
+    saved = copy.read_bytes()
+    assert main(argv) == 1
+    assert "the --model file" in capsys.readouterr().err and copy.read_bytes() == saved
