@@ -270,8 +270,12 @@ def _regime(family: str, column: str | None, value, provenance: dict, rows: pd.D
     language = image is None
     context = (value if column == "context" else data.get("seq_len", config.get("context"))) if language else None
     epochs = data.get("epochs")
-    tokens = (round(epochs * data["train_tokens"]) if language and epochs is not None and "train_tokens" in data
-              else None)
+    per_step = config.get("tokens_per_step") or (config.get("batch_size", 0) * (context or 0))
+    if language and config.get("steps") and per_step:  # exact: the provenance rounds the epochs to 3 decimals
+        tokens = int(config["steps"]) * int(per_step)
+    else:
+        tokens = (round(epochs * data["train_tokens"]) if language and epochs is not None and "train_tokens" in data
+                  else None)
     dataset = value if column == "dataset" else record.get("dataset", config.get("dataset"))
     out = dict(widths="/".join(map(str, widths)), depth=float(depth) if depth is not None else math.nan,
                context=float(context) if context is not None else math.nan,
@@ -283,7 +287,7 @@ def _regime(family: str, column: str | None, value, provenance: dict, rows: pd.D
     words = [f"N = {widths[0]}–{widths[-1]}" if widths else "", f"{depth} layers" if depth is not None else "",
              f"context {context}" if context is not None else "",
              f"{out['image_size']} {dataset} images" if image else "",
-             f"{tokens / 1e6:.2g}M training tokens" if tokens is not None else "",
+             f"{tokens:,} training tokens" if tokens is not None else "",
              f"{epochs:.2g} epochs" if epochs is not None else ""]
     out["regime"] = ", ".join(w for w in words if w)
     return out
