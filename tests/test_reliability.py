@@ -383,3 +383,27 @@ def test_the_paper_profile_on_a_machine_without_a_gpu_is_one_line(tmp_path):
     assert done.returncode == 1
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("llama_width: error: ") and "sized for a GPU" in lines[0], lines
+
+
+# ---------------------------------------------------------------------------
+# Corpora that cannot be read: one line through the experiment's command line
+
+
+@pytest.mark.parametrize("kind", ["hf-offline", "latin1", "missing-dir"])
+def test_an_unreadable_corpus_is_one_line(tmp_path, kind):
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "a.txt").write_bytes("caf\u00e9 au lait\n".encode("latin-1"))
+    corpus = {"hf-offline": "hf:nobody/no-such-dataset", "latin1": f"dir:{folder}",
+              "missing-dir": f"dir:{tmp_path / 'nonexistent'}"}[kind]
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "DALIGN_WORKERS": "1", "HF_HUB_OFFLINE": "1",
+           "HF_DATASETS_OFFLINE": "1", "DALIGN_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-m", "dalign_core.experiments.llama_width", "--profile", "smoke", "--set",
+                           f"corpus={corpus}", "--out", str(tmp_path / "o")], capture_output=True, text=True,
+                          timeout=300, env=env, cwd=tmp_path)
+    assert done.returncode in (1, 2) and "Traceback" not in done.stderr, done.stderr
+    errors = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, done.stderr
+    needle = {"hf-offline": "nobody/no-such-dataset", "latin1": "a.txt is not valid UTF-8",
+              "missing-dir": "does not exist"}[kind]
+    assert needle in errors[0]
