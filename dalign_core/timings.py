@@ -7,10 +7,9 @@ checkpoint**: measured (a fresh clone, ``make notebooks ONLY=<chapter> PROFILE=<
 experiment's ``--dry-run`` (``benchmarks/bench_projection.py``), and labelled as one or the other.
 
 Those costs are recorded, with the date, commit and command that measured them, in ``results/cpu/timings.csv``
-(:data:`TIMINGS_FILE`; one row per chapter and profile, the classroom profile ``lab`` included), a tidy table
-with the columns of :class:`Timing`. :func:`fresh_run` reads it; where a chapter's own provenance shows a run that
-loaded nothing made before it (:func:`loaded_before`) and is newer than the recorded row, that provenance is the
-measurement instead. The README's timing table is checked against this file by ``tests/test_readme.py``.
+(:data:`TIMINGS_FILE`; rows per chapter and profile, the classroom profile ``lab`` included), a tidy table with
+the columns of :class:`Timing`, and :func:`fresh_run` reads nothing else, so every reader agrees. The README's
+timing table is generated from it (``scripts/readme_timings.py``) and checked by ``tests/test_readme.py``.
 
 Nothing here measures: the numbers are the recorded ones. A chapter with no record reads "not measured".
 """
@@ -27,7 +26,7 @@ import pandas as pd
 
 from dalign_core.config import default_results_dir
 
-__all__ = ["KINDS", "TIMINGS_FILE", "Timing", "chapter_experiments", "duration", "fresh_run", "loaded_before",
+__all__ = ["KINDS", "TIMINGS_FILE", "Timing", "duration", "fresh_run", "loaded_before",
            "reading_minutes", "recorded"]
 
 TIMINGS_FILE = default_results_dir("cpu") / "timings.csv"
@@ -37,18 +36,6 @@ KINDS = ("measured", "projected")
 """``measured``: a run from no checkpoint was timed; ``projected``: the experiment's dry run projected it."""
 
 COLUMNS = ("chapter", "profile", "seconds", "kind", "scope", "date", "commit", "command", "note")
-
-CHAPTER_EXPERIMENTS = {
-    "01_theory": ("theory_alignment", "theory_estimators", "theory_sketch"),
-    "02_llama_width": ("llama_runs",),
-    "03_pythia_width": ("pythia_runs",),
-    "04_resnet_width": ("resnet_runs",),
-    "05_interventions": ("interventions",),
-    "06_claims": ("claims",),
-    "08_growth": ("growth",),
-    "09_llama_context": ("llama_context",),
-}
-"""Chapter -> the results tables whose provenance holds its experiment's wall time (07 computes in the page)."""
 
 WORDS_PER_MINUTE = 180
 """Reading speed for prose with formulas (a textbook's pace, below the 200-250 of plain text)."""
@@ -180,50 +167,19 @@ def _loaded_before_tables(folder: Path, runs_name: str, record: dict, steps: int
     return int(sum((r.width, r.seed, round(r.lr, 12)) not in trained_here for r in loaded.itertuples()))
 
 
-def chapter_experiments(chapter: str) -> tuple[str, ...]:
-    """The results tables whose provenance records ``chapter``'s experiment (empty: it computes in the page)."""
-    return CHAPTER_EXPERIMENTS.get(chapter, ())
-
-
-def _provenance_run(chapter: str, profile: str) -> Timing | None:
-    """The chapter's own results as a measurement, when they were computed from no earlier checkpoint."""
-    names = chapter_experiments(chapter)
-    if not names:
-        return None
-    folder = default_results_dir(profile)
-    seconds, dates, commits = 0.0, [], []
-    for name in names:
-        try:
-            provenance = json.loads((folder / f"{name}.json").read_text())
-        except (OSError, ValueError):
-            return None
-        if provenance.get("wall_time_s") is None or loaded_before(provenance, folder)[0]:
-            return None
-        seconds += float(provenance["wall_time_s"])
-        dates.append(str(provenance.get("written_utc", ""))[:10])
-        commits.append(str((provenance.get("git") or {}).get("commit") or ""))
-    return Timing(chapter, profile, seconds, "measured", "experiment", max(dates), commits[-1],
-                  f"make notebooks ONLY={chapter} PROFILE={profile} FORCE=1",
-                  "the experiment's wall time in the provenance of the results shown, which trained every model it "
-                  "measured")
-
-
 def fresh_run(chapter: str, profile: str, path: Path | str | None = None) -> Timing | None:
     """What rerunning ``chapter`` at ``profile`` from no checkpoint costs (None: never measured or projected).
 
-    A measured row of :data:`TIMINGS_FILE`; else the chapter's own provenance where that run loaded nothing made
-    before it (a measurement of the results on the page); else a projected row.
+    The row of :data:`TIMINGS_FILE` (``path``) for the chapter and profile: the most recent measurement, else the most
+    recent projection. Only the recorded rows count, so the rerun boxes, the course table and the README agree; a
+    chapter's provenance says what the results shown took, which :func:`loaded_before` qualifies.
     """
     table = recorded(path)
     rows = table[(table.chapter == chapter) & (table.profile == profile)]
-    row = None
-    if len(rows):
-        best = rows.sort_values(["kind", "date"], ascending=[True, False]).iloc[0]  # measured before projected
-        row = Timing(**{c: best[c] for c in COLUMNS})
-    if row is not None and row.kind == "measured":
-        return row
-    own = _provenance_run(chapter, profile)
-    return own if own is not None else row
+    if not len(rows):
+        return None
+    best = rows.sort_values(["kind", "date"], ascending=[True, False]).iloc[0]  # measured before projected
+    return Timing(**{c: best[c] for c in COLUMNS})
 
 
 def reading_minutes(notebook: Path | str) -> int:

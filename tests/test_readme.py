@@ -26,3 +26,18 @@ def test_readme_python_block_runs(index, capsys):
     code = python_blocks()[index]
     exec(compile(code, f"README.md python block {index + 1}", "exec"), {"__name__": "__readme__"})
     assert capsys.readouterr().out.strip(), "the example prints its results"
+
+
+def test_readme_timing_table_is_generated_from_the_timings():
+    """The README's rerun costs come from results/cpu/timings.csv, as the rerun boxes and the course table do."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "readme_timings.py"), "--check"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_readme_documents_publishing():
+    text = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    assert "make publish" in text and ".nojekyll" in text and "REPO_URL" in text
