@@ -15,6 +15,10 @@ machine (``http://127.0.0.1:<port>``), and checks on each page that
   also fail to resolve inside the browser, so nothing leaves the machine even
   where there is a network.
 
+It checks the course table of the landing page (a row per chapter with its reading time and rerun costs at
+``lab`` and ``cpu``, and the two-week plan), that the claims page opens on its grid (it starts on the first
+screen at 1280 × 900 and is at most one screen tall), and that no page asks its reader to "hover".
+
 It also opens every page at a phone's width (390 px) and in the theme's dark mode, and fails
 when the page itself scrolls sideways at 1280 or 390 px (an element wider than the window
 that no scrolling box of its own holds: wide math and tables must scroll inside their
@@ -273,7 +277,8 @@ const done = arguments[arguments.length - 1];
   const errorOutputs = Array.from(document.querySelectorAll(
     ".cell_output .stderr, .cell_output .traceback, .output.stderr, .output.traceback, .output.error"))
     .map((el) => el.textContent.trim().slice(0, 200));
-  done({url: location.href, title: document.title, mathjax, mathCount: math.length,
+  const hover = /\bhover\b/i.test(document.body.innerText);  // a page may not hide what it says in a tooltip
+  done({url: location.href, title: document.title, mathjax, mathCount: math.length, hover,
         mathjaxContainers: document.querySelectorAll("mjx-container").length,
         unrendered, merrors, rawTex, brokenImages, imageCount: images.length, errorOutputs});
 })().catch((e) => done({error: String(e)}));
@@ -505,3 +510,60 @@ def test_dark_mode_is_dark(reports):
     problems = _problems(reports, lambda r: brightness(r.dark_background) > 100 and
                          f"background {r.dark_background} in dark mode")
     assert not problems, f"pages that stay light in dark mode:\n{problems}"
+
+
+def test_no_page_asks_the_reader_to_hover(reports):
+    """Nothing is said only in a tooltip: a phone has no hover, and a printed page neither."""
+    problems = _problems(reports, lambda r: r.inspect.get("hover") and "says 'hover'")
+    assert not problems, problems
+
+
+def _fit_window(driver, width: int, height: int) -> None:
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                           {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})
+    driver.execute_async_script("requestAnimationFrame(() => requestAnimationFrame(arguments[arguments.length - 1]))")
+
+
+def test_the_landing_page_has_a_course_path(book_html, server, driver, reports):
+    """A row per chapter of _toc.yml with its reading time and its rerun cost at lab and at cpu, and the plan."""
+    toc = yaml.safe_load((BOOK / "_toc.yml").read_text(encoding="utf-8"))
+    chapters = [Path(entry).stem for entry in _toc_files(toc) if str(entry).startswith("chapters/")]
+    root = Path(toc["root"]).with_suffix(".html").as_posix()
+    driver.get(server + root)
+    rows = driver.execute_script("""
+        const table = document.querySelector("table.dalign-course");
+        if (!table) return null;
+        return Array.from(table.querySelectorAll("tbody tr")).map((tr) => ({
+            cells: Array.from(tr.querySelectorAll("td")).map((td) => td.innerText.trim()),
+            href: (tr.querySelector("a") || {}).href || ""}));""")
+    assert rows is not None, f"{root} has no course table (table.dalign-course)"
+    assert [Path(row["href"]).stem for row in rows] == chapters, "the course table lists the chapters of _toc.yml"
+    for row in rows:
+        title, reading, lab, cpu = row["cells"]
+        assert re.fullmatch(r"\d+ min", reading), f"{title}: reading time {reading!r}"
+        for cost in (lab, cpu):
+            assert re.search(r"\d+(\.\d)? (s|min|h)|not measured", cost), f"{title}: rerun cost {cost!r}"
+    plan = driver.execute_script("""
+        const table = document.querySelector("table.dalign-plan");
+        return table ? Array.from(table.querySelectorAll("tbody tr")).map((tr) => tr.innerText) : null;""")
+    assert plan, f"{root} has no two-week plan (table.dalign-plan)"
+    assert any("make notebooks PROFILE=lab" in row for row in plan), "the plan says what runs at lab in class"
+
+
+def test_the_claims_page_opens_on_its_grid(book_html, server, driver, reports):
+    """At 1280 x 900 the grid of claims starts on the first screen and is at most one screen tall."""
+    page = next((p for p in reports if p.endswith("06_claims.html")), None)
+    assert page, "no claims page (chapters/06_claims.html) in the book"
+    driver.get(server + page)
+    _fit_window(driver, *WINDOW)
+    try:
+        box = driver.execute_script("""
+            const grid = document.getElementById("dalign-claims-grid");
+            if (!grid) return null;
+            const r = grid.getBoundingClientRect();
+            return {top: r.top + window.scrollY, height: r.height};""")
+    finally:
+        driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+    assert box is not None, f"{page} has no claims grid (#dalign-claims-grid)"
+    assert box["top"] < WINDOW[1] / 2, f"the grid starts {box['top']:.0f} px down: it should come first"
+    assert box["height"] <= WINDOW[1], f"the grid is {box['height']:.0f} px tall: more than one {WINDOW[1]}-px screen"
