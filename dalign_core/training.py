@@ -321,7 +321,10 @@ def load_weights(model: torch.nn.Module, checkpoint: "str | os.PathLike | dict")
         path = Path(checkpoint)
         if path.is_dir():
             path = path / "model.safetensors"
-        sd = safetensors.torch.load_file(str(path))
+        try:
+            sd = safetensors.torch.load_file(str(path))
+        except Exception as err:  # noqa: BLE001  (safetensors' own error type, OSError: a file cut short or damaged)
+            raise _damaged(path, err) from err
     missing, unexpected = model.load_state_dict(sd, strict=False)
     # Only tied copies may be missing (they share storage with a loaded tensor).
     tied_ok = {k for k in missing if _is_tied(model, k, sd)}
@@ -340,7 +343,19 @@ def _is_tied(model, key, sd) -> bool:
 
 def load_state(checkpoint: "str | os.PathLike", map_location="cpu") -> dict[str, Any]:
     """The resume state of a checkpoint folder (``torch.load(..., weights_only=True)``)."""
-    return torch.load(Path(checkpoint) / "state.pt", map_location=map_location, weights_only=True)
+    path = Path(checkpoint) / "state.pt"
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except (RuntimeError, OSError, EOFError, ValueError) as err:  # a zip cut short, or damaged
+        raise _damaged(path, err) from err
+
+
+def _damaged(path: Path, err: BaseException) -> ValueError:
+    """A checkpoint file that cannot be read: one sentence naming it and what to do."""
+    detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return ValueError(f"checkpoint file {path} cannot be read ({detail}): it was cut short or damaged; delete its "
+                      f"folder {path.parent} and rerun the same command (the run resumes from an earlier checkpoint "
+                      "or trains again)")
 
 
 def _write_checkpoint(root: Path, step: int, model, state: dict | None, meta: dict) -> Path:

@@ -407,3 +407,41 @@ def test_an_unreadable_corpus_is_one_line(tmp_path, kind):
     needle = {"hf-offline": "nobody/no-such-dataset", "latin1": "a.txt is not valid UTF-8",
               "missing-dir": "does not exist"}[kind]
     assert needle in errors[0]
+
+
+# ---------------------------------------------------------------------------
+# A checkpoint cut short is named, in one sentence that says what to do
+
+
+@pytest.mark.parametrize("name", ["state.pt", "model.safetensors"])
+def test_a_truncated_checkpoint_file_is_named(tmp_path, name):
+    import safetensors.torch
+    import torch
+
+    from dalign_core import training
+
+    folder = tmp_path / "step_5"
+    folder.mkdir()
+    model = torch.nn.Linear(4, 4)
+    torch.save({"step": 5}, folder / "state.pt")
+    safetensors.torch.save_file(dict(model.state_dict()), folder / "model.safetensors")
+    path = folder / name
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(ValueError) as error:
+        training.load_state(folder) if name == "state.pt" else training.load_weights(model, folder)
+    message = str(error.value)
+    assert str(path) in message and "cut short or damaged" in message and "rerun the same command" in message
+
+
+def test_a_read_only_out_is_refused(tmp_path, monkeypatch, capsys):
+    """Root can write anywhere, so the folder's refusal is simulated where the probe file is created."""
+    import tempfile
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", refuse)
+    with pytest.raises(SystemExit) as exit_:
+        _runner.main(theory.Config, lambda *a, **k: None, argv=["--profile", "smoke", "--out", str(tmp_path / "o")])
+    assert exit_.value.code == 2
+    assert "cannot be written" in capsys.readouterr().err
