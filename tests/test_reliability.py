@@ -445,3 +445,29 @@ def test_a_read_only_out_is_refused(tmp_path, monkeypatch, capsys):
         _runner.main(theory.Config, lambda *a, **k: None, argv=["--profile", "smoke", "--out", str(tmp_path / "o")])
     assert exit_.value.code == 2
     assert "cannot be written" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_sweep_with_out_writes_nothing_in_the_working_folder(tmp_path, monkeypatch):
+    """A real (tiny) sweep with --out: its tables and checkpoints land under --out, its data in the cache, and
+    neither the working folder nor the repository's checkpoints/ gain anything (a weight decay of its own keys its
+    checkpoints apart from any other run's)."""
+    from dalign_core import sweep
+
+    work, out = tmp_path / "work", tmp_path / "o"
+    work.mkdir()
+    cache = os.environ.get("DALIGN_CACHE") or str(tmp_path / "cache")  # make's cache when there is one: no download
+    env = {**{k: v for k, v in os.environ.items() if k != "DALIGN_CHECKPOINTS"}, "PYTHONPATH": str(REPO_ROOT),
+           "DALIGN_WORKERS": "1", "DALIGN_CACHE": cache}
+    settings = dict(widths=(16, 32), seeds=2, weight_decay=0.0937)
+    done = subprocess.run([sys.executable, "-m", "dalign_core.experiments.llama_width", "--profile", "smoke",
+                           *[f"--set={k}={','.join(map(str, v)) if isinstance(v, tuple) else v}"
+                             for k, v in settings.items()], "--out", str(out)],
+                          capture_output=True, text=True, timeout=600, env=env, cwd=work)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert list(work.iterdir()) == []
+    assert (out / "llama_runs.csv").is_file() and any((out / "checkpoints").rglob("model.safetensors"))
+    monkeypatch.delenv("DALIGN_CHECKPOINTS", raising=False)
+    in_repo = sweep.checkpoint_root(llama_width.Config.for_profile("smoke", **settings), llama_width.FAMILY)
+    assert in_repo.is_relative_to(REPO_ROOT) and not in_repo.exists()
+    assert "job 1 of" in done.stderr  # the job grid's progress
