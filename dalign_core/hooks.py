@@ -4,8 +4,11 @@ The insertion point is the output ``z`` of a submodule, named by its dotted path
 ``model.named_modules()`` prints it (``"model.layers.1"`` for a LLaMA decoder layer,
 ``"gpt_neox.layers.3"`` for GPT-NeoX, ``"layer2.0"`` for a CIFAR ResNet block).
 ``ℓ_i`` is example i's own loss: for a causal language model the mean next-token
-cross-entropy over its non-padding target tokens, for a classifier the
-cross-entropy of its label (or any per-example loss through ``loss_fn``).
+cross-entropy over its non-padding target tokens, for a masked LM or a token
+classifier the mean cross-entropy of its labelled tokens (not shifted), for a
+classifier the cross-entropy of its label (or any per-example loss through
+``loss_fn``). Which loss is read from the model's class (``task="auto"``) or given
+(``task=``); a model with per-token logits that is none of these must say which.
 
 How: a forward hook keeps a reference to ``z`` (the first element when the
 module returns a tuple, as some transformers decoder layers do), the model runs
@@ -20,7 +23,9 @@ Mode policy: the model is used exactly as given; this module never switches it
 between train and eval. It *refuses* states that would couple examples or make
 the gradient random — a BatchNorm in training mode (or one without running
 statistics), active dropout (``nn.Dropout`` with p > 0 in training mode, or a
-module's or config's attention dropout > 0 in training mode) — so call
+module's or config's attention dropout > 0 in training mode), any other module in
+training mode that drops at random (a drop probability ``p``, ``drop_prob``, … in (0, 1]:
+torchvision's ``StochasticDepth``, timm's ``DropPath``; ``nn.RReLU``) — so call
 ``model.eval()`` first (that is what the ``dalign`` command does). A dropout-free,
 BatchNorm-free model may be captured in training mode. The model is left exactly
 as it was — no hooks, no parameter, ``requires_grad`` or mode change — also when
@@ -31,10 +36,16 @@ than return a silently wrong q: an in-place operation on ``z`` after the layer
 produced it (its version counter moved during the forward, as after
 ``F.relu(z, inplace=True)``), a loss that no gradient links to ``z`` (only through
 ``torch.no_grad()`` or ``.detach()``: no zero rows are made up), a ``torch.compile``d
-model (capture on ``model._orig_mod``), and — by recomputing the first batch's first
-example alone (``check_determinism=True``) — a forward that draws random numbers or
-normalizes with batch statistics although the modules are in eval mode
-(``F.dropout(..., training=True)``, ``F.batch_norm(..., training=True)``).
+model (capture on ``model._orig_mod``), and — with ``check_determinism=True``, on the
+first batch — a forward that draws random numbers (torch's random generator moves
+during it) or normalizes with batch statistics (the first example recomputed alone
+differs) although the modules are in eval mode (``F.dropout(..., training=True)``,
+``F.batch_norm(..., training=True)``).
+
+Padding: positions with ``attention_mask == 0`` are left out of every loss, also the
+next-token pair that starts at one; a left-padded batch gets the ``position_ids`` that
+number each example's tokens from 0 (as transformers' ``generate`` does) for a causal
+LM's loss, and is refused otherwise (pad on the right, or pass ``position_ids``).
 
 Cost: the causal-LM loss reads the logits as the model returns them (labels are
 shifted, not the logits), so the capture adds no copy of the ``(batch, T, V)``
@@ -979,6 +990,28 @@ def _drew_random_numbers(before: list[torch.Tensor]) -> bool:
     return any(not torch.equal(a, b) for a, b in zip(_random_states(), before))  # a device set up since: not compared
 
 
+def _relative_gap(row: torch.Tensor, again: torch.Tensor) -> float:
+    """Largest ``||row - again_k|| / ||row||`` over the rows of ``again`` (``inf`` when row is 0 and they are not)."""
+    row, again = row.double(), again.double()
+    scale = float(row.norm())
+    gap = float((again - row).flatten(1).norm(dim=1).max())
+    return gap / scale if scale > 0 else (0.0 if gap == 0 else math.inf)
+
+
+def _agrees_alone(model, modules, inputs, targets, task, loss_fn, grads: dict[str, torch.Tensor],
+                        logits_index, batch: int) -> bool:
+    """Whether example 0 alone gives its row of ``grads`` within rounding at every layer."""
+    first = [0]
+    try:
+        again = _gradients(model, modules, _batch_rows(inputs, batch, first), _batch_rows(targets, batch, first), task,
+                           loss_fn, logits_index)
+    except Exception:  # noqa: BLE001  (the decisive check runs it at full size and says what failed)
+        return False
+    return all(again[name].shape[1:] == grad.shape[1:] and
+               _relative_gap(grad[:1], again[name]) <= _determinism_tolerance(grad.dtype)
+               for name, grad in grads.items())
+
+
 def _check_deterministic(model, modules, inputs, targets, task, loss_fn, grads: dict[str, torch.Tensor],
                          logits_index: int | None = None) -> None:
     """Recompute example 0 in a batch of copies of itself and compare its gradient with its row of the batch's.
@@ -986,8 +1019,18 @@ def _check_deterministic(model, modules, inputs, targets, task, loss_fn, grads: 
     A per-example gradient does not depend on the rest of the batch, nor on the run; a forward that draws random
     numbers (dropout applied with ``training=True`` in an eval-mode model) or normalizes with the batch's statistics
     (``F.batch_norm(..., training=True)``) gives a different one — the module-level checks cannot see such calls.
+
+    Cost: first example 0 alone (1/b of a batch's passes: 4% of a capture of 32 x 128 tokens on a CPU). Copies of
+    one example have that example's statistics however many there are, so one sees any coupling that b copies see
+    (or fails, as ``F.batch_norm`` of a single row does); what differs is the kernels' arithmetic at another batch
+    size (rounding, which can flip a ReLU at an exact zero). So example 0 alone agreeing with the batch's row within
+    :func:`_determinism_tolerance` passes, and only a disagreement pays for the decisive check: b copies, the
+    batch's own kernels (refused there or not, as before). Random draws are caught before, by the generator's
+    state (:func:`_drew_random_numbers`).
     """
     batch = next(iter(grads.values())).shape[0]
+    if batch > 1 and _agrees_alone(model, modules, inputs, targets, task, loss_fn, grads, logits_index, batch):
+        return
     try:
         again = _gradients(model, modules, _take_first(inputs, batch), _take_first(targets, batch), task, loss_fn,
                            logits_index)
@@ -1105,9 +1148,10 @@ def activation_gradients(
         loss_fn: ``loss_fn(output, targets) -> (batch,)`` per-example losses, overriding ``task``.
         logits_index: where the logits are in a model output that is a tuple of several
             tensors (e.g. ``1`` for ``(features, logits)``); such an output is refused without it.
-        check_determinism: recompute example 0 of the batch alone and refuse the capture if
-            its gradient differs from its row of the batch's by more than rounding (a
-            forward that draws random numbers or uses batch statistics despite eval mode).
+        check_determinism: refuse a forward that draws random numbers (torch's random
+            generator moves during it) or uses batch statistics despite eval mode (example 0
+            recomputed alone differs from its row of the batch's by more than rounding; only
+            then is it recomputed among copies of itself at the batch's size, to decide).
             Costs one extra forward and backward of one example.
 
     Returns:

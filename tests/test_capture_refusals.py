@@ -433,3 +433,35 @@ def test_batches_the_model_cannot_take_are_one_line_errors(make, match):
     assert "\n" not in str(caught.value)
     with pytest.raises(CaptureError, match=match):
         accumulate_geometry(model, "transformer.h.0", [make(ids, torch.ones_like(ids))])
+
+
+# ---------------------------------------------------------------------------
+# The determinism check: example 0 alone, and the full-size check only when it disagrees
+
+
+def test_the_determinism_check_recomputes_one_example_and_the_full_batch_only_when_it_disagrees():
+    sizes = []
+
+    class Counting(nn.Module):
+        def __init__(self, coupled: bool):
+            super().__init__()
+            torch.manual_seed(0)
+            self.block, self.head, self.coupled = nn.Linear(6, 8), nn.Linear(8, 3), coupled
+
+        def forward(self, x):
+            sizes.append(x.shape[0])
+            h = self.block(x)
+            return self.head(F.batch_norm(h, None, None, training=True) if self.coupled else torch.tanh(h))
+
+    x, y = _xy(8)
+    q = activation_gradients(Counting(False).eval(), "block", x, y)
+    assert sizes == [8, 1]  # the batch, then example 0 alone: 1/8 of a batch more
+    assert torch.equal(q, activation_gradients(Counting(False).eval(), "block", x, y, check_determinism=False))
+    sizes.clear()
+    with pytest.raises(CaptureError, match=r"not deterministic in eval mode.*differs by .* \(relative\) between "
+                                           r"the batch and a recomputation"):
+        activation_gradients(Counting(True).eval(), "block", x, y)
+    assert sizes == [8, 1, 8]  # alone it disagrees: the check at the batch's size decides (and refuses)
+    sizes.clear()
+    activation_gradients(Counting(False).eval(), "block", x[:1], y[:1])
+    assert sizes == [1, 1]  # a batch of one is its own full-size check

@@ -656,7 +656,7 @@ def test_determinism_check_costs_one_more_pass_of_the_first_batch_only():
     x, y = _xy(8)
     model = Counting(lambda self, h: torch.tanh(h)).eval()
     acc = accumulate_geometry(model, "block", [(x, y)] * 3)
-    assert sizes == [8, 8, 8, 8] and acc.n == 24  # example 0 recomputed among copies of itself, same batch size
+    assert sizes == [8, 1, 8, 8] and acc.n == 24  # example 0 recomputed alone (1/8 of a batch)
     sizes.clear()
     unchecked = accumulate_geometry(model, "block", [(x, y)] * 3, check_determinism=False)
     assert sizes == [8, 8, 8]
