@@ -471,3 +471,17 @@ def test_a_sweep_with_out_writes_nothing_in_the_working_folder(tmp_path, monkeyp
     in_repo = sweep.checkpoint_root(llama_width.Config.for_profile("smoke", **settings), llama_width.FAMILY)
     assert in_repo.is_relative_to(REPO_ROOT) and not in_repo.exists()
     assert "job 1 of" in done.stderr  # the job grid's progress
+
+
+def test_failed_jobs_end_the_command_in_one_line_naming_them(capsys):
+    from dalign_core import workers
+
+    def run(config, out_dir=None, force=False):
+        raise workers.WorkerError("2 job(s) failed: N16_seed0, N32_seed1 (the finished jobs are kept)\n\njob N16_seed0 "
+                                  "(ValueError, worker 0):\nTraceback (most recent call last):\n  ...", [])
+
+    with pytest.raises(SystemExit) as exit_:
+        _runner.main(theory.Config, run, argv=["--profile", "smoke"])
+    assert exit_.value.code == 1
+    assert capsys.readouterr().err.strip() == ("theory: error: 2 job(s) failed: N16_seed0, N32_seed1 (the finished "
+                                               "jobs are kept)")

@@ -222,6 +222,8 @@ def _one_line(error: BaseException) -> str:
     """An error's message on one line; an OSError as ``<what went wrong>: <file>``."""
     if isinstance(error, OSError) and error.strerror and error.filename:
         return f"{error.filename}: {error.strerror}"
+    if isinstance(error, workers.WorkerError):  # each job's traceback was logged as it failed: name the jobs here
+        return str(error).strip().splitlines()[0]
     return re.sub(r"\s*\n\s*", " ", str(error).strip()) or type(error).__name__
 
 
