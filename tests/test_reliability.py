@@ -232,6 +232,11 @@ def test_checkpoints_go_under_out_unless_told_otherwise(tmp_path, monkeypatch):
     monkeypatch.setenv(_runner.CHECKPOINTS_VARIABLE, str(tmp_path / "env"))
     _runner.main(theory.Config, run, argv=["--profile", "smoke", "--out", str(tmp_path / "o")])
     assert seen[-1] == str(tmp_path / "env")
+    # --out naming the profile's own folder keeps the checkpoints where that folder's experiments keep them
+    monkeypatch.delenv(_runner.CHECKPOINTS_VARIABLE)
+    monkeypatch.setenv("DALIGN_RESULTS", str(tmp_path / "results"))
+    _runner.main(theory.Config, run, argv=["--profile", "smoke", "--out", str(tmp_path / "results" / "smoke")])
+    assert seen[-1] is None
 
 
 def test_a_sweeps_checkpoint_root_lies_under_out(tmp_path, monkeypatch):

@@ -186,6 +186,16 @@ def check_results_folder(folder: Path, flag: str = "--out") -> None:
                          f"({err.strerror or err}); choose a folder you can write to") from None
 
 
+def _is_default_folder(out: Path, config: ExperimentConfig) -> bool:
+    """Whether ``--out`` names the results folder the experiment uses anyway (``results/<profile>`` or its
+    ``+<hash>`` folder): its checkpoints then stay where the experiments of that folder keep them."""
+    try:
+        given = out.expanduser().resolve()
+        return given in (default_results_dir(config).resolve(), default_results_dir(config.profile).resolve())
+    except OSError:
+        return False
+
+
 def _yaml_config(path: Path) -> dict[str, Any]:
     """``--config FILE.yaml``: a mapping of config fields (``profile`` and ``seed`` included), lists as tuples."""
     import yaml
@@ -306,7 +316,7 @@ def main(config_cls: type[ExperimentConfig], run: Callable, description: str | N
         return
     if args.checkpoints is not None:
         os.environ[CHECKPOINTS_VARIABLE] = str(args.checkpoints.expanduser().resolve())
-    elif args.out is not None and not os.environ.get(CHECKPOINTS_VARIABLE):
+    elif args.out is not None and not os.environ.get(CHECKPOINTS_VARIABLE) and not _is_default_folder(args.out, config):
         os.environ[CHECKPOINTS_VARIABLE] = str((args.out.expanduser() / "checkpoints").resolve())
     name = experiment_name(config)
     try:
