@@ -357,3 +357,20 @@ def slope_figure(trend: pd.DataFrame):
     ax.set_ylabel(r"slope of $\log d_{\mathrm{align}}$ on $\log N$")
     plots._legend(ax, ncols=2)
     return fig
+
+
+def describe_costs(runs: pd.DataFrame) -> str:
+    """One generated sentence: what each context's runs cost (training and measurement, seconds on one thread)."""
+    if runs.empty or "seconds" not in runs or runs.seconds.isna().all():
+        return "The runs' times were not recorded at this profile."
+    per = runs.groupby("context").seconds.sum()
+    widest = runs[runs.width == runs.width.max()].groupby("context").seconds.mean()
+    return ("Training and measuring every run of a context took, summed over its runs on one thread each, "
+            + ", ".join(f"{_duration(per[t])} at $T = {t}$" for t in per.index)
+            + f"; one run of the widest width ($N = {runs.width.max()}$) "
+            + ", ".join(f"{widest[t]:.0f} s" for t in widest.index)
+            + " (attention through PyTorch's fused scaled-dot-product kernel).")
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
