@@ -490,3 +490,21 @@ def test_failed_jobs_end_the_command_in_one_line_naming_them(capsys):
     assert exit_.value.code == 1
     assert capsys.readouterr().err.strip() == ("theory: error: 2 job(s) failed: N16_seed0, N32_seed1 (the finished "
                                                "jobs are kept)")
+
+
+@pytest.mark.slow
+def test_a_real_torchrun_with_a_bad_ranks_per_job_says_it_once(tmp_path):
+    """Two real ranks: one error line (rank 0's), and no traceback from any rank (torchrun's own summary of the
+    failed ranks follows, which is the launcher's, not ours)."""
+    import shutil
+
+    torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "DALIGN_WORKERS": "1"}
+    done = subprocess.run([torchrun, "--standalone", "--nproc_per_node=2", "-m", "dalign_core.experiments.llama_width",
+                           "--profile", "smoke", "--ranks-per-job", "3", "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert done.returncode != 0
+    errors = [line for line in done.stderr.splitlines() if "error: --ranks-per-job" in line]
+    assert len(errors) == 1 and "do not divide the world size 2" in errors[0], done.stderr[-3000:]
+    assert "dalign_core" not in "".join(line for line in done.stderr.splitlines() if line.lstrip().startswith("File "))
+    assert not (tmp_path / "o").exists()

@@ -296,7 +296,13 @@ def main(config_cls: type[ExperimentConfig], run: Callable, description: str | N
             overrides["seed"] = args.seed
         config = config_cls.for_profile(profile, **overrides)
         if ctx.distributed:  # one line here, not one traceback per rank later
-            groups = distributed.ranks_per_job(getattr(config, "widths", ()) or (), ctx.world_size)
+            try:
+                groups = distributed.ranks_per_job(getattr(config, "widths", ()) or (), ctx.world_size)
+            except ValueError as error:  # name the option the user gave, not the variable it sets
+                text = str(error)
+                if args.ranks_per_job is not None:
+                    text = text.replace(f"{distributed.RANKS_PER_JOB_VARIABLE}=", "--ranks-per-job ", 1)
+                raise ValueError(text) from None
             batch = getattr(config, "batch_size", None)
             odd = sorted({g for g in groups.values() if batch and batch % g})
             if odd:
