@@ -388,6 +388,9 @@ def main(argv: list[str] | None = None) -> int:
     # scripts and tests, but under Agg a notebook's figures never reach its outputs;
     # the inline backend captures them (and needs no display).
     os.environ["MPLBACKEND"] = INLINE_BACKEND
+    # The chapters keep their data cache (tokenizers, the corpus, chapter 7's trained model) in the repository, as
+    # `make` sets it, also when this script runs on its own (the library alone uses the user's cache folder).
+    os.environ.setdefault("DALIGN_CACHE", str(REPO_ROOT / ".cache" / "dalign"))
     notebooks = find_notebooks(NOTEBOOKS)
     if args.only:
         wanted = {Path(name).stem for name in args.only}
