@@ -51,11 +51,9 @@ def _new_empty_file(folder: Path, prefix: str, suffix: str) -> Path:
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    """Write ``data`` to ``path`` via a temporary file in the same folder and an atomic rename."""
-    with atomic_path(path) as tmp, open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
+    """Write ``data`` to ``path`` via a temporary file in the same folder and an atomic rename (a failure, such as
+    a full disk, names ``path`` and leaves its old version in place)."""
+    replace_all([(path, data)])
     return Path(path)
 
 

@@ -652,3 +652,22 @@ def test_rank_arch_with_a_truncated_state_dict_names_the_file(tmp_path, capsys, 
     torch.save({"inputs": torch.zeros(8, 4), "targets": torch.zeros(8, dtype=torch.long)}, tmp_path / "d.pt")
     _fails(capsys, ["rank", "--arch", "torch.nn:Linear", "--arch-kwargs", '{"in_features": 4, "out_features": 3}',
                     "--model", str(path), "--data", str(tmp_path / "d.pt")], path.name)
+
+
+def test_a_full_disk_while_writing_out_is_one_sentence_and_keeps_the_old_csv(root, tmp_path, capsys, monkeypatch):
+    import errno
+
+    from dalign_core import atomic
+
+    out = tmp_path / "geometry.csv"
+    out.write_text("old results\n")
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(atomic.os, "fsync", full)
+    assert main(_argv(root / "good", root / "data.txt", "--out", str(out))) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("dalign: error: ") and "No space left on device" in err[0], err
+    assert str(out) in err[0]  # the table was printed; the file it could not write is named
+    assert out.read_text() == "old results\n" and [p.name for p in tmp_path.iterdir()] == ["geometry.csv"]
