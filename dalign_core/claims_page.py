@@ -64,13 +64,14 @@ _STYLE = """
 .dalign-claims th, .dalign-claims td { padding: 0.15rem 0.35rem; vertical-align: top; text-align: left;
   border-bottom: 1px solid rgba(128, 128, 128, 0.35); overflow-wrap: anywhere; word-break: normal; }
 .dalign-claims thead th { font-weight: 600; border-bottom: 2px solid rgba(128, 128, 128, 0.6); }
-.dalign-claims col.claim { width: 22%; }
+.dalign-claims col.claim { width: 24%; }
 .dalign-claims .group-note { text-transform: none; letter-spacing: 0; font-weight: normal; }
 .dalign-claims th.group { padding-top: 0.45rem; font-size: 0.75rem; text-transform: uppercase; letter-spacing: 0.03em;
   opacity: 0.75; border-bottom: none; }
-.dalign-claims tr.regime th, .dalign-claims tr.regime td { font-size: 0.75rem; font-weight: normal; opacity: 0.9; }
+.dalign-claims tr.regime th, .dalign-claims tr.regime td { font-size: 0.7rem; line-height: 1.2; font-weight: normal;
+  opacity: 0.9; }
 .dalign-claims tr.regime td div + div { margin-top: 0.1rem; }
-.dalign-claims .scope-label { display: block; margin-top: 0.1rem; }
+.dalign-claims .scope-label { display: block; margin-top: 0.05rem; }
 .dalign-claims .verdict { display: inline-block; margin: 0 0.2rem 0.1rem 0; padding: 0 0.4rem;
   border-radius: 0.8rem; font-size: 0.75rem; line-height: 1.4; font-weight: 600; white-space: normal;
   text-decoration: none; border: 1px solid transparent; }
@@ -176,7 +177,7 @@ def _count(value) -> str:
 
 def _widths(value) -> str:
     text = str(value).strip().strip("[]()")
-    parts = [p for p in text.replace(";", ",").replace(" ", ",").split(",") if p]
+    parts = [p for p in text.replace(";", ",").replace("/", ",").replace(" ", ",").split(",") if p]
     try:
         numbers = sorted(int(float(p)) for p in parts)
     except ValueError:

@@ -95,3 +95,35 @@ def test_an_empty_table_says_so():
 def test_verdict_classes():
     assert claims_page.verdict_class(NOT_RUN) == "v-not-run"
     assert claims_page.verdict_class("not reproduced") == "v-not-reproduced"
+
+
+def test_each_family_states_its_regime_and_the_papers():
+    """With the claims table's regime columns, the grid heads each family with the regime its verdicts were reached
+    in and the paper's; a verdict that holds only at this scale is starred; without the columns nothing breaks."""
+    table = _table().assign(regime="", paper_regime="", at_this_scale=False)
+    table.loc[table.scope == "Pythia, 6 layers", "regime"] = "N = 32–128, 6 layers, context 64"
+    table.loc[table.scope.str.startswith("Pythia"), "paper_regime"] = "pythia-14m to 70m, trained on the Pile"
+    table.loc[table.verdict == "contradicted", "at_this_scale"] = True
+    page = claims_page.claims_grid_html(table)
+    grid = page.split('<div class="dalign-claims dalign-details">')[0]
+    assert "Our regime (this profile)" in grid and "N = 32–128, 6 layers, context 64" in grid
+    assert "The paper's regime" in grid and "pythia-14m to 70m, trained on the Pile" in grid
+    assert "contradicted*" in grid and "A star marks a verdict that holds at this scale only." in grid
+    assert "title=" not in page  # nothing is said only in a tooltip
+    plain = claims_page.claims_grid_html(_table())
+    assert "Our regime" not in plain and "The paper's regime" not in plain and "*" not in plain.split("</style>")[1]
+
+
+def test_regime_text_is_built_from_the_columns_when_not_given():
+    row = pd.Series(dict(widths="32/64/128/256", depth=2.0, context=128.0, train_tokens=1229347.0))
+    assert claims_page.regime_text(row, "LLaMA") == "N = 32–256 (4 widths) · 2 layers · context 128 · 1.23M tokens seen"
+    image = pd.Series(dict(widths="8/12/16", depth=20.0, image_size="32×32"))
+    assert claims_page.regime_text(image, "ResNet-20") == "N = 8–16 (3 widths) · 20 layers · 32×32 images"
+    assert claims_page.regime_text(pd.Series(dict(regime="as stated")), "LLaMA") == "as stated"
+    assert claims_page.regime_text(pd.Series(dict(claim="x")), "LLaMA") == ""
+
+
+def test_the_details_list_every_check_without_a_wide_table():
+    page = claims_page.claims_details_html(_table())
+    assert page.count("<dt>") == len(_table()) and "<table" not in page
+    assert "slope -1.20 [-1.70, -0.70]" in page and "the evidence: the Pythia chapter" in page
