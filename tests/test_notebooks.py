@@ -325,10 +325,6 @@ def test_a_second_build_in_the_same_folder_is_refused(tmp_path):
     assert failing.returncode == 3  # the command's own status comes back
 
 
-TAKEAWAYS_PENDING: set[str] = set()
-"""Chapters still being written, whose takeaways are not in yet (each must leave this set when they are)."""
-
-
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_every_chapter_ends_alike(path):
     """The same closing sections in every chapter: Takeaways, Exercises, Rerun this chapter (in that order)."""
@@ -337,9 +333,7 @@ def test_every_chapter_ends_alike(path):
     nb = nbformat.read(path, as_version=4)
     sections = [cell.source.splitlines()[0][3:].strip() for cell in nb.cells
                 if cell.cell_type == "markdown" and cell.source.startswith("## ")]
-    closing = ["Exercises", "Rerun this chapter"]
-    if path.stem not in TAKEAWAYS_PENDING:
-        closing = ["Takeaways"] + closing
+    closing = ["Takeaways", "Exercises", "Rerun this chapter"]
     assert sections[-len(closing):] == closing, f"{path.name} ends with {sections[-len(closing):]}, not {closing}"
     takeaways = next((cell.source for cell in nb.cells if cell.source.startswith("## Takeaways")), "")
     assert not re.search(r"\d\.\d|\d%", takeaways), (
