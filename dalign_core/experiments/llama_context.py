@@ -102,6 +102,10 @@ class Config(LlamaConfig):
             if uneven:
                 raise ValueError(f"{field}={value} must be a multiple of every context and hold at least {least} "
                                  f"sequence(s) of each; it does not at contexts {uneven}")
+        short = [t for t in self.contexts if not self.budgets_at(t)]
+        if short:
+            raise ValueError(f"pool_tokens={self.pool_tokens} leaves no budget of {self.budgets} with M + K at most a "
+                             f"quarter of the pool at contexts {short}; use a larger pool_tokens or smaller budgets")
         super().__post_init__()
 
     def sweeps(self) -> list["Config"]:
@@ -110,8 +114,13 @@ class Config(LlamaConfig):
                         pool_size=self.pool_tokens // t, eval_examples=self.pool_tokens // t,
                         validation_examples=self.pool_tokens // t, capture_batch=min(self.capture_batch,
                                                                                        self.pool_tokens // t),
-                        unit_contexts=tuple(u for u in self.unit_contexts if u <= t) or (t,))
+                        budgets=self.budgets_at(t), unit_contexts=tuple(u for u in self.unit_contexts if u <= t) or (t,))
                 for t in self.contexts]
+
+    def budgets_at(self, context: int) -> tuple[tuple[int, int], ...]:
+        """The budgets (M, K) a pool of ``pool_tokens / context`` sequences holds with M + K at most a quarter of it
+        (the sweep's rule, so the two means share little): at cpu, (16, 16) is left out at T = 2,048 (64 sequences)."""
+        return tuple(b for b in self.budgets if sum(b) <= self.pool_tokens // context // 4)
 
 
 class LlamaContextFamily(LlamaFamily):
