@@ -151,3 +151,13 @@ def test_each_contexts_slope_test_is_calibrated_at_its_committed_noise():
         assert np.isclose(detectable, row.detectable, rtol=0.02)
         effect = trend.simulate_labels(slope=detectable, seed=12, **design)
         assert effect["reproduced"] >= 0.75  # the slope the row says it detects is found most of the time
+
+
+def test_each_context_keeps_the_budgets_its_pool_holds():
+    config = llama_context.Config.for_profile("cpu")
+    for sweep in config.sweeps():
+        assert sweep.budgets and all(4 * sum(b) <= sweep.pool_size for b in sweep.budgets)
+        assert sweep.budget_judged == (8, 8)  # the misalignment claim is read at one budget at every context
+    assert config.budgets_at(2048) == ((4, 4), (8, 8)) and config.budgets_at(128) == config.budgets
+    with pytest.raises(ValueError, match="leaves no budget"):
+        llama_context.Config.for_profile("cpu", pool_tokens=4 * 2048)
