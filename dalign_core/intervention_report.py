@@ -44,6 +44,7 @@ the rule at a design.
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -59,7 +60,7 @@ __all__ = ["PAPER_RETENTION", "Z_BINS", "SIGN_BANDS", "FIRST_ORDER_TOLERANCE", "
            "describe_positive_share", "FAMILY_NAMES", "PREDICTION_MARGIN", "SETTING_NAMES", "prediction_label",
            "sign_prediction", "prediction_design", "simulate_prediction_verdict", "describe_prediction",
            "describe_prediction_calibration", "out_of_sample_steps", "out_of_sample_retention",
-           "out_of_sample_verdict", "describe_out_of_sample"]
+           "out_of_sample_verdict", "describe_out_of_sample", "simulate_out_of_sample_verdict"]
 
 PAPER_RETENTION = (0.96, 0.99)
 CLOSE_TO_ONE = 0.04
@@ -777,3 +778,23 @@ def describe_out_of_sample(curve: pd.DataFrame) -> str:
             f"from $\\mu_M$ alone; on K itself {_percent(r['same_sample'])} (Taylor's theorem): **{v['label']}** "
             f"({v['reason']}).")
     return "\n".join(lines) if lines else "No step was measured on E at this profile."
+
+
+def simulate_out_of_sample_verdict(draws_per_model: Sequence[int], retention: float, draw_sd: float = 0.3,
+                                   model_sd: float = 0.05, trials: int = 100, seed: int = 0) -> dict[str, float]:
+    """How often :func:`out_of_sample_verdict` gives each label when the models hold ``draws_per_model`` draws that
+    predict a decrease (first order holding on K) and ΔL_E keeps ``retention`` of the prediction from g_K on
+    average, each model off by N(0, ``model_sd``) and each draw by N(0, ``draw_sd``)."""
+    rng = np.random.default_rng(seed)
+    found = []
+    for trial in range(trials):
+        rows = []
+        for m, n in enumerate(draws_per_model):
+            kept = retention + rng.normal(0, model_sd) + rng.normal(0, draw_sd, n)
+            predicted = -np.linspace(1e-6, 2e-6, n)
+            rows.append(pd.DataFrame(dict(study="sign", family="f", model=f"m{m}", seed=0, setting="train/heldout",
+                                          kind="bias", optimizer_steps=0, train_decrease=1e-5, predicted=predicted,
+                                          observed=predicted, eval_observed=kept * predicted, eval_tie=False)))
+        curve = out_of_sample_retention(pd.concat(rows, ignore_index=True), resamples=200, seed=trial)
+        found.append(out_of_sample_verdict(curve)["f"]["label"])
+    return {label: found.count(label) / trials for label in sorted(set(found))}
