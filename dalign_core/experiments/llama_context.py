@@ -371,12 +371,14 @@ def slope_figure(trend: pd.DataFrame):
 
 
 def describe_costs(runs: pd.DataFrame) -> str:
-    """One generated sentence: what each context's runs cost (training and measurement, seconds on one thread)."""
+    """One generated sentence: what each context's runs cost (training and measurement: the wall time each run's
+    one-thread worker recorded, so it grows with whatever else the machine runs)."""
     if runs.empty or "seconds" not in runs or runs.seconds.isna().all():
         return "The runs' times were not recorded at this profile."
     per = runs.groupby("context").seconds.sum()
     widest = runs[runs.width == runs.width.max()].groupby("context").seconds.mean()
-    return ("Training and measuring every run of a context took, summed over its runs on one thread each, "
+    return ("Training and measuring the runs of a context took, summed over the wall times its runs recorded on one "
+            "thread each (so they include any other load on the machine), "
             + ", ".join(f"{_duration(per[t])} at $T = {t}$" for t in per.index)
             + f"; one run of the widest width ($N = {runs.width.max()}$) "
             + ", ".join(f"{widest[t]:.0f} s" for t in widest.index)
