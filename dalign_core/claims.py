@@ -317,7 +317,9 @@ def _width_rows(results: Path) -> list[Row]:
     for family, column, chapter in _WIDTH_FAMILIES:
         trend, misalignment = _read(results, f"{family}_trend"), _read(results, f"{family}_misalignment")
         geometry, provenance = _load(results, f"{family}_geometry")
-        regimes = _regimes(trend, column) if misalignment is not None else []
+        runs = _read(results, f"{family}_runs")
+        # a regime whose runs all failed has no trend rows: it is reported from the runs table, not left out
+        regimes = sorted(set(_regimes(trend, column)) | set(_regimes(runs, column))) if misalignment is not None else []
         if not regimes:
             ours = STALE if _stale(results, f"{family}_trend") else "—"
             rows += [Row(claim, _scope(family, column, None), paper, ours, NOT_RUN, chapter,
@@ -337,7 +339,10 @@ def _width_rows(results: Path) -> list[Row]:
             for (claim, paper, where), quantity, judged, median in zip(_WIDTH_CLAIMS, _QUANTITIES, judged_rows,
                                                                         medians):
                 label = NOT_RUN if judged.label == "not run" else judged.label
-                if label == NOT_RUN:
+                untrained = _untrained(_part(runs, column, value)) if label == NOT_RUN and runs is not None else None
+                if untrained:
+                    label, ours = "not estimable", untrained
+                elif label == NOT_RUN:
                     ours = "—"
                 elif label == "not estimable":
                     counts = estimability(judged_at[judged_at.step.isin(late_steps(judged_at))])
@@ -352,6 +357,19 @@ def _width_rows(results: Path) -> list[Row]:
                                 judged.slope_lo, judged.slope_hi, judged.detectable, d_align_median=median,
                                 reference=reference_text(family, quantity), **regime))
     return rows
+
+
+def _untrained(runs: pd.DataFrame) -> str | None:
+    """Why a regime that ran has no slope: fewer than two of its widths have a run that beat the baseline (None when
+    it did not run at all, or has two such widths)."""
+    if runs is None or runs.empty:
+        return None
+    ok = runs[runs.trained_ok.astype(bool)]
+    if ok.width.nunique() >= 2:
+        return None
+    trained = ", ".join(f"N = {w}" for w in sorted(ok.width.unique())) or "none"
+    return (f"{len(ok)} of {len(runs)} runs beat the bigram baseline (widths with a trained run: {trained}): "
+            "a width slope needs two trained widths")
 
 
 def _llama_numbers(results: Path) -> Row:

@@ -191,7 +191,16 @@ def test_every_width_row_states_its_regime_and_its_own_reference():
     assert len(width) >= 12
     for row in width.itertuples():
         family = row.scope.split(",")[0]
-        geometry = pd.read_csv(CPU / f"{ {'LLaMA': 'llama', 'Pythia': 'pythia', 'ResNet-20': 'resnet'}[family]}_geometry.csv")
+        name = {'LLaMA': 'llama', 'Pythia': 'pythia', 'ResNet-20': 'resnet'}[family]
+        if row.chapter == "09_llama_context":  # the context study: one regime per context, its trained widths
+            runs = pd.read_csv(CPU / "llama_context_runs.csv")
+            runs = runs[(runs.context == int(row.context)) & runs.trained_ok.astype(bool)]
+            if runs.width.nunique() < 2:
+                assert row.verdict == "not estimable" and "beat the bigram baseline" in row.ours
+                continue
+            geometry = runs
+        else:
+            geometry = pd.read_csv(CPU / f"{name}_geometry.csv")
         if family == "Pythia":
             geometry = geometry[geometry.depth == int(row.depth)]
         assert row.widths == "/".join(map(str, sorted(geometry.width.unique())))  # read from the results files
@@ -301,3 +310,29 @@ def test_the_context_study_gives_one_row_per_context_with_its_regime(tmp_path):
     # beside another profile, the context rows keep the family's own LLaMA row
     merged = claims.by_profile({"cpu": table, "gpu": claims.claims_table(tmp_path / "none")})
     assert ("d_align rises with width (matched steps)", "LLaMA, context 16") in set(zip(merged.claim, merged.scope))
+
+
+def test_a_regime_whose_runs_failed_is_not_estimable_and_says_why():
+    import pandas as pd
+
+    from dalign_core.claims import _untrained
+
+    runs = pd.DataFrame(dict(width=[32, 32, 64, 64], trained_ok=[False, False, True, False]))
+    assert "1 of 4 runs beat the bigram baseline (widths with a trained run: N = 64)" in _untrained(runs)
+    assert "trained run: none" in _untrained(runs.assign(trained_ok=False))
+    assert _untrained(runs.assign(trained_ok=True)) is None  # two trained widths: a slope can be fitted
+    assert _untrained(runs.iloc[0:0]) is None  # nothing ran: "not run", not "not estimable"
+
+
+def test_the_committed_context_study_reports_every_context_it_ran():
+    from dalign_core.config import REPO_ROOT
+    from dalign_core.results import read_table
+
+    results = REPO_ROOT / "results" / "cpu"
+    if not (results / "llama_context_runs.csv").exists():
+        pytest.skip("the cpu context study has not been committed")
+    claims = read_table(results, "claims")[0]
+    contexts = set(read_table(results, "llama_context_runs")[0].context)
+    scoped = claims[claims.chapter == "09_llama_context"]
+    assert {f"LLaMA, context {t}" for t in contexts} == set(scoped.scope)
+    assert "not run" not in " ".join(scoped.verdict)  # every context ran: a failed one is not estimable, not "not run"
