@@ -161,3 +161,11 @@ def test_each_context_keeps_the_budgets_its_pool_holds():
     assert config.budgets_at(2048) == ((4, 4), (8, 8)) and config.budgets_at(128) == config.budgets
     with pytest.raises(ValueError, match="leaves no budget"):
         llama_context.Config.for_profile("cpu", pool_tokens=4 * 2048)
+
+
+def test_contexts_without_two_trained_widths_are_named():
+    runs = pd.DataFrame(dict(context=[128] * 4 + [2048] * 4, width=[32, 32, 64, 64] * 2,
+                             trained_ok=[True, True, True, False, False, False, True, False]))
+    text = llama_context.describe_trained_contexts(runs, 2048)
+    assert "$T = 2048$ (1 of 4 runs trained, 1 sequence(s) a step)" in text and "T = 128" not in text
+    assert "every context" in llama_context.describe_trained_contexts(runs.assign(trained_ok=True), 2048)

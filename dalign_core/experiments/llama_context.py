@@ -387,3 +387,18 @@ def describe_costs(runs: pd.DataFrame) -> str:
 
 def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
+
+
+def describe_trained_contexts(runs: pd.DataFrame, tokens_per_step: int) -> str:
+    """One generated sentence: the contexts where fewer than two widths trained, so no width trend can be read."""
+    if runs.empty:
+        return ""
+    ok = runs.trained_ok.astype(bool)
+    short = [t for t in sorted(runs.context.unique()) if runs[ok & (runs.context == t)].width.nunique() < 2]
+    if not short:
+        return "At every context at least two widths trained, so each has a width slope."
+    counts = ", ".join(f"$T = {t}$ ({int((ok & (runs.context == t)).sum())} of {int((runs.context == t).sum())} "
+                       f"runs trained, {tokens_per_step // t} sequence(s) a step)" for t in short)
+    return (f"At {counts} fewer than two widths beat the bigram baseline, so no width slope can be read there: with "
+            "the tokens of a step held fixed, a longer context means fewer sequences a step, and the fixed number of "
+            "steps did not suffice at these contexts.")
