@@ -14,7 +14,7 @@ import secrets
 from pathlib import Path
 from typing import Iterator
 
-__all__ = ["atomic_path", "atomic_write_bytes", "atomic_write_text", "replace_all"]
+__all__ = ["atomic_path", "atomic_write_bytes", "atomic_write_text", "replace_all", "require_writable"]
 
 
 @contextlib.contextmanager
@@ -91,3 +91,16 @@ def replace_all(contents: "list[tuple[str | os.PathLike, bytes]]") -> None:
     finally:
         for tmp, _ in written:
             tmp.unlink(missing_ok=True)
+
+
+def require_writable(flag: str, path: "str | os.PathLike", folder: "str | os.PathLike") -> None:
+    """Refuse ``path`` (named by the option ``flag``) when no file can be created in ``folder``, its nearest existing
+    folder: read-only, no permission. One line, with what to do."""
+    import tempfile  # noqa: PLC0415
+
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        raise ValueError(f"{flag} {str(path)!r} cannot be written: no file can be created in {str(folder)!r} "
+                         f"({err.strerror or err}); choose a folder you can write to") from None

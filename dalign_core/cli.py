@@ -402,7 +402,8 @@ def _check_out(path: Path, inputs: tuple = (), flag: str = "--out") -> None:
     protects every file in it).
     """
     import os
-    import tempfile
+
+    from dalign_core.atomic import require_writable
 
     if not str(path).strip():
         raise ValueError(f"{flag} is empty; give a file name, e.g. {flag} geometry.csv")
@@ -427,12 +428,7 @@ def _check_out(path: Path, inputs: tuple = (), flag: str = "--out") -> None:
         if not path.stat().st_mode & 0o222 or not os.access(path, os.W_OK):
             raise ValueError(f"{flag} {str(path)!r} is read-only; choose another file name, or make it writable "
                              f"(chmod u+w {str(path)!r})")
-    try:
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as err:
-        raise ValueError(f"{flag} {str(path)!r} cannot be written: no file can be created in {str(folder)!r} "
-                         f"({err.strerror or err}); choose a folder you can write to") from err
+    require_writable(flag, path, folder)
 
 
 def _same_or_inside(path: Path, given: Path) -> bool:

@@ -368,17 +368,11 @@ def check_tokenizer_fits(tokenizer, model) -> None:
         )
 
 
-_POSITION_FIELDS = ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length")
-
-
 def _position_field(model) -> tuple[str, int] | None:
     """(name, value) of the config field that bounds the sequence length; None if the config states none."""
-    config = getattr(model, "config", None)
-    for name in _POSITION_FIELDS:
-        value = getattr(config, name, None)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return name, value
-    return None
+    from dalign_core.hooks import _position_limit  # noqa: PLC0415  (one reading of the config's position fields)
+
+    return _position_limit(model)
 
 
 def max_positions(model) -> int | None:

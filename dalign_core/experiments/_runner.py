@@ -52,7 +52,7 @@ import pandas as pd
 
 from dalign_core import distributed, workers
 from dalign_core._env import env_flag
-from dalign_core.atomic import atomic_write_text
+from dalign_core.atomic import atomic_write_text, require_writable
 from dalign_core.config import PROFILES, ExperimentConfig, default_results_dir, parse_overrides
 from dalign_core.results import results_current, write_tables
 
@@ -167,8 +167,6 @@ def check_results_folder(folder: Path, flag: str = "--out") -> None:
     """Refuse a results folder that cannot hold results, before any work: an existing file (or a path under one),
     or a folder where no file can be created (read-only, no permission). A full disk shows only when the tables
     are written; the old tables are then kept (:func:`dalign_core.results.write_tables`)."""
-    import tempfile
-
     folder = Path(folder).expanduser()
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"{flag} {str(folder)!r} is a file, not a folder; give a results folder (it is created if "
@@ -178,12 +176,7 @@ def check_results_folder(folder: Path, flag: str = "--out") -> None:
         existing = existing.parent
     if not existing.is_dir():
         raise ValueError(f"{flag} {str(folder)!r} cannot be created: {str(existing)!r} is a file, not a folder")
-    try:
-        with tempfile.TemporaryFile(dir=existing):
-            pass
-    except OSError as err:
-        raise ValueError(f"{flag} {str(folder)!r} cannot be written: no file can be created in {str(existing)!r} "
-                         f"({err.strerror or err}); choose a folder you can write to") from None
+    require_writable(flag, folder, existing)
 
 
 def _is_default_folder(out: Path, config: ExperimentConfig) -> bool:
