@@ -354,6 +354,12 @@ def claims_grid_html(table: pd.DataFrame, link: bool = True, details: bool = Tru
     """
     if table.empty:
         return '<div class="dalign-claims"><p>No claim was judged.</p></div>'
+    # The context study varies one family's context, not the family: its rows get a grid of their own, one column
+    # per context, under the families' grid (which then stays one screen tall).
+    in_study = table.chapter == CONTEXT_CHAPTER if "chapter" in table else pd.Series(False, index=table.index)
+    study, table = table[in_study], table[~in_study]
+    if table.empty:
+        return context_grid_html(study, link)
     families = _families(table)
     claims = list(dict.fromkeys(table.claim))
     judged = [c for c in claims if (table[table.claim == c].verdict != NOT_RUN).any()]
@@ -367,9 +373,25 @@ def claims_grid_html(table: pd.DataFrame, link: bool = True, details: bool = Tru
         parts.append(_table_html(table, idle, families, link))
         parts.append("</details>")
     parts.append("</div>")
+    if not study.empty:
+        parts.append(context_grid_html(study, link, style=False))
     if details:
-        parts.append(claims_details_html(table, style=False))
+        parts.append(claims_details_html(pd.concat([table, study]), style=False))
     return "\n".join(parts)
+
+
+CONTEXT_CHAPTER = "09_llama_context"
+"""The chapter of the context study, whose rows :func:`claims_grid_html` shows in a grid of their own."""
+
+
+def context_grid_html(study: pd.DataFrame, link: bool = True, style: bool = True) -> str:
+    """The context study's width claims as a grid of claim × context (LLaMA at each context), with each context's
+    regime above its column, as the families' grid shows theirs."""
+    study = study.assign(scope=study.scope.str.replace(r"^[^,]*, ", "", regex=True))
+    claims = list(dict.fromkeys(study.claim))
+    return "\n".join([_STYLE if style else "", '<div class="dalign-claims" id="dalign-context-grid">',
+                      "<p><strong>The context study</strong> (LLaMA at each context, the same tokens per step):</p>",
+                      _table_html(study, claims, list(dict.fromkeys(study.scope)), link, regimes=True), "</div>"])
 
 
 DETAIL_COLUMNS = (("paper", "The paper"), ("ours", "Ours"), ("d_align_median", "median d<sub>align</sub>"),

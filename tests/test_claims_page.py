@@ -127,3 +127,18 @@ def test_the_details_list_every_check_without_a_wide_table():
     page = claims_page.claims_details_html(_table())
     assert page.count("<dt>") == len(_table()) and "<table" not in page
     assert "slope -1.20 [-1.70, -0.70]" in page and "the evidence: the Pythia chapter" in page
+
+
+def test_the_context_study_has_a_grid_of_its_own_under_the_families():
+    import pandas as pd
+
+    rows = pd.DataFrame([
+        dict(claim="d_align rises with width (matched steps)", scope="LLaMA", verdict="contradicted",
+             chapter="02_llama_width", paper="rises (§1)", ours="", rule=""),
+        dict(claim="d_align rises with width (matched steps)", scope="LLaMA, context 512", verdict="reproduced",
+             chapter="09_llama_context", paper="rises (§1)", ours="", rule=""),
+    ])
+    page = claims_page.claims_grid_html(rows)
+    main, study = page.split('id="dalign-context-grid"')
+    assert "context 512" not in main.split("</div>")[0]  # the families' grid keeps one LLaMA column
+    assert "context 512" in study and "reproduced" in study
