@@ -68,7 +68,15 @@ def repository_url(config_url: str) -> str:
     scheme, sep, rest = url.partition("://")
     if sep and "@" in rest.split("/", 1)[0]:  # https://user:token@host/...: never publish credentials
         url = f"{scheme}://{rest.split('@', 1)[1]}"
-    return url.removesuffix(".git").rstrip("/")
+    url = url.removesuffix(".git").rstrip("/")
+    # A clone's origin is often a local folder (a fresh clone of a checkout, CI): no page to link to. And the theme
+    # knows the hosts of these providers only; any other address would stop the build.
+    host = url.partition("://")[2].split("/", 1)[0].lower() if url.startswith(("https://", "http://")) else ""
+    return url if any(host == p or host.endswith("." + p) for p in PROVIDERS) else ""
+
+
+PROVIDERS = ("github.com", "gitlab.com", "bitbucket.org")
+"""The repository hosts the book's theme builds links and launch buttons for."""
 
 
 WIDE_PAGES = ("chapters/06_claims",)
