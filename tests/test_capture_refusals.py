@@ -7,12 +7,13 @@ test compares with a per-example computation that does not use dalign_core, on t
 
 from __future__ import annotations
 
-import copy
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from _autograd import z_gradient
 
 from dalign_core.hooks import CaptureError, accumulate_geometry, activation_gradients, iter_activation_gradients
 
@@ -45,21 +46,9 @@ def tiny_bert(cls, **extra):
     return cls(bert_config(**extra)).eval()
 
 
-def _z_grad(model, layer, inputs: dict, loss_of) -> torch.Tensor:
+def _z_grad(model, layer, inputs, loss_of) -> torch.Tensor:
     """∂loss/∂z of a single example by plain autograd on a copy of the model (no dalign_core), shape z[0]."""
-    model = copy.deepcopy(model)
-    store = {}
-
-    def hook(module, args, output):
-        z = output[0] if isinstance(output, tuple) else output
-        z.retain_grad()
-        store["z"] = z
-
-    handle = dict(model.named_modules())[layer].register_forward_hook(hook)
-    output = model(**inputs) if isinstance(inputs, dict) else model(inputs)
-    handle.remove()
-    loss_of(output).backward()
-    return store["z"].grad[0]
+    return z_gradient(model, layer, lambda m: m(**inputs) if isinstance(inputs, dict) else m(inputs), loss_of)
 
 
 def _relative(a: torch.Tensor, b: torch.Tensor) -> float:

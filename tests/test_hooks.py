@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import copy
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from _autograd import z_gradient
 
 from dalign_core.estimators import estimate_geometry
 from dalign_core.hooks import (
@@ -68,19 +69,7 @@ def lm_batch(seed: int = 1, b: int = 5, T: int = 12):
 
 def _brute_force(model, layer, make_input, loss_of) -> torch.Tensor:
     """∂ℓ/∂z for one example alone, by plain autograd on a copy of the model (independent of dalign_core)."""
-    model = copy.deepcopy(model)
-    store = {}
-
-    def hook(module, args, output):
-        z = output[0] if isinstance(output, tuple) else output
-        z.retain_grad()
-        store["z"] = z
-
-    handle = dict(model.named_modules())[layer].register_forward_hook(hook)
-    output = model(make_input())
-    handle.remove()
-    loss_of(output).backward()
-    return store["z"].grad[0]
+    return z_gradient(model, layer, lambda m: m(make_input()), loss_of)
 
 
 def _lm_loss(output, ids):

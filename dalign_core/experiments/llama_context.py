@@ -327,6 +327,7 @@ def context_figure(late: pd.DataFrame, band: tuple[float, float] = PAPER_BAND):
     """d_align (late-quarter geometric mean) against context, one line per width (seed geometric mean; points: runs),
     with the paper's band shaded. Returns the Figure."""
     import matplotlib.pyplot as plt  # noqa: PLC0415  (plotting is optional: the plots extra)
+    from matplotlib.ticker import FuncFormatter  # noqa: PLC0415
 
     from dalign_core import plots  # noqa: PLC0415
 
@@ -341,8 +342,8 @@ def context_figure(late: pd.DataFrame, band: tuple[float, float] = PAPER_BAND):
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xticks(sorted(late.context.unique()) if len(late) else [])
-    ax.xaxis.set_major_formatter(plots.FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.yaxis.set_major_formatter(plots.FuncFormatter(plots.tick_label))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_major_formatter(FuncFormatter(plots.tick_label))
     ax.set_xlabel("context $T$ (tokens per sample)")
     ax.set_ylabel(plots.LABELS["d_align"] + " (last quarter)")
     plots._legend(ax, ncols=4)
