@@ -9,7 +9,7 @@ of widths 128 … 1024, the same batches go through:
                     point* (``autograd.grad`` of the mean next-token loss with respect to that
                     layer's output, the loss on the logits as the model returns them: no copy of
                     them, no parameter gradients). ``x floor`` is each method's time over it.
-* ``capture``     — :func:`dalign_core.hooks.accumulate_geometry` at one decoder layer:
+* ``capture``     — :func:`dalign_core.capture.hooks.accumulate_geometry` at one decoder layer:
                     forward, ``autograd.grad`` of the summed per-example losses with respect
                     to that layer's output, streaming Gram update, and the final estimate
                     (with its default determinism check: example 0 of the first batch once more).
@@ -124,8 +124,8 @@ def _setup(args):
     import torch
     import torch.nn.functional as F
 
-    from dalign_core.estimators import GeometryAccumulator
-    from dalign_core.hooks import accumulate_geometry, activation_gradients
+    from dalign_core.geometry.estimators import GeometryAccumulator
+    from dalign_core.capture.hooks import accumulate_geometry, activation_gradients
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -205,7 +205,7 @@ def time_width(args) -> list[dict]:
     """Time every method at one width, interleaved round-robin over the repeats (robust to drifting load)."""
     import torch
 
-    from dalign_core.hooks import activation_gradients
+    from dalign_core.capture.hooks import activation_gradients
 
     model, data, layer, fns, sync, info = _setup(args)
     records = {m: {**info, "method": m, "n_layers_captured": args.layers if m == "capture_all" else 1,
@@ -337,7 +337,7 @@ def main(argv=None) -> int:
     import torch  # noqa: F401 - imported once here; forked workers inherit it
     import transformers  # noqa: F401
 
-    import dalign_core.hooks  # noqa: F401
+    import dalign_core.capture.hooks  # noqa: F401
     records = []
     started = time.perf_counter()
     for width in widths:

@@ -1,6 +1,6 @@
 """The redundancy check's per-example gradients: whole capture batches against micro-batches (``make bench``).
 
-:mod:`dalign_core.redundancy` needs each example's gradient of the candidate parameters, so it
+:mod:`dalign_core.capture.redundancy` needs each example's gradient of the candidate parameters, so it
 runs one backward pass per example. A backward pass costs as much as the forward graph it
 runs through, so from a forward pass of the whole capture batch (64 sequences in the LLaMA
 sweep) every example pays for 64; from forward passes of ``MICRO_BATCH`` rows it pays for
@@ -41,7 +41,7 @@ def time_width(config, width: int, examples: int, repeats: int, seed: int) -> di
 
     from dalign_core.experiments.llama_width import FAMILY
     from dalign_core.models.llama import LlamaWidthSpec, build_llama
-    from dalign_core.redundancy import MICRO_BATCH, _collect, candidate_parameters
+    from dalign_core.capture.redundancy import MICRO_BATCH, _collect, candidate_parameters
 
     spec = LlamaWidthSpec(width=width, depth=config.depth, head_dim=config.head_dim, vocab_size=config.vocab_size,
                           context=config.context)

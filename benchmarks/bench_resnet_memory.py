@@ -45,7 +45,7 @@ def time_width(config, width: int, steps: int, repeats: int, seed: int) -> dict:
     import torch
 
     from dalign_core.experiments.resnet_width import STAGE_WIDTH, ResNetFamily, to_float
-    from dalign_core.hooks import activation_gradients
+    from dalign_core.capture.hooks import activation_gradients
     from dalign_core.models.resnet import resnet20
 
     family = ResNetFamily()

@@ -4,7 +4,7 @@ For each width of the LLaMA sweep's profile (transformers ``LlamaForCausalLM`` b
 :func:`dalign_core.models.llama.build_llama` at the profile's depth, head dimension,
 context, vocabulary and batch size), on random token ids:
 
-* ``project`` — :func:`dalign_core.training.train` as a sweep calls it (AdamW, warm-up and
+* ``project`` — :func:`dalign_core.training.loop.train` as a sweep calls it (AdamW, warm-up and
   cosine decay, gradient clipping, no checkpoints): the time per optimizer step;
 * ``minimal`` — the shortest loop that does the same arithmetic, written out here: the
   same model, batches, AdamW settings, clipping and learning-rate schedule, with nothing
@@ -54,7 +54,7 @@ def _model_and_data(config, width: int, steps: int, seed: int):
 
 
 def _train_config(config, steps: int, lr: float):
-    from dalign_core.training import TrainConfig
+    from dalign_core.training.loop import TrainConfig
 
     return TrainConfig(steps=steps, batch_size=config.batch_size, lr=lr, warmup_steps=max(steps // 10, 1),
                        weight_decay=config.weight_decay, progress=False)
@@ -62,7 +62,7 @@ def _train_config(config, steps: int, lr: float):
 
 def project_loop(build, data, settings) -> None:
     """The project's training function, as a sweep runs it (no checkpoints)."""
-    from dalign_core.training import train
+    from dalign_core.training.loop import train
 
     train(build(), data, settings)
 

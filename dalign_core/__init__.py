@@ -2,13 +2,13 @@
 
 The bottom of the library knows nothing of models or files:
 
-* :mod:`dalign_core.bounds` — exact moments, effective dimensions, B_exact and B_align.
-* :mod:`dalign_core.estimators` — unbiased Gram U-statistics from per-example gradients.
+* :mod:`dalign_core.geometry.bounds` — exact moments, effective dimensions, B_exact and B_align.
+* :mod:`dalign_core.geometry.estimators` — unbiased Gram U-statistics from per-example gradients.
 
 Beside them, :mod:`dalign_core.config` holds the profiles (smoke, cpu, gpu, paper),
 the repository root and the experiments' config base class, and
 :mod:`dalign_core.atomic` the atomic file writes. Above them,
-:mod:`dalign_core.results` writes results with provenance and
+:mod:`dalign_core.report.results` writes results with provenance and
 :mod:`dalign_core.experiments` ties data, models and estimators together.
 """
 
@@ -21,8 +21,10 @@ from typing import Any
 # `dalign` command can catch Ctrl-C while torch loads (PEP 562).
 _LAZY = {
     **dict.fromkeys(("EffectiveDims", "alignment_mean", "alignment_variance", "b_align", "b_exact",
-                     "effective_dims", "n_eff"), "bounds"),
-    **dict.fromkeys(("Geometry", "GeometryAccumulator", "estimate_geometry", "plugin_geometry"), "estimators"),
+                     "effective_dims", "n_eff"), "geometry.bounds"),
+    **dict.fromkeys(("Geometry", "GeometryAccumulator", "estimate_geometry", "plugin_geometry"),
+                    "geometry.estimators"),
+    **dict.fromkeys(("activation_gradients", "accumulate_geometry", "CaptureError"), "capture.hooks"),
 }
 
 
@@ -41,9 +43,12 @@ def __dir__() -> list[str]:
 __version__ = "0.1.0"
 
 __all__ = [
+    "CaptureError",
     "EffectiveDims",
     "Geometry",
     "GeometryAccumulator",
+    "accumulate_geometry",
+    "activation_gradients",
     "alignment_mean",
     "alignment_variance",
     "b_align",

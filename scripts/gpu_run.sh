@@ -42,4 +42,4 @@ for experiment in "${experiments[@]}"; do
     "$PY" -m dalign_core.experiments.$experiment --profile gpu
 done
 echo "== all experiments done in $((SECONDS - started)) s"
-"$PY" -m dalign_core.report results/gpu
+"$PY" -m dalign_core.report.describe results/gpu

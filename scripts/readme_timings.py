@@ -2,7 +2,7 @@
 """The README's table of what each chapter costs to rerun, generated from ``results/cpu/timings.csv``.
 
 The same records fill the rerun box of every chapter and the course table of the book's landing page
-(:mod:`dalign_core.timings`), so the three cannot disagree: ``tests/test_readme.py`` fails when the README's block
+(:mod:`dalign_core.report.timings`), so the three cannot disagree: ``tests/test_readme.py`` fails when the README's block
 between ``<!-- timings:start -->`` and ``<!-- timings:end -->`` is not what this script writes.
 
 Usage::
@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from dalign_core import timings
+from dalign_core.report import timings
 from dalign_core.config import REPO_ROOT
 
 README = REPO_ROOT / "README.md"

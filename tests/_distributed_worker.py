@@ -28,12 +28,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from test_sweep import ToyConfig, ToyFamily  # noqa: E402
 
-from dalign_core import distributed  # noqa: E402
-from dalign_core.estimators import estimate_geometry  # noqa: E402
+from dalign_core.training import distributed  # noqa: E402
+from dalign_core.geometry.estimators import estimate_geometry  # noqa: E402
 from dalign_core.experiments._runner import run_experiment  # noqa: E402
-from dalign_core.misalignment import cross_gram, misalignment_probability  # noqa: E402
-from dalign_core.sweep import jobs_dir, run_sweep, tables_of  # noqa: E402
-from dalign_core.training import TrainConfig, list_checkpoints, lm_loss, load_weights, train  # noqa: E402
+from dalign_core.geometry.misalignment import cross_gram, misalignment_probability  # noqa: E402
+from dalign_core.sweep.run import jobs_dir, run_sweep, tables_of  # noqa: E402
+from dalign_core.training.loop import TrainConfig, list_checkpoints, lm_loss, load_weights, train  # noqa: E402
 
 CONFIG = ToyConfig(widths=(8, 16, 24), seeds=2)
 

@@ -1,6 +1,6 @@
 """Bad inputs to the `dalign` command: each gives a correct answer or one line that says what is wrong and what to do.
 
-Command-line cases go through ``dalign_core.cli.main`` (and one through ``python -m
+Command-line cases go through ``dalign_core.cli.app.main`` (and one through ``python -m
 dalign_core``); the API's own cases are in test_hooks.py and test_bounds.py.
 """
 
@@ -17,8 +17,8 @@ import pandas as pd
 import pytest
 import torch
 
-from dalign_core.bounds import b_align
-from dalign_core.cli import format_table, main
+from dalign_core.geometry.bounds import b_align
+from dalign_core.cli.app import format_table, main
 from dalign_core.config import REPO_ROOT
 
 transformers = pytest.importorskip("transformers")
@@ -121,7 +121,7 @@ def test_unexpected_tensors_are_refused(root, capsys):
 
 
 def test_tied_weights_are_not_missing(root):
-    from dalign_core.loading import load_model
+    from dalign_core.cli.loading import load_model
 
     folder = root / "tied"
     config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
@@ -230,12 +230,12 @@ def test_data_directory_is_named_as_such(root, capsys):
 
 @pytest.fixture
 def no_model_load(monkeypatch):
-    import dalign_core.loading
+    import dalign_core.cli.loading
 
     def refuse(*args, **kwargs):
         raise AssertionError("the model was loaded before --out was checked")
 
-    monkeypatch.setattr(dalign_core.loading, "load_model", refuse)
+    monkeypatch.setattr(dalign_core.cli.loading, "load_model", refuse)
 
 
 def test_out_directory_is_refused_before_loading(root, tmp_path, capsys, no_model_load):
@@ -435,7 +435,7 @@ def test_tokenizer_given_as_a_file_is_named_as_the_tokenizer(root, capsys, no_mo
 
 
 def test_a_negative_seed_is_one_sentence():
-    from dalign_core.cli import _check_common, build_parser
+    from dalign_core.cli.app import _check_common, build_parser
 
     args = build_parser().parse_args(["layers", "--model", "m"])
     args.seed = -1
@@ -444,7 +444,7 @@ def test_a_negative_seed_is_one_sentence():
 
 
 def test_ctrl_c_while_starting_is_interrupted_not_a_traceback(monkeypatch, capsys):
-    import dalign_core.cli as cli
+    import dalign_core.cli.app as cli
 
     def interrupted():
         raise KeyboardInterrupt
@@ -456,12 +456,12 @@ def test_ctrl_c_while_starting_is_interrupted_not_a_traceback(monkeypatch, capsy
 
 
 def test_ctrl_c_while_loading_is_interrupted(root, monkeypatch, capsys):
-    import dalign_core.loading
+    import dalign_core.cli.loading
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(dalign_core.loading, "load_model", interrupted)
+    monkeypatch.setattr(dalign_core.cli.loading, "load_model", interrupted)
     assert main(_argv(root / "good", root / "data.txt")) == 130
     assert capsys.readouterr().err.strip() == "dalign: interrupted"
 
@@ -476,7 +476,7 @@ def tiny_lm(root):
 
 
 def test_int32_input_ids_and_labels_are_token_ids(tiny_lm):
-    from dalign_core.hooks import activation_gradients
+    from dalign_core.capture.hooks import activation_gradients
 
     ids = torch.randint(0, 100, (4, 8), generator=torch.Generator().manual_seed(0))
     want = activation_gradients(tiny_lm, "model.layers.1", {"input_ids": ids})
@@ -485,7 +485,7 @@ def test_int32_input_ids_and_labels_are_token_ids(tiny_lm):
 
 
 def test_labels_outside_the_vocabulary_are_refused_like_ids(tiny_lm):
-    from dalign_core.hooks import CaptureError, activation_gradients
+    from dalign_core.capture.hooks import CaptureError, activation_gradients
 
     ids = torch.randint(0, 100, (4, 8), generator=torch.Generator().manual_seed(0))
     labels = ids.clone()
@@ -499,7 +499,7 @@ def test_labels_outside_the_vocabulary_are_refused_like_ids(tiny_lm):
 def test_classifier_labels_out_of_range_and_a_float64_model_given_float32_inputs():
     from torch import nn
 
-    from dalign_core.hooks import CaptureError, accumulate_geometry, activation_gradients
+    from dalign_core.capture.hooks import CaptureError, accumulate_geometry, activation_gradients
 
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)).double()
@@ -518,7 +518,7 @@ def test_classifier_labels_out_of_range_and_a_float64_model_given_float32_inputs
 def test_a_sequence_first_layer_is_refused_even_when_t_equals_the_batch(kind):
     from torch import nn
 
-    from dalign_core.hooks import CaptureError, activation_gradients
+    from dalign_core.capture.hooks import CaptureError, activation_gradients
 
     class SequenceFirst(nn.Module):
         def __init__(self, batch_first: bool):
@@ -548,7 +548,7 @@ def test_a_sequence_first_layer_is_refused_even_when_t_equals_the_batch(kind):
 
 
 def test_an_interval_that_cannot_be_formed_is_explained_not_printed_as_nan():
-    from dalign_core.cli import format_table
+    from dalign_core.cli.app import format_table
 
     row = dict(layer="L", n=64, d=32, reduction="shared", M=10, K=10, mean_sq=-0.1, mean_sq_lo=-0.4, mean_sq_hi=0.1,
                d_par=float("inf"), d_par_lo=float("nan"), d_par_hi=float("nan"), d_2=0.001, d_2_lo=0.0,
@@ -563,7 +563,7 @@ def test_a_pipe_is_a_readable_data_file_and_a_missing_one_is_named(tmp_path):
     """`--data /dev/fd/63` (a shell's process substitution) is a pipe, not a regular file: it must be accepted."""
     import os
 
-    from dalign_core.loading import LoadError, check_data_file
+    from dalign_core.cli.loading import LoadError, check_data_file
 
     read, write = os.pipe()
     try:
@@ -617,7 +617,7 @@ def test_rank_hidden_out_of_range_is_a_usage_error(root, capsys, no_model_load, 
 
 
 def test_rank_hidden_in_scientific_notation_is_read(root):
-    from dalign_core.cli import build_parser
+    from dalign_core.cli.app import build_parser
 
     assert build_parser().parse_args(_rank_argv(root, "--hidden", "1e3")).hidden == 1000
 

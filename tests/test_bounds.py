@@ -1,4 +1,4 @@
-"""Each formula of dalign_core.bounds against brute-force numpy, plus the documented edge cases."""
+"""Each formula of dalign_core.geometry.bounds against brute-force numpy, plus the documented edge cases."""
 
 import math
 import warnings
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from dalign_core import bounds
+from dalign_core.geometry import bounds
 
 
 def random_geometry(rng, d):

@@ -15,7 +15,7 @@ from torch import nn
 
 from _autograd import z_gradient
 
-from dalign_core.hooks import CaptureError, accumulate_geometry, activation_gradients, iter_activation_gradients
+from dalign_core.capture.hooks import CaptureError, accumulate_geometry, activation_gradients, iter_activation_gradients
 
 transformers = pytest.importorskip("transformers")
 
@@ -212,7 +212,7 @@ def test_a_tuple_with_one_tensor_is_its_logits():
 
 
 def test_rank_arch_refuses_a_tuple_output_in_one_line(tmp_path, monkeypatch, capsys):
-    from dalign_core.cli import main
+    from dalign_core.cli.app import main
 
     (tmp_path / "two_headed_model.py").write_text(
         "import sys\nsys.path.insert(0, %r)\nfrom test_capture_refusals import build_two_headed\n" % str(
@@ -310,7 +310,7 @@ def test_a_bidirectional_model_has_no_next_token_loss():
 
 
 def test_loading_a_bidirectional_folder_as_a_causal_lm_is_refused(tmp_path):
-    from dalign_core.loading import LoadError, load_model
+    from dalign_core.cli.loading import LoadError, load_model
 
     tiny_bert(transformers.BertLMHeadModel).save_pretrained(tmp_path / "bert")
     with pytest.raises(LoadError, match=r"BertLMHeadModel attends in both directions.*causal"):

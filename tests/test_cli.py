@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import torch
 
-from dalign_core.cli import CSV_COLUMNS, main
+from dalign_core.cli.app import CSV_COLUMNS, main
 from dalign_core.config import REPO_ROOT
 
 transformers = pytest.importorskip("transformers")
@@ -198,7 +198,7 @@ def test_offline_flags_are_parsed_in_one_place(monkeypatch):
 
 
 def test_offline_message_names_the_variable_that_is_set(monkeypatch):
-    from dalign_core.loading import LoadError, resolve_model_source
+    from dalign_core.cli.loading import LoadError, resolve_model_source
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
@@ -301,7 +301,7 @@ def test_rank_orders_the_blocks_of_a_saved_model(checkpoint, tmp_path, capsys):
 
 
 def test_rank_shows_ties_as_ties_and_names_the_points_it_cannot_separate():
-    from dalign_core.cli import format_ranking
+    from dalign_core.cli.app import format_ranking
 
     def row(i, d, g):
         return dict(layer=f"l{i}", d_align=d, d_align_lo=d - 0.01, d_align_hi=d + 0.01, grad_norm=g,

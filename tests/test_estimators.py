@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from dalign_core import estimators
-from dalign_core.bounds import dims_from_moments
-from dalign_core.estimators import GeometryAccumulator, estimate_geometry, geometry_from_gram, plugin_geometry
-from dalign_core.synthetic import SyntheticQ
+from dalign_core.geometry import estimators
+from dalign_core.geometry.bounds import dims_from_moments
+from dalign_core.geometry.estimators import GeometryAccumulator, estimate_geometry, geometry_from_gram, plugin_geometry
+from dalign_core.geometry.synthetic import SyntheticQ
 
 MOMENTS = ("mean_sq", "mean_sq_sq", "directional", "cov_energy")
 

@@ -1,4 +1,4 @@
-"""Where to grow (dalign_core.growth): the inserted block, the predictors, the scores and the verdict."""
+"""Where to grow (dalign_core.studies.growth.compute): the inserted block, the predictors, the scores and the verdict."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import torch
 from scipy import stats
 from torch import nn
 
-from dalign_core import growth
+from dalign_core.studies.growth import compute as growth
 from dalign_core.config import PROFILES
 from dalign_core.experiments import growth as experiment
-from dalign_core.hooks import activation_gradients
+from dalign_core.capture.hooks import activation_gradients
 
 
 class Block(nn.Module):
@@ -165,7 +165,7 @@ def _committed_points() -> list[int]:
     """Insertion points per grown model in the committed cpu table (LLaMA's 2-layer models have 2)."""
     from pathlib import Path
 
-    from dalign_core.results import read_table
+    from dalign_core.report.results import read_table
 
     table, _ = read_table(Path(__file__).resolve().parents[1] / "results" / "cpu", "growth")
     one_budget = table[table.budget_steps == table.budget_steps.min()]
@@ -295,7 +295,7 @@ def test_the_decision_is_calibrated_at_the_committed_cpu_design():
     gradient norm (a baseline worse than random), at most 5% of the time."""
     from pathlib import Path
 
-    from dalign_core.results import read_table
+    from dalign_core.report.results import read_table
 
     table, _ = read_table(Path(__file__).resolve().parents[1] / "results" / "cpu", "growth")
     one = table[table.budget_steps == table.budget_steps.max()]

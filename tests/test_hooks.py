@@ -1,4 +1,4 @@
-"""dalign_core.hooks: one-pass capture equals brute-force per-example autograd; refusals; model left unchanged."""
+"""dalign_core.capture.hooks: one-pass capture equals brute-force per-example autograd; refusals; model left unchanged."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from torch import nn
 
 from _autograd import z_gradient
 
-from dalign_core.estimators import estimate_geometry
-from dalign_core.hooks import (
+from dalign_core.geometry.estimators import estimate_geometry
+from dalign_core.capture.hooks import (
     CaptureError,
     accumulate_geometry,
     activation_gradients,
@@ -440,7 +440,7 @@ def test_accumulate_geometry_arguments_are_checked():
 
 def _legacy_per_example_loss(output, inputs, targets=None, task="auto"):
     """The causal-LM loss as it was before (cross-entropy on a copy of ``logits[:, :-1]``), the reference."""
-    from dalign_core import hooks
+    from dalign_core.capture import hooks
 
     logits = hooks._logits(output)
     if logits.ndim != 3 or task == "classification":
@@ -474,7 +474,7 @@ def _small_pythia():
 @pytest.mark.parametrize("factory,dtype", [(_small_llama, torch.float32), (_small_llama, torch.bfloat16),
                                            (_small_pythia, torch.float32)])
 def test_causal_lm_capture_is_bit_identical_to_the_sliced_logits_loss(monkeypatch, factory, dtype):
-    from dalign_core import hooks
+    from dalign_core.capture import hooks
 
     model = factory() if factory is _small_pythia else factory(dtype)
     batch, _ = lm_batch(b=4, T=12)  # right padding: lengths 12, 9, 5, 12
@@ -503,7 +503,7 @@ def test_causal_lm_capture_is_bit_identical_to_the_sliced_logits_loss(monkeypatc
 def test_causal_lm_loss_takes_no_slice_of_the_logits():
     model = _small_llama()
     batch, _ = lm_batch()
-    from dalign_core.hooks import per_example_loss
+    from dalign_core.capture.hooks import per_example_loss
 
     output = model(**batch)
     loss = per_example_loss(output, batch)

@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from dalign_core import intervention
-from dalign_core.hooks import CaptureError, activation_gradients
-from dalign_core.intervention import residual_block_step, shared_bias_step, train_decrease_steps
+from dalign_core.studies.interventions import compute as intervention
+from dalign_core.capture.hooks import CaptureError, activation_gradients
+from dalign_core.studies.interventions.compute import residual_block_step, shared_bias_step, train_decrease_steps
 from dalign_core.models.llama import LlamaWidthSpec, build_llama
 from dalign_core.models.resnet import resnet20
 

@@ -9,12 +9,12 @@ import pandas as pd
 import pytest
 import torch
 
-from dalign_core import intervention_report as report
-from dalign_core import sweep
+from dalign_core.studies.interventions import report
+from dalign_core.sweep import run as sweep
 from dalign_core.experiments import interventions
 from dalign_core.experiments._runner import run_experiment
-from dalign_core.misalignment import wilson_interval
-from dalign_core.results import read_table
+from dalign_core.geometry.misalignment import wilson_interval
+from dalign_core.report.results import read_table
 from tests.test_sweep import ToyConfig, ToyFamily
 
 FAMILY = ToyFamily()

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import torch
 
-from dalign_core import sweep
+from dalign_core.sweep import run as sweep
 from dalign_core.data.text import TextCorpus
 from dalign_core.experiments import llama_width
 from dalign_core.models.llama import build_llama
@@ -39,7 +39,7 @@ def tiny_config(**overrides):
 
 @pytest.fixture
 def tiny_env(tmp_path, monkeypatch):
-    monkeypatch.setattr("dalign_core.lm_family.load_corpus", lambda name: tiny_corpus())
+    monkeypatch.setattr("dalign_core.sweep.lm_family.load_corpus", lambda name: tiny_corpus())
     monkeypatch.setenv("DALIGN_CHECKPOINTS", str(tmp_path / "checkpoints"))
     monkeypatch.setenv("DALIGN_CACHE", str(tmp_path / "cache"))
     return tmp_path
@@ -96,7 +96,7 @@ def test_the_token_unit_is_each_tokens_own_loss():
     sequences = torch.randint(0, 50, (4, 8), generator=torch.Generator().manual_seed(1))
     labels = llama_width._token_targets(sequences, seed=0)
     assert ((labels != -100).sum(dim=1) == 1).all() and (labels[:, 0] == -100).all()
-    from dalign_core.hooks import activation_gradients
+    from dalign_core.capture.hooks import activation_gradients
 
     q = activation_gradients(model, "model.layers.0", {"input_ids": sequences}, labels)
     for i in range(len(sequences)):
@@ -125,7 +125,7 @@ def test_a_bad_insertion_layer_is_refused():
 
 
 def _splits_of_size(config, train, validation, test):
-    from dalign_core.family import Splits
+    from dalign_core.sweep.family import Splits
 
     def sequences(n):
         return torch.zeros(n, config.context, dtype=torch.int64)

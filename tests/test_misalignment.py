@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from dalign_core.baselines import BigramModel, bigram_heldout_loss, unigram_heldout_loss
-from dalign_core import estimators
-from dalign_core.misalignment import cross_gram, misalignment_probability, resample_alignment
+from dalign_core.training.baselines import BigramModel, bigram_heldout_loss, unigram_heldout_loss
+from dalign_core.geometry import estimators
+from dalign_core.geometry.misalignment import cross_gram, misalignment_probability, resample_alignment
 
 
 def _pools(n1=40, n2=30, d=12, shift=0.3, seed=0):
@@ -105,7 +105,7 @@ def test_bigram_against_direct_counts():
 
 
 def test_wilson_interval_is_honest_at_the_edges():
-    from dalign_core.misalignment import wilson_interval
+    from dalign_core.geometry.misalignment import wilson_interval
 
     z = 1.959963984540054
     lo, hi = wilson_interval(0, 1000)
@@ -131,7 +131,7 @@ def test_misalignment_estimate_carries_a_wilson_interval():
 
 def _uncached_statistics(C, M, K, trials, seed, one_pool, chunk):
     """The resampler as it was before its index sets were kept: every chunk drawn afresh (the reference)."""
-    from dalign_core.misalignment import draw_indices
+    from dalign_core.geometry.misalignment import draw_indices
 
     n1, n2 = C.shape
     g = torch.Generator().manual_seed(seed)
@@ -152,7 +152,7 @@ def _uncached_statistics(C, M, K, trials, seed, one_pool, chunk):
 
 @pytest.mark.parametrize("one_pool", [False, True])
 def test_repeated_calls_reuse_the_index_sets_bit_for_bit(monkeypatch, one_pool):
-    from dalign_core import misalignment
+    from dalign_core.geometry import misalignment
 
     misalignment.clear_index_cache()
     a, b = _pools()
@@ -186,7 +186,7 @@ def test_repeated_calls_reuse_the_index_sets_bit_for_bit(monkeypatch, one_pool):
 
 
 def test_index_cache_keeps_within_its_memory(monkeypatch):
-    from dalign_core import misalignment
+    from dalign_core.geometry import misalignment
 
     misalignment.clear_index_cache()
     monkeypatch.setattr(misalignment, "INDEX_CACHE_BYTES", 300 * (5 + 7) * 4 * 2)  # room for two entries

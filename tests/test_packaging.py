@@ -270,7 +270,7 @@ def test_bad_force_value_from_the_command_line():
 
 
 def test_dalign_version_flag(capsys):
-    from dalign_core.cli import main
+    from dalign_core.cli.app import main
 
     assert main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == f"dalign {dalign_core.__version__}"
@@ -293,10 +293,10 @@ def test_the_plot_modules_name_the_extra_they_need(monkeypatch):
     assert {_requirement_name(r) for r in extras["plots"]} == {"matplotlib", "seaborn"}
     assert {_requirement_name(r) for r in extras["plots"]} <= {_requirement_name(r) for r in extras["book"]}
     monkeypatch.setitem(sys.modules, "seaborn", None)  # import seaborn now raises ImportError
-    monkeypatch.delitem(sys.modules, "dalign_core.plots", raising=False)
+    monkeypatch.delitem(sys.modules, "dalign_core.report.plots", raising=False)
     with pytest.raises(ImportError, match=r"pip install 'dalign\[plots\]'"):
-        importlib.import_module("dalign_core.plots")
-    monkeypatch.delitem(sys.modules, "dalign_core.plots", raising=False)  # the next import loads it afresh
+        importlib.import_module("dalign_core.report.plots")
+    monkeypatch.delitem(sys.modules, "dalign_core.report.plots", raising=False)  # the next import loads it afresh
 
 
 def test_transformers_bound_is_the_first_release_with_dtype():
@@ -308,5 +308,5 @@ def test_transformers_bound_is_the_first_release_with_dtype():
     declared = {Requirement(r).name: Requirement(r) for r in PROJECT["dependencies"]}
     assert not declared["transformers"].specifier.contains(Version("4.55.4"))
     assert declared["transformers"].specifier.contains(Version("4.56.0"))
-    loading = (REPO_ROOT / "dalign_core" / "loading.py").read_text()
+    loading = (REPO_ROOT / "dalign_core" / "cli" / "loading.py").read_text()
     assert "dtype=" in loading and "torch_dtype=" not in loading

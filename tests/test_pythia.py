@@ -14,11 +14,11 @@ import pytest
 import torch
 import yaml
 
-from dalign_core.cli import main
+from dalign_core.cli.app import main
 from dalign_core.config import REPO_ROOT
 from dalign_core.data.text import TextCorpus
 from dalign_core.experiments import pythia_checkpoints as pc
-from dalign_core.loading import LoadError, load_model, load_tokenizer, resolve_model_source
+from dalign_core.cli.loading import LoadError, load_model, load_tokenizer, resolve_model_source
 from dalign_core.models.pythia import (PUBLISHED_PARAMETERS, PYTHIA_NAMES, build_pythia, count_parameters, head_dim,
                                        pythia_config, pythia_width_variant)
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dalign_core.hooks import CaptureError
+from dalign_core.capture.hooks import CaptureError
 from dalign_core.models.llama import build_llama
 from dalign_core.models.pythia import build_pythia, pythia_width_variant
 from dalign_core.models.resnet import resnet20
-from dalign_core.redundancy import (MICRO_BATCH, REDUNDANT, Redundancy, _collect, candidate_parameters, redundancy,
+from dalign_core.capture.redundancy import (MICRO_BATCH, REDUNDANT, Redundancy, _collect, candidate_parameters, redundancy,
                                    redundancy_rows)
 
 pytest.importorskip("transformers")

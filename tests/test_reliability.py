@@ -16,7 +16,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dalign_core import atomic, results
+from dalign_core import atomic
+from dalign_core.report import results
 from dalign_core.config import REPO_ROOT
 from dalign_core.experiments import _runner, theory
 
@@ -242,7 +243,7 @@ def test_checkpoints_go_under_out_unless_told_otherwise(tmp_path, monkeypatch):
 def test_a_sweeps_checkpoint_root_lies_under_out(tmp_path, monkeypatch):
     """With --out (and no --checkpoints or $DALIGN_CHECKPOINTS) a sweep's checkpoint root lies under --out, and
     nothing is written to the working folder."""
-    from dalign_core import sweep
+    from dalign_core.sweep import run as sweep
 
     monkeypatch.delenv(_runner.CHECKPOINTS_VARIABLE, raising=False)
     work = tmp_path / "work"
@@ -423,7 +424,7 @@ def test_a_truncated_checkpoint_file_is_named(tmp_path, name):
     import safetensors.torch
     import torch
 
-    from dalign_core import training
+    from dalign_core.training import loop as training
 
     folder = tmp_path / "step_5"
     folder.mkdir()
@@ -457,7 +458,7 @@ def test_a_sweep_with_out_writes_nothing_in_the_working_folder(tmp_path, monkeyp
     """A real (tiny) sweep with --out: its tables and checkpoints land under --out, its data in the cache, and
     neither the working folder nor the repository's checkpoints/ gain anything (a weight decay of its own keys its
     checkpoints apart from any other run's)."""
-    from dalign_core import sweep
+    from dalign_core.sweep import run as sweep
 
     work, out = tmp_path / "work", tmp_path / "o"
     work.mkdir()
@@ -479,7 +480,7 @@ def test_a_sweep_with_out_writes_nothing_in_the_working_folder(tmp_path, monkeyp
 
 
 def test_failed_jobs_end_the_command_in_one_line_naming_them(capsys):
-    from dalign_core import workers
+    from dalign_core.training import workers
 
     def run(config, out_dir=None, force=False):
         raise workers.WorkerError("2 job(s) failed: N16_seed0, N32_seed1 (the finished jobs are kept)\n\njob N16_seed0 "

@@ -2,7 +2,8 @@
 
 import pandas as pd
 
-from dalign_core import report, trend
+from dalign_core.report import describe as report
+from dalign_core.sweep import trend
 
 
 def test_describe_runs_reports_failures_and_the_loss_trend():
@@ -108,7 +109,7 @@ def test_sentence_numbers_are_plain_or_powers_of_ten():
 
 
 def test_verdict_markdown_uses_math_and_code():
-    from dalign_core.trend import Verdict
+    from dalign_core.sweep.trend import Verdict
 
     v = Verdict("d_align rises with width at model.layers.0 (heldout pool, matched steps)", "partly",
                 "d_align rises with width at model.layers.0 (heldout pool, matched steps): partly. At (M, K).", 1, 0, 2)
@@ -118,7 +119,7 @@ def test_verdict_markdown_uses_math_and_code():
 
 
 def test_rerun_box_says_when_the_shown_run_loaded_trained_models():
-    from dalign_core.report import rerun_box
+    from dalign_core.report.describe import rerun_box
 
     provenance = {"wall_time_s": 1131.0, "device": "cpu", "hardware": {"workers": 2, "threads_per_process": 1},
                   "sweeps": [{"runs": {"count": 12, "training_loaded": 12}}, {"runs": {"count": 4, "training_loaded": 4}}]}
@@ -174,7 +175,7 @@ def test_width_verdicts_from_geometry_take_the_clock_out_of_matched_loss():
     text = report.describe_clock(report.judged_geometry(geometry, _trend(-0.2, 0.2), "L"))
     assert "wider runs are read earlier" in text and "disagree here" in text
     # the plain crossing of the same runs would have read the clock as a rise with width
-    from dalign_core.trend import clock_diagnostics
+    from dalign_core.sweep.trend import clock_diagnostics
 
     assert clock_diagnostics(geometry)["matched_lo"] > 0
     rises = report.width_verdicts(_trend(-0.2, 0.2), "L", geometry=_clock_geometry(0.5, 1.0), family="pythia")

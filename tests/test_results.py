@@ -9,7 +9,8 @@ import sys
 import pandas as pd
 import pytest
 
-from dalign_core import atomic, config, results
+from dalign_core import atomic, config
+from dalign_core.report import results
 from dalign_core.experiments import theory
 
 

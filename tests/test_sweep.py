@@ -11,9 +11,10 @@ import pytest
 import torch
 from torch import nn
 
-from dalign_core import report, sweep
+from dalign_core.report import describe as report
+from dalign_core.sweep import run as sweep
 from dalign_core.data.supply import DataSupplyError
-from dalign_core.family import Family, Splits, SweepConfig, take
+from dalign_core.sweep.family import Family, Splits, SweepConfig, take
 
 # ----------------------------------------------------------------------------- the toy family
 
@@ -255,7 +256,7 @@ def test_dry_run_projects_the_full_run(checkpoints):
 
 
 def test_dry_run_projects_this_machines_workers(checkpoints, monkeypatch):
-    from dalign_core import workers
+    from dalign_core.training import workers
 
     monkeypatch.setattr(workers, "count", lambda: 2)
     text = sweep.dry_run(ToyConfig(), ToyFamily())

@@ -1,4 +1,4 @@
-"""dalign_core.timings: what a chapter costs to rerun, from the recorded measurements and the provenance."""
+"""dalign_core.report.timings: what a chapter costs to rerun, from the recorded measurements and the provenance."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from dalign_core import timings
+from dalign_core.report import timings
 from dalign_core.config import REPO_ROOT
 
 

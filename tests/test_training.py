@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from dalign_core.baselines import bigram_heldout_loss
+from dalign_core.training.baselines import bigram_heldout_loss
 from dalign_core.models import LlamaWidthSpec, build_llama
-from dalign_core.training import (
+from dalign_core.training.loop import (
     TrainConfig,
     TrainResult,
     batch_indices,

@@ -1,4 +1,4 @@
-"""Every core, one thread each (dalign_core.workers): a CPU job grid over forked one-thread workers.
+"""Every core, one thread each (dalign_core.training.workers): a CPU job grid over forked one-thread workers.
 
 The same results on one worker and on two, bit for bit (a toy grid of tiny MLPs, and the
 toy width sweep of tests/test_sweep.py); a job that raises is named with its traceback; a
@@ -28,9 +28,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from test_sweep import ToyConfig, ToyFamily  # noqa: E402
 
-from dalign_core import distributed, sweep, workers  # noqa: E402
+from dalign_core.training import distributed  # noqa: E402
+from dalign_core.sweep import run as sweep
+from dalign_core.training import workers
 from dalign_core.config import ExperimentConfig  # noqa: E402
-from dalign_core.distributed import Job  # noqa: E402
+from dalign_core.training.distributed import Job  # noqa: E402
 from dalign_core.experiments._runner import run_experiment  # noqa: E402
 
 JOBS = [Job(f"mlp_w{width}_s{seed}", cost=float(width), payload=(width, seed)) for width in (4, 8, 16) for seed in (0, 1)]
@@ -276,8 +278,8 @@ def test_the_toy_sweep_writes_the_same_tables_on_one_and_two_workers(tmp_path, m
 _ORPHAN_SCRIPT = """
 import os, sys, time
 from pathlib import Path
-from dalign_core import workers
-from dalign_core.distributed import Job, _Store
+from dalign_core.training import workers
+from dalign_core.training.distributed import Job, _Store
 folder = Path(sys.argv[1])
 def compute(job, group):
     (folder / f"worker-{os.getpid()}").write_text(job.name)

@@ -2,8 +2,8 @@
 
 ``{course-table}`` lists every chapter of ``_toc.yml`` in order with its title (the notebook's first heading), the
 one line its directive content gives it (``02_llama_width: width sweep of LLaMA-style decoders ...``), the time to
-read it (:func:`dalign_core.timings.reading_minutes`, from the executed chapter's prose and figures), and what it
-costs to rerun: at ``lab`` and at ``cpu``, from no checkpoint (:func:`dalign_core.timings.fresh_run`: measured or
+read it (:func:`dalign_core.report.timings.reading_minutes`, from the executed chapter's prose and figures), and what it
+costs to rerun: at ``lab`` and at ``cpu``, from no checkpoint (:func:`dalign_core.report.timings.fresh_run`: measured or
 labelled projected; "not measured" where neither was recorded). The same numbers fill the rerun boxes, so the
 landing page and the chapters cannot disagree.
 
@@ -28,7 +28,7 @@ import yaml
 from docutils import nodes
 from docutils.parsers.rst import Directive
 
-from dalign_core import timings
+from dalign_core.report import timings
 
 BOOK = Path(__file__).resolve().parents[1]
 

@@ -7,6 +7,8 @@ Typical use::
     data = prepare_lm_data(corpus, vocab_size=4096, seq_len=128)
     data.train, data.validation, data.test            # LongTensor (n, 128) each
     require_sequences("held-out", len(data.test), 1024, seq_len=128, field="pool_size=1024")
+
+May import: the top-level helpers (``_env``, ``atomic``, ``config``) only.
 """
 
 from dalign_core.data.images import IMAGE_SETS, ImageData, ImageFormatError, load_images

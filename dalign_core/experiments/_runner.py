@@ -22,7 +22,7 @@ never into the profile's: asked for ``results/<profile>`` with a changed config,
 :func:`run_experiment` goes to that folder instead and says so, and records the changes in
 its ``overrides.json``. An explicit other folder (``--out``) is used as given.
 
-Under ``torchrun`` (:mod:`dalign_core.distributed`) an experiment whose ``compute``
+Under ``torchrun`` (:mod:`dalign_core.training.distributed`) an experiment whose ``compute``
 shares its jobs over the ranks (``sharded=True``: the width sweeps) runs on every rank
 and rank 0 writes the tables, with the world size and every rank's hardware in the
 provenance; any other experiment runs on rank 0 alone. Without torchrun it is a world of
@@ -30,7 +30,7 @@ one.
 
 On the CPU every process computes on one thread (``$DALIGN_THREADS`` to change it), and
 a world of one runs its job grid on one worker process per core (``$DALIGN_WORKERS``;
-:mod:`dalign_core.workers`); the provenance's ``hardware`` records both
+:mod:`dalign_core.training.workers`); the provenance's ``hardware`` records both
 (``threads_per_process``, ``workers``). Ctrl-C stops the workers; the finished jobs are
 kept and the same command resumes.
 """
@@ -50,17 +50,18 @@ from typing import Any, Callable, Mapping
 
 import pandas as pd
 
-from dalign_core import distributed, workers
+from dalign_core.training import distributed
+from dalign_core.training import workers
 from dalign_core._env import env_flag
 from dalign_core.atomic import atomic_write_text, require_writable
 from dalign_core.config import PROFILES, ExperimentConfig, default_results_dir, parse_overrides
-from dalign_core.results import results_current, write_tables
+from dalign_core.report.results import results_current, write_tables
 
 __all__ = ["run_experiment", "main", "results_dir_for", "experiment_name", "check_results_folder", "config_yaml",
            "CHECKPOINTS_VARIABLE"]
 
 CHECKPOINTS_VARIABLE = "DALIGN_CHECKPOINTS"
-"""Where trained models' checkpoints go (:func:`dalign_core.sweep.checkpoint_root`); ``--checkpoints`` sets it."""
+"""Where trained models' checkpoints go (:func:`dalign_core.sweep.run.checkpoint_root`); ``--checkpoints`` sets it."""
 
 log = logging.getLogger("dalign")
 
@@ -74,7 +75,7 @@ def run_experiment(name: str, tables: tuple[str, ...], config: ExperimentConfig,
     ``compute(config, out_dir)`` returns ``(tables by name, provenance extras)``; every
     name in ``tables`` must be present (an empty DataFrame is fine: it is written as
     such). ``out_dir`` is where the tables will go; a long computation may keep its
-    finished parts there (see :func:`dalign_core.sweep.jobs_dir`). ``sharded``: ``compute``
+    finished parts there (see :func:`dalign_core.sweep.run.jobs_dir`). ``sharded``: ``compute``
     spreads its work over torchrun's ranks and returns the tables on rank 0 only (see the
     module docstring).
     """
@@ -166,7 +167,7 @@ def _results_folder(text: str) -> Path:
 def check_results_folder(folder: Path, flag: str = "--out") -> None:
     """Refuse a results folder that cannot hold results, before any work: an existing file (or a path under one),
     or a folder where no file can be created (read-only, no permission). A full disk shows only when the tables
-    are written; the old tables are then kept (:func:`dalign_core.results.write_tables`)."""
+    are written; the old tables are then kept (:func:`dalign_core.report.results.write_tables`)."""
     folder = Path(folder).expanduser()
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"{flag} {str(folder)!r} is a file, not a folder; give a results folder (it is created if "
@@ -243,7 +244,7 @@ def main(config_cls: type[ExperimentConfig], run: Callable, description: str | N
     checkpoints go to ``<out>/checkpoints`` (``--checkpoints`` or ``$DALIGN_CHECKPOINTS`` to choose), so nothing
     is written outside the folders named.
     Under ``torchrun`` every rank runs this; ``--ranks-per-job`` sets
-    ``$DALIGN_RANKS_PER_JOB`` (see :func:`dalign_core.distributed.ranks_per_job`).
+    ``$DALIGN_RANKS_PER_JOB`` (see :func:`dalign_core.training.distributed.ranks_per_job`).
 
     A refused input (a bad field, a folder that cannot be written, a full disk, a profile this machine cannot
     run) ends with one line on stderr and exit status 1 (2 for usage errors); ``DALIGN_DEBUG=1`` shows the

@@ -1,7 +1,7 @@
 """The claims table: every claim of the paper with our computed verdict, from one profile's results files.
 
 It trains nothing: it reads the tables the other experiments wrote into the same
-folder (:func:`dalign_core.claims.claims_table`). The provenance records which input
+folder (:func:`dalign_core.claims.table.claims_table`). The provenance records which input
 tables it read (config hash, digest of the CSV) and a digest of the code that judges; the
 table is recomputed whenever any of them changed, so it never lags behind them.
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 import dalign_core
-from dalign_core.claims import claims_table
+from dalign_core.claims.table import claims_table
 from dalign_core.config import PROFILES, ExperimentConfig, default_results_dir
 from dalign_core.experiments._runner import main, run_experiment
 
@@ -37,13 +37,16 @@ class Config(ExperimentConfig):
     PROFILES = {profile: {} for profile in PROFILES}
 
 
-JUDGES = ("claims.py", "growth.py", "intervention_report.py", "report.py", "trend.py")
-"""The modules whose code decides a verdict: a change to them makes the table stale too."""
+JUDGES = ("claims", "studies", "report", "sweep")
+"""The folders of dalign_core whose code decides a verdict (the claims, the studies' readings, the chapters'
+sentences, the trend tests): a change to any of their modules makes the table stale too."""
 
 
 def _inputs(out_dir: Path) -> dict[str, dict]:
     """The provenance of every table the claims read (config hash and commit), and the judging code's digest."""
-    code = hashlib.sha256(b"".join((Path(dalign_core.__file__).parent / name).read_bytes() for name in JUDGES))
+    package = Path(dalign_core.__file__).parent
+    modules = sorted(path for folder in JUDGES for path in (package / folder).rglob("*.py"))
+    code = hashlib.sha256(b"".join(path.read_bytes() for path in modules))
     inputs = {"code": {"sha256": code.hexdigest()[:16]}}
     for path in sorted(out_dir.glob("*.json")):
         if path.stem == "claims":

@@ -3,7 +3,7 @@
 For each family (LLaMA, Pythia, ResNet-20) this takes the models its width sweep
 trained (the first ``runs_per_width`` trained seeds of every width, loaded from the
 sweep's checkpoints) and inserts, at an insertion point, the two zero-initialized
-residual parameters of :mod:`dalign_core.intervention`: a bias shared over positions
+residual parameters of :mod:`dalign_core.studies.interventions.compute`: a bias shared over positions
 and a zero-output block. Each step is sized by the first-order decrease δ of the M
 training examples' own loss (``η = δ / ‖G_M‖²``), so one grid of δ serves every
 family, width and layer. Two studies, one table (``interventions``):
@@ -16,7 +16,7 @@ family, width and layer. Two studies, one table (``interventions``):
   (``optimizer_decrease`` per step). Every step is measured on the K examples that formed
   g_K (``observed``: first order there is Taylor's theorem, the same-sample check) and on
   the evaluation set E (``eval_observed``, ``eval_n``): the sweep's evaluation examples
-  (:attr:`dalign_core.sweep.Pools.evaluation`, at most ``eval_examples`` of them), test
+  (:attr:`dalign_core.sweep.run.Pools.evaluation`, at most ``eval_examples`` of them), test
   examples disjoint from the held-out pool the K (and, in ``heldout/heldout``, the M)
   examples come from, and from the train split. In the ``train/heldout`` setting the M
   examples come from the sweep's train pool (the question a growth method faces); in
@@ -38,7 +38,7 @@ family, width and layer. Two studies, one table (``interventions``):
   ``retention_step_fractions`` adds steps stated against training: δ a fraction of the
   first-order decrease one optimizer step of the trained model (its own optimizer at its
   peak rate ``lr``) would bring the inserted parameter
-  (:func:`dalign_core.intervention.optimizer_step_decrease`), ``step_fraction`` in the table.
+  (:func:`dalign_core.studies.interventions.compute.optimizer_step_decrease`), ``step_fraction`` in the table.
 
 Run without Jupyter: ``python -m dalign_core.experiments.interventions --profile cpu``.
 A family whose sweep has not run at the profile is run first (that is the long part:
@@ -65,9 +65,9 @@ from dalign_core.experiments import llama_width, pythia_width, resnet_width
 from dalign_core.experiments._models import (TrainedModel, chosen_runs, earlier_results, in_regime, remove_model_jobs,
                                              run_model_jobs, sweep_changed, trained_models)
 from dalign_core.experiments._runner import main, run_experiment
-from dalign_core.family import Family, SweepConfig, count, take
-from dalign_core.intervention import optimizer_step_decrease, train_decrease_draws
-from dalign_core.sweep import trained_model
+from dalign_core.sweep.family import Family, SweepConfig, count, take
+from dalign_core.studies.interventions.compute import optimizer_step_decrease, train_decrease_draws
+from dalign_core.sweep.run import trained_model
 
 __all__ = ["Config", "Source", "SOURCES", "TABLES", "run", "SETTINGS", "model_rows", "evaluation_set"]
 

@@ -39,8 +39,8 @@ from scipy import stats
 from dalign_core.experiments._runner import main, run_experiment
 from dalign_core.experiments.llama_width import Config as LlamaConfig
 from dalign_core.experiments.llama_width import LlamaFamily
-from dalign_core.sweep import dry_run as sweep_dry_run
-from dalign_core.sweep import run_sweeps, tables_of
+from dalign_core.sweep.run import dry_run as sweep_dry_run
+from dalign_core.sweep.run import run_sweeps, tables_of
 
 
 @dataclass(frozen=True)
@@ -329,7 +329,7 @@ def context_figure(late: pd.DataFrame, band: tuple[float, float] = PAPER_BAND):
     import matplotlib.pyplot as plt  # noqa: PLC0415  (plotting is optional: the plots extra)
     from matplotlib.ticker import FuncFormatter  # noqa: PLC0415
 
-    from dalign_core import plots  # noqa: PLC0415
+    from dalign_core.report import plots  # noqa: PLC0415
 
     fig, ax = plt.subplots(figsize=(plots.COLUMN_WIDTH, 3.6))
     ax.axhspan(*band, color="0.85", zorder=0, label="the paper's range")
@@ -354,8 +354,8 @@ def slope_figure(trend: pd.DataFrame):
     """The judged width slope of each context with its 95% interval, beside 0 and the paper's +0.50. Returns the Figure."""
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    from dalign_core import plots  # noqa: PLC0415
-    from dalign_core.trend import PAPER_SLOPE  # noqa: PLC0415
+    from dalign_core.report import plots  # noqa: PLC0415
+    from dalign_core.sweep.trend import PAPER_SLOPE  # noqa: PLC0415
 
     judged = judged_slopes(trend)
     fig, ax = plt.subplots(figsize=(plots.COLUMN_WIDTH, 3.0))

@@ -1,6 +1,6 @@
 """Width-controlled LLaMA-style models: d_align and misalignment against width.
 
-The LLaMA family of the width sweep (:mod:`dalign_core.sweep`): transformers'
+The LLaMA family of the width sweep (:mod:`dalign_core.sweep.run`): transformers'
 ``LlamaForCausalLM`` with depth, head dimension, context, vocabulary and data held
 fixed and only the width N (and so the number of heads) varied; trained on a text
 corpus split by whole documents into train, validation and held-out test. One sample
@@ -33,14 +33,14 @@ from pathlib import Path
 import torch
 
 from dalign_core.config import added_field, measurement_only
-from dalign_core.estimators import estimate_geometry
+from dalign_core.geometry.estimators import estimate_geometry
 from dalign_core.experiments._runner import main, run_experiment
-from dalign_core.family import Splits
-from dalign_core.hooks import IGNORE_INDEX, activation_gradients
-from dalign_core.lm_family import CausalLMFamily, LMSweepConfig
+from dalign_core.sweep.family import Splits
+from dalign_core.capture.hooks import IGNORE_INDEX, activation_gradients
+from dalign_core.sweep.lm_family import CausalLMFamily, LMSweepConfig
 from dalign_core.models.llama import LlamaWidthSpec, build_llama
-from dalign_core.sweep import dry_run as sweep_dry_run
-from dalign_core.sweep import jobs_dir, run_sweep, tables_of
+from dalign_core.sweep.run import dry_run as sweep_dry_run
+from dalign_core.sweep.run import jobs_dir, run_sweep, tables_of
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class Config(LMSweepConfig):
     lr_width_exponent: float = 1.0
     """Each width tries the grid scaled by (32 / N): 3e-3..3e-2 at N = 32, 3.75e-4..3.75e-3 at N = 256."""
     lr_fit: str = added_field("transfer", neutral="each_width")
-    """μTransfer (:attr:`~dalign_core.family.SweepConfig.lr_fit`): the rate is fitted at N = 32 and carried as
+    """μTransfer (:attr:`~dalign_core.sweep.family.SweepConfig.lr_fit`): the rate is fitted at N = 32 and carried as
     1/N, then checked at N = 256 at full length against its neighbour. The fit of every width (commit 2c69548)
     kept the 1/N rate at N = 32, 64 and 128; at 256 its 200-step trials preferred the rate above it, which the
     full-length check then tied (4.2489 against the 1/N rate's 4.2486 nats). Fitting one width instead of four
@@ -76,7 +76,7 @@ class Config(LMSweepConfig):
     train_pool_steps: tuple[int, ...] | None = (0, 600)
     checkpoint_pool_size: int | None = measurement_only(256, neutral=None)
     """A quarter of each pool at the 12 checkpoints before the last (see the field of
-    :class:`~dalign_core.family.SweepConfig`): capture took 55% of the sweep's time at the whole pool."""
+    :class:`~dalign_core.sweep.family.SweepConfig`): capture took 55% of the sweep's time at the whole pool."""
     insertion_layer: int = 0
     """The decoder layer whose output is the primary insertion point (``model.layers.<i>``)."""
     unit_contexts: tuple[int, ...] = (32, 64, 128)

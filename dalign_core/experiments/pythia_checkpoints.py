@@ -47,17 +47,17 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from dalign_core import distributed
+from dalign_core.training import distributed
 from dalign_core._env import offline_variable
 from dalign_core.config import ExperimentConfig
 from dalign_core.data import (TextCorpus, default_cache_dir, load_corpus, make_sequences, prepare_lm_data,
                               require_sequences)
 from dalign_core.experiments._runner import main, run_experiment
-from dalign_core.hooks import accumulate_geometry
-from dalign_core.loading import (LoadError, ModelSource, _hub_cache, _hub_reachable, load_model, load_tokenizer,
+from dalign_core.capture.hooks import accumulate_geometry
+from dalign_core.cli.loading import (LoadError, ModelSource, _hub_cache, _hub_reachable, load_model, load_tokenizer,
                                  resolve_model_source)
 from dalign_core.models.pythia import build_pythia, pythia_width_variant
-from dalign_core.training import evaluate_lm_loss
+from dalign_core.training.loop import evaluate_lm_loss
 
 TABLES = ("pythia_released",)
 COLUMNS = ["model", "width", "depth", "revision", "step", "layer", "relative_depth", "n", "d", "mean_sq", "d_par",
@@ -319,7 +319,7 @@ def _measure(config: Config, name: str, revision: str, source: ModelSource, docu
 def compute(config: Config, out_dir: Path | None = None) -> tuple[dict[str, pd.DataFrame], dict]:
     """The ``pythia_released`` table and provenance extras (checkpoint paths and commits, the text).
 
-    Each (model, revision) is a job (:mod:`dalign_core.distributed`): under torchrun the
+    Each (model, revision) is a job (:mod:`dalign_core.training.distributed`): under torchrun the
     ranks share them, each on its own GPU, and rank 0 merges the table (the other ranks
     return ``({}, {})``). With ``out_dir`` every finished checkpoint is kept in
     ``<out_dir>/partial/`` until the table is written, so a rerun measures only the rest.

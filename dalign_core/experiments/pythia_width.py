@@ -2,11 +2,11 @@
 
 The paper compares released Pythia models of one depth: pythia-14m / 31m / 70m
 (6 layers, d = 128 / 256 / 512) and pythia-2.8b / 6.9b (32 layers, d = 2560 / 4096).
-This is the Pythia family of the width sweep (:mod:`dalign_core.sweep`): transformers'
+This is the Pythia family of the width sweep (:mod:`dalign_core.sweep.run`): transformers'
 ``GPTNeoXForCausalLM`` with Pythia's architecture (:func:`dalign_core.models.pythia.
 pythia_width_variant`: parallel attention and MLP, LayerNorm, rotary on a quarter of
 each head, FFN 4d, untied embeddings), trained on the text corpus of the LLaMA
-chapter with a learning rate fitted to each width (:mod:`dalign_core.lm_family` holds
+chapter with a learning rate fitted to each width (:mod:`dalign_core.sweep.lm_family` holds
 what the two language-model families share).
 
 Two depth regimes, each a sweep of its own, told apart by the ``depth`` column:
@@ -38,11 +38,11 @@ from pathlib import Path
 
 from dalign_core.config import measurement_only
 from dalign_core.experiments._runner import main, run_experiment
-from dalign_core.family import Splits
-from dalign_core.lm_family import CausalLMFamily, LMSweepConfig
+from dalign_core.sweep.family import Splits
+from dalign_core.sweep.lm_family import CausalLMFamily, LMSweepConfig
 from dalign_core.models.pythia import build_pythia, pythia_width_variant
-from dalign_core.sweep import dry_run as sweep_dry_run
-from dalign_core.sweep import run_sweeps, tables_of
+from dalign_core.sweep.run import dry_run as sweep_dry_run
+from dalign_core.sweep.run import run_sweeps, tables_of
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ class Config(LMSweepConfig):
     pool_size: int = 1024
     checkpoint_pool_size: int | None = measurement_only(None, neutral=None)
     """The whole pool at every checkpoint, unlike the LLaMA sweep's blocks of a quarter (see the field of
-    :class:`~dalign_core.family.SweepConfig`). Blocks pay where the scatter between checkpoints dwarfs one
+    :class:`~dalign_core.sweep.family.SweepConfig`). Blocks pay where the scatter between checkpoints dwarfs one
     estimate's error; the judged per-position q is the other case. Measured on the cpu models (commit 5a728a3):
     within a run's late window log d_align varies by 0.11 (variance), while one estimate's relative SE is 0.24 on
     1,024 examples and 0.76 on 256, where 2-3% of estimates are not positive. Blocks of 256 raised the slope the
@@ -161,7 +161,7 @@ class PythiaFamily(CausalLMFamily):
     name = "pythia"
     reductions = ("full", "shared")
     """The shared q at ``gpt_neox.layers.l`` is exactly the gradient of that layer's trained
-    ``mlp.dense_4h_to_h.bias`` (:mod:`dalign_core.redundancy`): width claims are judged on the per-position q."""
+    ``mlp.dense_4h_to_h.bias`` (:mod:`dalign_core.capture.redundancy`): width claims are judged on the per-position q."""
     training_fields = ("architecture", "depth", "heads") + CausalLMFamily.training_fields
 
     def build(self, config: Config, width: int, seed: int, splits: Splits):

@@ -1,6 +1,6 @@
 """ResNet-20 at several channel widths: d_align and misalignment against the width multiplier k.
 
-The ResNet family of the width sweep (:mod:`dalign_core.sweep`): the CIFAR ResNet-20
+The ResNet family of the width sweep (:mod:`dalign_core.sweep.run`): the CIFAR ResNet-20
 of :mod:`dalign_core.models.resnet` with stages of 16k, 32k and 64k channels, depth
 and data held fixed and only k varied. A run's ``width`` is its first stage's
 channel count 16k (so k = width / 16). One sample is one image; its loss is the
@@ -38,11 +38,11 @@ import torch.nn.functional as F
 from dalign_core._tensor import derived_seed
 from dalign_core.data.images import load_images
 from dalign_core.experiments._runner import main, run_experiment
-from dalign_core.family import Family, Splits, SweepConfig, count
+from dalign_core.sweep.family import Family, Splits, SweepConfig, count
 from dalign_core.models.resnet import resnet20, residual_block_names
-from dalign_core.sweep import dry_run as sweep_dry_run
-from dalign_core.sweep import run_sweeps, tables_of
-from dalign_core.training import eval_mode
+from dalign_core.sweep.run import dry_run as sweep_dry_run
+from dalign_core.sweep.run import run_sweeps, tables_of
+from dalign_core.training.loop import eval_mode
 
 STAGE_WIDTH = 16
 """Channels of the first stage at k = 1: a run's width is ``STAGE_WIDTH * k``."""
@@ -160,7 +160,7 @@ class ResNetFamily(Family):
     name = "resnet"
     reductions = ("full", "shared")
     """The shared q at a block output lies almost wholly in the span of the next block's BatchNorm biases'
-    gradients (:mod:`dalign_core.redundancy`): width claims are judged on the per-position q."""
+    gradients (:mod:`dalign_core.capture.redundancy`): width claims are judged on the per-position q."""
     training_fields = ("dataset", "validation_images", "momentum", "milestones", "augment", "channels_last")
 
     def load_data(self, config: Config) -> Splits:

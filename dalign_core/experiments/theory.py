@@ -24,11 +24,11 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from dalign_core import bounds
-from dalign_core.estimators import estimate_geometry, plugin_geometry
+from dalign_core.geometry import bounds
+from dalign_core.geometry.estimators import estimate_geometry, plugin_geometry
 from dalign_core.config import ExperimentConfig, require, require_at_least, require_items
 from dalign_core.experiments._runner import main, run_experiment
-from dalign_core.synthetic import NOISE_LAWS, SPECTRA, SyntheticQ, mean_norm_for_snr
+from dalign_core.geometry.synthetic import NOISE_LAWS, SPECTRA, SyntheticQ, mean_norm_for_snr
 
 TABLES = ("theory_alignment", "theory_estimators", "theory_sketch")
 

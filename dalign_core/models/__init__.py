@@ -1,4 +1,7 @@
-"""Models with width as a parameter: LLaMA-style decoders, Pythia's GPT-NeoX shapes, CIFAR ResNets."""
+"""Models with width as a parameter: LLaMA-style decoders, Pythia's GPT-NeoX shapes, CIFAR ResNets.
+
+May import: torch, torchvision and transformers only; nothing of the library.
+"""
 
 from dalign_core.models.llama import LlamaWidthSpec, build_llama, count_parameters, ffn_width, llama_config
 from dalign_core.models.pythia import build_pythia, pythia_config, pythia_init, pythia_width_variant

@@ -2,8 +2,8 @@
 
 Every sentence that describes our runs, or compares our numbers with the paper's,
 comes from here: the chapter never types a number or a verdict. The inputs are the
-tables :mod:`dalign_core.sweep` writes (``<family>_runs``, ``_lr``, ``_trend``,
-``_misalignment``), read back with :func:`dalign_core.results.read_table`.
+tables :mod:`dalign_core.sweep.run` writes (``<family>_runs``, ``_lr``, ``_trend``,
+``_misalignment``), read back with :func:`dalign_core.report.results.read_table`.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from dalign_core.results import read_table
-from dalign_core.sweep import lr_check
-from dalign_core.trend import (PAPER_SLOPE, SIGN, Verdict, clock_diagnostics, clock_free_test, estimability,
+from dalign_core.report.results import read_table
+from dalign_core.sweep.run import lr_check
+from dalign_core.sweep.trend import (PAPER_SLOPE, SIGN, Verdict, clock_diagnostics, clock_free_test, estimability,
                                label_for, not_estimable, run_summaries, slope_test, verdict)
 
 __all__ = ["by_regime", "judged_only", "rerun_box", "sweep_records", "describe_accuracy", "describe_runs", "describe_learning_rates", "describe_final_geometry",
@@ -78,9 +78,9 @@ def sweep_records(provenance: dict) -> list[dict]:
 def rerun_box(chapter: str, module: str | None, profile: str, provenance: dict | None, *, first: str = "",
               example: str = "", seconds: float | None = None, fresh: bool = True) -> str:
     """The "Rerun this chapter" box, as MyST (an admonition): the command; what a run from no checkpoint costs, at
-    this profile and at the classroom profile ``lab`` (:func:`dalign_core.timings.fresh_run`: measured, or
+    this profile and at the classroom profile ``lab`` (:func:`dalign_core.report.timings.fresh_run`: measured, or
     projected by the dry run and labelled so); the wall time the shown results took, and how many of their models
-    were loaded from checkpoints that existed before that run (:func:`dalign_core.timings.loaded_before`); what
+    were loaded from checkpoints that existed before that run (:func:`dalign_core.report.timings.loaded_before`); what
     must run first; how to change one parameter.
 
     Args:
@@ -90,7 +90,7 @@ def rerun_box(chapter: str, module: str | None, profile: str, provenance: dict |
         seconds: the wall time when the chapter has no results table (measured in the notebook); ``fresh``: whether
             that run computed everything (False: it reused a cached model, so it is not a fresh run's cost).
     """
-    from dalign_core import timings
+    from dalign_core.report import timings
     from dalign_core.config import default_results_dir
 
     lines = [f"`make notebooks ONLY={chapter} PROFILE={profile} FORCE=1` recomputes it"
@@ -194,7 +194,7 @@ def trials(lr: pd.DataFrame) -> pd.DataFrame:
 
 def describe_learning_rates(lr: pd.DataFrame, runs: pd.DataFrame | None = None) -> str:
     """The rate each width kept, whether the choice sat at the edge of the candidates, and the full-length check
-    (of short trials, or of a rate carried from the narrowest width: :attr:`~dalign_core.family.SweepConfig.lr_fit`).
+    (of short trials, or of a rate carried from the narrowest width: :attr:`~dalign_core.sweep.family.SweepConfig.lr_fit`).
     ``runs`` (``<family>_runs``) names the rate each width's runs used where the rate was carried."""
     check = lr_check(lr) if len(lr) else {}
     lr = trials(lr)
@@ -360,7 +360,7 @@ def scale_for(family: str, widths, depth: int | None = None, dataset: str | None
 
 def family_reference(family: str | None) -> float:
     """The slope a family's d_align claim is judged against: the paper's +0.50 for LLaMA (its only number), the sign
-    alone (:data:`~dalign_core.trend.SIGN`) for Pythia and ResNet-20."""
+    alone (:data:`~dalign_core.sweep.trend.SIGN`) for Pythia and ResNet-20."""
     return PAPER_SLOPE if family is None or family.split("_")[0] == "llama" else SIGN
 
 
@@ -421,13 +421,13 @@ def width_verdicts(trend: pd.DataFrame, layer: str | None = None, pool: str = "h
 
     * d_align rises with width at matched steps (each run's late-window mean of log d_align);
     * d_align rises with width at matched held-out loss with the training clock removed
-      (:func:`dalign_core.trend.clock_free_test`: runs compared at the same steps over the window where every
+      (:func:`dalign_core.sweep.trend.clock_free_test`: runs compared at the same steps over the window where every
       width's loss passes the common level);
     * the misalignment probability falls with width at the judged (M, K) (logit p̂, same-law setting).
 
-    Each is a slope test (:mod:`dalign_core.trend`) against the family's own claim (:func:`family_reference`):
+    Each is a slope test (:mod:`dalign_core.sweep.trend`) against the family's own claim (:func:`family_reference`):
     reproduced, contradicted, inconclusive, not estimable (d_align unresolved from 0 at most late checkpoints:
-    :func:`dalign_core.trend.estimability`) or not run. With ``geometry`` (``<family>_geometry``) the d_align claims
+    :func:`dalign_core.sweep.trend.estimability`) or not run. With ``geometry`` (``<family>_geometry``) the d_align claims
     are computed from its judged rows (:func:`judged_geometry`), checkpoints whose d_align reads 0 left out of their
     run's mean (no floor under the log); without it they read the trend table's judged rows (the matched-loss one
     is then the plain crossing, clock included). ``scale`` (:data:`SCALE`) follows each label.

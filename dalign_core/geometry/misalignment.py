@@ -17,7 +17,7 @@ matrix.
 Note: resampling from finite pools estimates the misalignment probability of the pool's
 empirical distribution drawn without replacement; for M, K much smaller than the pools it
 approaches that of independent draws.  Compare with B_exact / B_align from
-:mod:`dalign_core.bounds` computed on the estimated geometry.
+:mod:`dalign_core.geometry.bounds` computed on the estimated geometry.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from dalign_core._tensor import check_finite
-from dalign_core.estimators import as_rows, gram_product
+from dalign_core.geometry.estimators import as_rows, gram_product
 
 __all__ = [
     "MisalignmentEstimate",
@@ -76,7 +76,7 @@ class MisalignmentEstimate:
 def cross_gram(q_train, q_test=None) -> torch.Tensor:
     """``C = Q_tr Q_te^T`` in float64, shape (n1, n2), on the pools' device.
 
-    Accumulated over column blocks of d (see :func:`dalign_core.estimators.gram_product`),
+    Accumulated over column blocks of d (see :func:`dalign_core.geometry.estimators.gram_product`),
     so a float32 pool of any d needs little extra memory. ``q_test=None`` gives the Gram
     matrix of ``q_train`` with itself. Pools with NaN or inf rows are refused.
     """

@@ -348,7 +348,7 @@ def load_model(source: ModelSource | str, *, device: str | torch.device = "cpu",
     except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as err:
         raise _load_error(source, err) from err
     _check_loading_info(model, info, f"{'folder' if source.local else 'model'} {source.spec!r}")
-    from dalign_core.hooks import causal_lm_problem  # transformers' own warning about it is silenced above
+    from dalign_core.capture.hooks import causal_lm_problem  # transformers' own warning about it is silenced above
 
     problem = causal_lm_problem(model)
     if problem:
@@ -370,7 +370,7 @@ def check_tokenizer_fits(tokenizer, model) -> None:
 
 def _position_field(model) -> tuple[str, int] | None:
     """(name, value) of the config field that bounds the sequence length; None if the config states none."""
-    from dalign_core.hooks import _position_limit  # noqa: PLC0415  (one reading of the config's position fields)
+    from dalign_core.capture.hooks import _position_limit  # noqa: PLC0415  (one reading of the config's position fields)
 
     return _position_limit(model)
 

@@ -1,6 +1,6 @@
 """The claims chapter at a glance: a grid of claim × family with coloured verdicts, and a headline.
 
-:func:`claims_grid_html` turns a claims table (:func:`dalign_core.claims.claims_table`) into
+:func:`claims_grid_html` turns a claims table (:func:`dalign_core.claims.table.claims_table`) into
 one self-contained HTML block: a row per claim, a column per family (LLaMA, Pythia,
 ResNet-20), each cell one coloured label per scope (a depth regime or a data set), linked
 to the chapter whose figures show the evidence. Above the claims, two rows state the regime each
@@ -26,8 +26,8 @@ from collections import Counter
 
 import pandas as pd
 
-from dalign_core import growth
-from dalign_core.claims import NOT_RUN
+from dalign_core.studies.growth import compute as growth
+from dalign_core.claims.table import NOT_RUN
 
 __all__ = ["FAMILIES", "GROUPS", "VERDICTS", "claim_group", "claims_details_html", "claims_grid_html", "headline",
            "headline_text", "paper_regime_text", "regime_text", "verdict_class"]

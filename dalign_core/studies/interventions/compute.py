@@ -5,7 +5,7 @@ model, take one small step along the *train*-mean direction, and measure how the
 *held-out* loss actually moves. Two insertions:
 
 **Shared bias.** ``z ← z + b`` with one bias ``b ∈ R^N`` shared over positions (tokens,
-or the pixels of a feature map; the ``shared`` reduction of :mod:`dalign_core.hooks`),
+or the pixels of a feature map; the ``shared`` reduction of :mod:`dalign_core.capture.hooks`),
 so ``∂ℓ_i/∂b = q_i``. With ``μ_M`` the mean q of M training examples and ``g_K`` that of
 K held-out examples, the step ``b = −η μ_M`` changes the held-out loss ``L_K`` by
 
@@ -57,7 +57,7 @@ backward pass per example set.
 Nothing of the model changes: the insertions are forward hooks that add to the output,
 the model's mode, parameters, buffers and ``.grad`` are untouched, and every hook is
 removed when the function returns or raises. The refusals are those of capture
-(:func:`dalign_core.hooks.check_capturable`): BatchNorm in training mode, active
+(:func:`dalign_core.capture.hooks.check_capturable`): BatchNorm in training mode, active
 dropout, an unknown insertion point.
 """
 
@@ -74,7 +74,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from dalign_core.hooks import _call, _primary, _split_batch, _to, check_capturable, per_example_loss, resolve_layers
+from dalign_core.capture.hooks import _call, _primary, _split_batch, _to, check_capturable, per_example_loss, resolve_layers
 
 __all__ = ["Intervention", "shared_bias_step", "residual_block_step", "train_decrease_steps",
            "train_decrease_draws", "optimizer_step_decrease", "KINDS", "ROUNDOFF_FLOAT32", "ROUNDOFF_FLOAT64"]
@@ -371,7 +371,7 @@ def shared_bias_step(model: nn.Module, layer: str, train_batches: list, heldout_
     Args:
         model: a trained model in a capturable state (``model.eval()`` for BatchNorm or dropout).
         layer: the insertion point (a dotted module name).
-        train_batches: the M training examples, as batches :func:`dalign_core.hooks.accumulate_geometry` takes.
+        train_batches: the M training examples, as batches :func:`dalign_core.capture.hooks.accumulate_geometry` takes.
         heldout_batches: the K held-out examples, likewise.
         etas: step sizes (units: the bias moves by ``η ‖μ_M‖``).
 

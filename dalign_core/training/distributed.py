@@ -35,14 +35,14 @@ The folder (and the training checkpoints) must be on a filesystem every rank see
 folder once the tables are written, and ``<out>/partial`` with it when that is empty.
 
 **Workers.** A world of one on the CPU shares the grid too: :func:`run_jobs` forks one
-worker process of one thread per core (:mod:`dalign_core.workers`; ``DALIGN_WORKERS``),
+worker process of one thread per core (:mod:`dalign_core.training.workers`; ``DALIGN_WORKERS``),
 which take the jobs in the plan's order and keep them in the folder as ranks would.
 Every CPU process — rank, worker or plain — computes on one thread, so the results do
 not depend on how many there are.
 
 **Job groups.** A job of ``ranks > 1`` gets a process group of its ranks (created once
 per block, collectively, by :func:`job_group`); the sweep hands it to
-:func:`dalign_core.training.train`, which runs DistributedDataParallel over it: each
+:func:`dalign_core.training.loop.train`, which runs DistributedDataParallel over it: each
 rank takes its slice of the same global batch, so the averaged gradient is the
 single-process gradient of that batch (to float rounding). :func:`ranks_per_job` reads
 which widths get how many ranks (``DALIGN_RANKS_PER_JOB``).
@@ -51,9 +51,9 @@ which widths get how many ranks (``DALIGN_RANKS_PER_JOB``).
 :func:`sharded_geometry` computes each rank's rows of the Gram matrix (every rank's
 block is broadcast in turn, so no rank holds more than its own rows and one other
 block) and gathers only four ``n``-vectors of row statistics: the U-statistics and
-their jackknife need nothing else (:func:`dalign_core.estimators.row_statistics`).
+their jackknife need nothing else (:func:`dalign_core.geometry.estimators.row_statistics`).
 :func:`sharded_cross_gram` gathers the whole cross-Gram matrix, which the misalignment
-resampler takes (:func:`dalign_core.misalignment.misalignment_probability` with ``C=``).
+resampler takes (:func:`dalign_core.geometry.misalignment.misalignment_probability` with ``C=``).
 """
 
 from __future__ import annotations
@@ -75,10 +75,10 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 import torch.distributed as dist
 
-from dalign_core import workers as _workers
+from dalign_core.training import workers as _workers
 from dalign_core._tensor import resolve_device
 from dalign_core.atomic import atomic_write_text
-from dalign_core.estimators import Geometry, as_rows, gram_product, geometry_from_row_statistics
+from dalign_core.geometry.estimators import Geometry, as_rows, gram_product, geometry_from_row_statistics
 
 __all__ = ["Context", "context", "init", "shutdown", "session", "local_device", "barrier", "broadcast",
            "all_gather", "main_first", "hardware", "check_shared", "Job", "Assignment", "plan", "job_group",
@@ -158,7 +158,7 @@ def init(device: str = "auto") -> Context:
 
     NCCL when ``device`` resolves to CUDA (after pinning this rank to its local GPU),
     gloo otherwise; barriers and objects use a gloo group either way. In any world, a
-    process computing on the CPU is set to one thread (:func:`dalign_core.workers.configure`).
+    process computing on the CPU is set to one thread (:func:`dalign_core.training.workers.configure`).
     """
     ctx = context()
     _workers.configure(device)  # on the CPU: one thread per process
@@ -241,13 +241,12 @@ def main_first() -> Iterator[None]:
 
 def hardware() -> list[dict[str, Any]]:
     """Every rank's host, device and hardware, in rank order (a list of one in a world of one)."""
-    from dalign_core.results import _hardware  # noqa: PLC0415  (results imports nothing of this module)
 
     ctx = context()
     device = torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
     mine = dict(rank=ctx.rank, local_rank=ctx.local_rank, node=ctx.node, host=socket.gethostname(),
                 device=(torch.cuda.get_device_name(device) if device is not None else platform.processor() or "cpu"),
-                **_hardware())
+                **_workers.hardware())
     return all_gather(mine)
 
 
@@ -374,7 +373,7 @@ _MEASURED_RUN = re.compile(r"N\d+_seed\d+")
 def job_result_problem(name: str, result: Any) -> str | None:
     """What makes ``result`` unusable as job ``name``'s kept result (None when it is usable).
 
-    A result is a non-empty JSON value. The width sweeps' jobs (:mod:`dalign_core.sweep`)
+    A result is a non-empty JSON value. The width sweeps' jobs (:mod:`dalign_core.sweep.run`)
     have a shape of their own, read from the name: a rate trial (``lr_N<width>_lr<rate>``,
     ``full_N<width>_lr<rate>``) is an object with a numeric ``validation_loss``; a measured
     run (``N<width>_seed<seed>``) is an object of table name → list of row objects that
@@ -482,7 +481,7 @@ def run_jobs(folder: str | os.PathLike | None, jobs: Sequence[Job], compute: Cal
     kept on disk.
 
     In a world of one on the CPU the jobs run on ``workers`` forked processes of one
-    thread each (default :func:`dalign_core.workers.count`: ``$DALIGN_WORKERS``, else one
+    thread each (default :func:`dalign_core.training.workers.count`: ``$DALIGN_WORKERS``, else one
     per core), in the order of :func:`plan`, each job on one process; ``finished`` then
     runs in this process as each job comes in. ``workers=1`` computes them here, one
     after another, in the order given. The results are the same either way.
@@ -616,7 +615,7 @@ def _local_gram_rows(rows: torch.Tensor, other: torch.Tensor, shapes, group) -> 
 
 
 def sharded_geometry(rows, *, confidence: float = 0.95, group=None) -> Geometry:
-    """:func:`~dalign_core.estimators.estimate_geometry` of all ranks' rows stacked in rank order, on every rank.
+    """:func:`~dalign_core.geometry.estimators.estimate_geometry` of all ranks' rows stacked in rank order, on every rank.
 
     ``rows``: this rank's ``(n_r, d)`` q rows (any ``n_r``, one ``d`` and dtype on every
     rank; on this rank's device: CUDA under NCCL). Each rank forms only its ``n_r x n``
@@ -647,7 +646,7 @@ def sharded_cross_gram(train_rows, test_rows=None, *, group=None) -> torch.Tenso
     Rows are stacked in rank order (rank 0's first). ``test_rows=None`` gives the Gram
     matrix of the train pool with itself. Each rank computes its rows of C and the
     ranks all-gather them; the misalignment resampler then runs on C
-    (:func:`dalign_core.misalignment.misalignment_probability` with ``C=``), the same on
+    (:func:`dalign_core.geometry.misalignment.misalignment_probability` with ``C=``), the same on
     every rank for the same seed.
     """
     A = as_rows(train_rows, "train_rows")

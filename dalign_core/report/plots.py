@@ -1,6 +1,6 @@
 """Figures of the book, shared by every chapter.
 
-Each function takes the tidy tables :mod:`dalign_core.sweep` (or
+Each function takes the tidy tables :mod:`dalign_core.sweep.run` (or
 :mod:`dalign_core.experiments.theory`) writes and returns a matplotlib Figure drawn
 for the book's ~690-pixel column: :data:`COLUMN_WIDTH` inches wide at 100 dpi,
 fonts of 10 pt and more (:func:`style` sets them; call it once per notebook),
@@ -26,7 +26,7 @@ try:  # the figures need the plots extra (matplotlib, seaborn); the rest of dali
     import matplotlib.pyplot as plt
     import seaborn as sns
 except ImportError as err:  # pragma: no cover  (both are installed wherever the book is built)
-    raise ImportError(f"dalign_core.plots draws with matplotlib and seaborn, which are not installed ({err}); "
+    raise ImportError(f"dalign_core.report.plots draws with matplotlib and seaborn, which are not installed ({err}); "
                       "install the plots extra: pip install 'dalign[plots]'") from err
 from matplotlib.ticker import (FixedLocator, FuncFormatter, LogLocator, MaxNLocator, NullFormatter,
                                NullLocator, ScalarFormatter)
@@ -240,7 +240,7 @@ def trend_along_training(trend: pd.DataFrame, layer: str, steps: int, reduction:
     moves along training; the claim is judged on each run's mean over the shaded window. The dashed line is
     the paper's slope.
     """
-    from dalign_core.trend import PAPER_SLOPE
+    from dalign_core.sweep.trend import PAPER_SLOPE
 
     rows = trend[(trend.quantity == "d_align") & (trend.view == "step") & (trend.layer == layer)] \
         if len(trend) else trend
@@ -267,7 +267,7 @@ def reductions_compared(geometry: pd.DataFrame, layer: str, steps: Sequence[int]
     The literal shared q beside the judged per-position one: where a trained parameter owns the shared
     direction, training drives its mean, and so its d_align, toward zero at every width.
     """
-    from dalign_core.trend import run_summaries
+    from dalign_core.sweep.trend import run_summaries
 
     part = geometry[(geometry.layer == layer) & (geometry.pool == "heldout")] if len(geometry) else geometry
     reductions = sorted(part.reduction.unique()) if len(part) else []
@@ -290,7 +290,7 @@ def reductions_compared(geometry: pd.DataFrame, layer: str, steps: Sequence[int]
 def matched_loss(summaries: pd.DataFrame, layer: str) -> plt.Figure:
     """d_align against width with every run read where its smoothed held-out loss reaches each common level.
 
-    ``summaries``: :func:`dalign_core.trend.matched_loss_summaries` of ``d_align`` grouped by
+    ``summaries``: :func:`dalign_core.sweep.trend.matched_loss_summaries` of ``d_align`` grouped by
     ``layer`` and ``pool`` (log d_align in ``y``, interpolated at the crossing): the numbers the
     matched-loss verdict reads, so the figure and the verdict cannot disagree.
     """
@@ -554,7 +554,7 @@ def theory_sketch(sketch: pd.DataFrame) -> plt.Figure:
 
 def certificate_by_budget(d_align: float, d_align_lo: float | None = None, budgets=None) -> plt.Figure:
     """B_align = 1 / (1 + n_eff d_align) against the budget M = K, at an estimate and at its interval's lower end."""
-    from dalign_core.bounds import b_align
+    from dalign_core.geometry.bounds import b_align
 
     budgets = np.unique(np.round(np.geomspace(1, 1e4, 60))) if budgets is None else np.asarray(budgets, dtype=float)
     fig, ax = plt.subplots(figsize=(COLUMN_WIDTH * 0.85, 3.5))

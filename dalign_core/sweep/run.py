@@ -1,7 +1,7 @@
 """The width sweep: the steps every model family shares, written once.
 
-For each width N of a :class:`~dalign_core.family.SweepConfig`, with a
-:class:`~dalign_core.family.Family` answering the family-specific questions:
+For each width N of a :class:`~dalign_core.sweep.family.SweepConfig`, with a
+:class:`~dalign_core.sweep.family.Family` answering the family-specific questions:
 
 1. **A learning rate that fits the width.** Train the first seed at every rate of the
    width's grid (``lr_candidates``, moved with width by ``lr_width_exponent``) and keep
@@ -25,7 +25,7 @@ For each width N of a :class:`~dalign_core.family.SweepConfig`, with a
    ``train/heldout`` draws M from the train pool: the question a growth method faces,
    which the theorem does not cover (the laws differ), so its bound columns are empty.
 5. **Trends** (``<family>_trend``): Spearman's ρ of width against d_align with a seed
-   bootstrap (:mod:`dalign_core.trend`) at every checkpoint ("matched steps"), at
+   bootstrap (:mod:`dalign_core.sweep.trend`) at every checkpoint ("matched steps"), at
    matched held-out loss (each run at the first checkpoint where it reaches a common
    loss level), and of width against the misalignment probability per budget.
 
@@ -37,7 +37,7 @@ epochs over its split warns (the epoch count goes into the provenance).
 The work is a grid of independent jobs — each (width, rate) trial of step 1, then each
 measured (width, seed) run of steps 2-4 — kept one file each in a jobs folder as they
 finish (:func:`jobs_dir`), so a rerun computes only what is missing. Under ``torchrun``
-the ranks share that grid (:mod:`dalign_core.distributed`): the trials first; then every
+the ranks share that grid (:mod:`dalign_core.training.distributed`): the trials first; then every
 rank reads the chosen rates from the shared folder and the measured runs follow; rank 0
 merges the tables. The widest widths may train on several ranks at once (data parallel,
 ``DALIGN_RANKS_PER_JOB``). A plain process is a world of one and runs the same grid.
@@ -61,17 +61,18 @@ from typing import Any
 import pandas as pd
 import torch
 
-from dalign_core import distributed, workers
+from dalign_core.training import distributed
+from dalign_core.training import workers
 from dalign_core._tensor import derived_seed, resolve_device
 from dalign_core.config import REPO_ROOT
 from dalign_core.data.supply import check_epochs, require_sequences, training_epochs
-from dalign_core.family import Family, Splits, SweepConfig, count, take
-from dalign_core.hooks import accumulate_geometry
-from dalign_core.misalignment import cross_gram, misalignment_probability
-from dalign_core.redundancy import redundancy_rows
-from dalign_core.bounds import b_align
-from dalign_core.training import TrainConfig, load_weights, train
-from dalign_core import trend
+from dalign_core.sweep.family import Family, Splits, SweepConfig, count, take
+from dalign_core.capture.hooks import accumulate_geometry
+from dalign_core.geometry.misalignment import cross_gram, misalignment_probability
+from dalign_core.capture.redundancy import redundancy_rows
+from dalign_core.geometry.bounds import b_align
+from dalign_core.training.loop import TrainConfig, load_weights, train
+from dalign_core.sweep import trend
 
 __all__ = ["Pools", "SWEEP_TABLES", "tables_of", "check_supply", "draw_pools", "checkpoint_root", "jobs_dir", "prepare", "trained_model", "run_sweep",
            "run_sweeps", "lr_check",
@@ -369,12 +370,12 @@ def trained_only(table: pd.DataFrame) -> pd.DataFrame:
 
 
 TREND_KEYS = ["quantity", "view", "reduction", "layer", "pool", "setting", "M", "K", "step", "loss_level", "judged"]
-"""What tells trend rows apart; :data:`dalign_core.trend.SLOPE_COLUMNS` follow them."""
+"""What tells trend rows apart; :data:`dalign_core.sweep.trend.SLOPE_COLUMNS` follow them."""
 
 
 def trend_table(config: SweepConfig, geometry: pd.DataFrame, misalignment: pd.DataFrame,
                 primary: str | None = None, judged_reduction: str = "shared") -> pd.DataFrame:
-    """Slope tests of width trends (:mod:`dalign_core.trend`): one row per (quantity, view, group).
+    """Slope tests of width trends (:mod:`dalign_core.sweep.trend`): one row per (quantity, view, group).
 
     Views: ``late_window`` (each run's mean of log X over the last third's checkpoints; X = d_align,
     d_par, d_2), ``step`` (each checkpoint on its own, for the figure along training),
@@ -426,7 +427,7 @@ def trend_table(config: SweepConfig, geometry: pd.DataFrame, misalignment: pd.Da
 
 
 def _redundancy(config, family, model, heldout, examples: int, device, seed: int) -> list[dict]:
-    """The redundancy check's rows (:func:`~dalign_core.redundancy.redundancy_rows`) at the primary layer, on the
+    """The redundancy check's rows (:func:`~dalign_core.capture.redundancy.redundancy_rows`) at the primary layer, on the
     first ``examples`` of the held-out pool ``heldout``, with the model in eval mode."""
     batches = family.batches(take(heldout, torch.arange(min(examples, count(heldout)))), config.capture_batch)
     return redundancy_rows(model.eval(), [family.primary_layer(config)], batches, reductions=family.reductions,
@@ -687,11 +688,11 @@ def run_sweep(config: SweepConfig, family: Family, jobs: str | Path | None = Non
     same tables as an uninterrupted run. The folder is removed once the tables are built
     (``keep_jobs``: left for the caller, who removes it once the tables are safe).
 
-    Under ``torchrun`` the ranks share these jobs (:mod:`dalign_core.distributed`): the
+    Under ``torchrun`` the ranks share these jobs (:mod:`dalign_core.training.distributed`): the
     rate trials first, then — every rank reading the chosen rates from ``jobs``, which must
     be on a filesystem they share — the measured runs; rank 0 returns the tables, the
     other ranks ``({}, {})``. ``ranks_per_job`` (or ``$DALIGN_RANKS_PER_JOB``, see
-    :func:`dalign_core.distributed.ranks_per_job`) trains the widest models on several
+    :func:`dalign_core.training.distributed.ranks_per_job`) trains the widest models on several
     ranks together.
     """
     torch.use_deterministic_algorithms(True, warn_only=True)
@@ -903,7 +904,7 @@ def dry_run(config: SweepConfig, family: Family, steps: int = 2) -> str:
     for world in sorted({8, distributed.context().world_size} - {1}):
         seconds = shared(world)
         lines.append(f"on {world} such devices sharing the jobs (torchrun --nproc_per_node={world}; the plan of "
-                     f"dalign_core.distributed, rates first, then seeds): {_seconds(seconds)} s "
+                     f"dalign_core.training.distributed, rates first, then seeds): {_seconds(seconds)} s "
                      f"({seconds / 60:.1f} min)")
     return "\n".join(lines)
 

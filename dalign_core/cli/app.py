@@ -19,7 +19,7 @@ data best.
 subfolder ``<folder>/<revision>/`` (``--model ./pythia-70m --revision step1000``).
 
 ``dalign layers --model MODEL`` lists the insertion points; with ``--data`` it adds each
-one's redundancy fraction (:mod:`dalign_core.redundancy`) of the shared and the full q on
+one's redundancy fraction (:mod:`dalign_core.capture.redundancy`) of the shared and the full q on
 ``--redundancy-examples`` examples: the share of q that trained parameters' gradients
 already own (above 0.9, training drives ‖μ‖² to zero at any width and d_align there
 says little about width). ``dalign estimate`` checks the q it measured the same way,
@@ -27,7 +27,7 @@ on up to ``--redundancy-examples`` of its examples, warns above 0.9 and writes t
 fraction to the CSV (``redundancy``, ``redundant_with``).
 
 ``dalign rank --model MODEL --data DATA`` orders the insertion points by each predictor of
-where to grow (:mod:`dalign_core.growth`): d_align, d_∥, d_2, ‖μ‖², μ_Mᵀg_K and B_align at
+where to grow (:mod:`dalign_core.studies.growth.compute`): d_align, d_∥, d_2, ‖μ‖², μ_Mᵀg_K and B_align at
 ``--budgets``, and the plain baseline, the norm of the gradient of a zero-output block
 inserted there; each with its interval, and the redundancy warning above 0.9. The first
 half of the examples gives the train mean and the block gradient, the second half the
@@ -316,7 +316,7 @@ def _b_align_columns(row: dict, M: float, K: float) -> dict:
     upper/lower end; a lower end at 0 gives 1: no certificate. A missing or NaN
     d_align gives NaN.
     """
-    from dalign_core.bounds import b_align
+    from dalign_core.geometry.bounds import b_align
 
     def at(d_align) -> float:
         if d_align is None or math.isnan(d_align):
@@ -330,7 +330,7 @@ def _b_align_columns(row: dict, M: float, K: float) -> dict:
 
 def _block_indices(model) -> dict[str, int]:
     """Position of each residual block (insertion point) in forward order; {} for a model without blocks."""
-    from dalign_core.hooks import CaptureError, insertion_points
+    from dalign_core.capture.hooks import CaptureError, insertion_points
 
     try:
         return {name: i for i, name in enumerate(insertion_points(model))}
@@ -520,8 +520,8 @@ def estimate(args: argparse.Namespace) -> list[dict]:
     """Run ``dalign estimate``; return one record per layer (also printed and optionally written)."""
     import torch
     from dalign_core._tensor import resolve_device
-    from dalign_core.hooks import accumulate_geometry, resolve_layers
-    from dalign_core.loading import (
+    from dalign_core.capture.hooks import accumulate_geometry, resolve_layers
+    from dalign_core.cli.loading import (
         check_data_file,
         check_seq_len,
         check_tokenizer_fits,
@@ -576,8 +576,8 @@ def estimate(args: argparse.Namespace) -> list[dict]:
 def _estimate_arch(args: argparse.Namespace, device) -> list[dict]:
     """``dalign estimate --arch``: the model a callable builds, on tensors or an image folder; as :func:`estimate`."""
     import torch
-    from dalign_core.hooks import accumulate_geometry, resolve_layers
-    from dalign_core.redundancy import redundancy_rows
+    from dalign_core.capture.hooks import accumulate_geometry, resolve_layers
+    from dalign_core.capture.redundancy import redundancy_rows
 
     if args.out is not None:  # never over the state dict or the examples
         _check_out(args.out, (("the --model file", Path(args.model)), ("the --data file or folder", Path(args.data))))
@@ -643,7 +643,7 @@ def _report_estimate(args: argparse.Namespace, accumulators: dict, owned: dict, 
 
 def _read_sequences(args: argparse.Namespace, tokenizer, count: int, data_path: Path | None) -> list[list[int]]:
     """Up to ``count`` token sequences from ``--data`` (a local file when ``data_path`` is set, else a dataset)."""
-    from dalign_core.loading import dataset_text_examples, read_text_examples
+    from dalign_core.cli.loading import dataset_text_examples, read_text_examples
 
     if data_path is not None:
         return read_text_examples(data_path, tokenizer, count, args.seq_len, args.split_mode)
@@ -660,10 +660,10 @@ def _with_progress(batches: list, desc: str, progress: bool = True):
 
 def _redundancy_by_layer(model, layers: list[str], sequences, batch_size: int, reductions,
                          progress: bool = True) -> dict:
-    """``(layer, reduction) -> row`` of :func:`dalign_core.redundancy.redundancy_rows` on ``sequences`` (a progress
+    """``(layer, reduction) -> row`` of :func:`dalign_core.capture.redundancy.redundancy_rows` on ``sequences`` (a progress
     bar with an ETA on a terminal: the check takes most of an ``estimate`` on a large model)."""
-    from dalign_core.loading import make_batches
-    from dalign_core.redundancy import redundancy_rows
+    from dalign_core.cli.loading import make_batches
+    from dalign_core.capture.redundancy import redundancy_rows
 
     batches = _with_progress(make_batches(sequences, batch_size, pad_id=0),
                              f"redundancy check ({len(sequences)} examples)", progress)
@@ -672,7 +672,7 @@ def _redundancy_by_layer(model, layers: list[str], sequences, batch_size: int, r
 
 
 def _is_redundant(row: dict) -> bool:
-    from dalign_core.redundancy import REDUNDANT
+    from dalign_core.capture.redundancy import REDUNDANT
 
     return row["fraction"] > REDUNDANT
 
@@ -683,7 +683,7 @@ def _owner(row: dict) -> str | None:
 
 
 def _redundancy_warning(row: dict) -> str:
-    from dalign_core.redundancy import REDUNDANT
+    from dalign_core.capture.redundancy import REDUNDANT
 
     what = (f"is exactly the per-example gradient of the trained parameter {row['exact']}" if row["exact"] else
             f"lies {row['variance_explained']:.0%} in the span of trained parameters' gradients (most: {row['owner']})")
@@ -699,7 +699,7 @@ def _clip(text: str, width: int) -> str:
 
 def format_redundancy(names: list[str], owned: dict, n: int, width: int = 80) -> str:
     """The ``dalign layers --data`` table: each block's redundancy fraction of the shared and the full q."""
-    from dalign_core.redundancy import REDUNDANT
+    from dalign_core.capture.redundancy import REDUNDANT
 
     header = (f"redundancy of q at each block on n={n} examples: the share already owned by\n"
               f"trained parameters' gradients (held-out fit; 1 = exactly one's gradient).\n"
@@ -718,8 +718,8 @@ def format_redundancy(names: list[str], owned: dict, n: int, width: int = 80) ->
 
 def _layers(args: argparse.Namespace) -> None:
     from dalign_core._tensor import resolve_device
-    from dalign_core.hooks import insertion_points
-    from dalign_core.loading import (
+    from dalign_core.capture.hooks import insertion_points
+    from dalign_core.cli.loading import (
         check_data_file,
         check_seq_len,
         check_tokenizer_fits,
@@ -766,8 +766,8 @@ def _layers(args: argparse.Namespace) -> None:
 def _layers_arch(args: argparse.Namespace) -> None:
     """``dalign layers --arch``: the insertion points of the model a callable builds, with --data their redundancy."""
     from dalign_core._tensor import resolve_device
-    from dalign_core.hooks import insertion_points
-    from dalign_core.redundancy import redundancy_rows
+    from dalign_core.capture.hooks import insertion_points
+    from dalign_core.capture.redundancy import redundancy_rows
 
     device = resolve_device(args.device) if args.data is not None else "cpu"
     model = _load_arch(args, device)
@@ -806,7 +806,7 @@ def _load_arch(args: argparse.Namespace, device):
     import importlib
     import json
 
-    from dalign_core.loading import LoadError
+    from dalign_core.cli.loading import LoadError
 
     module_name, _, attr = args.arch.partition(":")
     if not module_name or not attr:
@@ -880,7 +880,7 @@ def _image_folder_examples(args: argparse.Namespace, path: Path, examples: int) 
     class), drawn in a fixed shuffled order (seed ``--seed`` where the command has one, else 0) so the classes
     mix; the transform is printed."""
     import torch
-    from dalign_core.loading import LoadError
+    from dalign_core.cli.loading import LoadError
 
     if args.image_size < 1:
         raise ValueError(f"--image-size must be at least 1 pixel, got {args.image_size}")
@@ -929,7 +929,7 @@ def _arch_batches(inputs, targets, batch_size: int):
 def _tensor_examples(spec: str, examples: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(inputs, targets)`` from a ``.pt`` file holding a dict with those keys (or a pair), at most ``examples``."""
     import torch
-    from dalign_core.loading import LoadError
+    from dalign_core.cli.loading import LoadError
 
     path = Path(spec).expanduser()
     if not path.is_file():
@@ -950,10 +950,10 @@ def _tensor_examples(spec: str, examples: int) -> tuple[torch.Tensor, torch.Tens
 
 def _growth_evidence() -> str:
     """One sentence: what this project's own growth results (the largest profile present) say of d_align as a guide
-    to where to grow, computed by :func:`dalign_core.growth.decision`; "none found" outside a checkout with results."""
-    from dalign_core import growth
+    to where to grow, computed by :func:`dalign_core.studies.growth.compute.decision`; "none found" outside a checkout with results."""
+    from dalign_core.studies.growth import compute as growth
     from dalign_core.config import REPO_ROOT
-    from dalign_core.results import read_table
+    from dalign_core.report.results import read_table
 
     for profile in ("paper", "gpu", "cpu"):
         try:
@@ -986,7 +986,7 @@ def format_ranking(rows: list[dict], names: list[str], owned: dict, n: int, redu
     say of d_align as a guide (default: :func:`_growth_evidence`)."""
     import textwrap
 
-    from dalign_core.redundancy import REDUNDANT
+    from dalign_core.capture.redundancy import REDUNDANT
 
     pct = f"{confidence * 100:g}%"
     half = n // 2
@@ -1048,9 +1048,9 @@ def format_ranking(rows: list[dict], names: list[str], owned: dict, n: int, redu
 def rank(args: argparse.Namespace) -> list[dict]:
     """Run ``dalign rank``; return one record per insertion point (also printed and optionally written)."""
     from dalign_core._tensor import resolve_device
-    from dalign_core import growth
-    from dalign_core.hooks import insertion_points, resolve_layers
-    from dalign_core.redundancy import redundancy_rows
+    from dalign_core.studies.growth import compute as growth
+    from dalign_core.capture.hooks import insertion_points, resolve_layers
+    from dalign_core.capture.redundancy import redundancy_rows
 
     if args.examples < 8:
         raise ValueError(f"--examples must be at least 8 (two halves of at least 4), got {args.examples}")
@@ -1072,7 +1072,7 @@ def rank(args: argparse.Namespace) -> list[dict]:
         n = len(targets)
         batches = _arch_batches(inputs, targets, args.batch_size)
     else:
-        from dalign_core.loading import (check_data_file, check_seq_len, check_tokenizer_fits, load_model,
+        from dalign_core.cli.loading import (check_data_file, check_seq_len, check_tokenizer_fits, load_model,
                                          load_tokenizer, make_batches, resolve_model_source)
 
         source = resolve_model_source(args.model, revision=args.revision)
@@ -1152,8 +1152,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     """Run the parsed command; a refused input is one line on stderr and exit status 1."""
-    from dalign_core.hooks import CaptureError
-    from dalign_core.loading import LoadError
+    from dalign_core.capture.hooks import CaptureError
+    from dalign_core.cli.loading import LoadError
 
     try:
         _check_common(args)

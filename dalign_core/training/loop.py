@@ -620,7 +620,7 @@ def evaluate_lm_loss(
 
     Each ``(T,)`` sequence contributes its ``T - 1`` predictions (tokens 1..T-1 from the
     ones before), the positions :func:`lm_loss` trains on and
-    :func:`dalign_core.baselines.bigram_heldout_loss` scores.  ``max_sequences`` uses
+    :func:`dalign_core.training.baselines.bigram_heldout_loss` scores.  ``max_sequences`` uses
     the first that many.  The model's train/eval mode is restored afterwards.
     """
     if sequences.ndim != 2 or sequences.shape[1] < 2:

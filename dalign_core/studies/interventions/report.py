@@ -2,7 +2,7 @@
 
 The input is ``interventions.csv`` (:mod:`dalign_core.experiments.interventions`) and,
 for the certificates, each family's ``<family>_geometry.csv``. Rates carry Wilson
-intervals (:func:`dalign_core.misalignment.wilson_interval`), so a rate of 0 or 1 still
+intervals (:func:`dalign_core.geometry.misalignment.wilson_interval`), so a rate of 0 or 1 still
 has an honest width.
 
 **Two checks of one sign.** Each step is measured twice: on the K examples whose mean
@@ -49,9 +49,9 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from dalign_core.bounds import b_align, b_exact_from_moments
-from dalign_core.misalignment import wilson_interval
-from dalign_core.report import _num
+from dalign_core.geometry.bounds import b_align, b_exact_from_moments
+from dalign_core.geometry.misalignment import wilson_interval
+from dalign_core.report.describe import _num
 
 __all__ = ["PAPER_RETENTION", "Z_BINS", "SIGN_BANDS", "FIRST_ORDER_TOLERANCE", "FAILS", "single_steps",
            "conditional_decrease", "agreement", "sign_agreement", "retention_curve", "retention_verdict",

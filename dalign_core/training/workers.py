@@ -5,12 +5,12 @@ thread per core ran the LLaMA dry run 2.6x slower (ResNet 4x) under any other lo
 than with one thread, and idle, two threads were only 1.6-1.8x faster than one. Small
 models do not split well over threads; independent jobs split perfectly over
 processes. So on the CPU every process computes with **one** intra-op thread
-(:func:`configure`), and :func:`dalign_core.distributed.run_jobs` in a world of one
+(:func:`configure`), and :func:`dalign_core.training.distributed.run_jobs` in a world of one
 (no torchrun) runs the job grid on **one worker per core** (:func:`count`), each a
 forked copy of the process (data loaded once, shared copy-on-write; the ``compute``
 closure needs no pickling).
 
-The workers take the jobs in the order of :func:`dalign_core.distributed.plan` — the
+The workers take the jobs in the order of :func:`dalign_core.training.distributed.plan` — the
 order torchrun's ranks follow: longest first — each job going to the worker that
 frees up first (the plan's rule, with the real finishing times instead of the
 projected ones). Each worker writes a finished job into the jobs folder atomically,
@@ -49,6 +49,7 @@ import math
 import multiprocessing
 import multiprocessing.connection
 import os
+import platform
 import signal
 import sys
 import threading
@@ -123,7 +124,7 @@ def count() -> int:
     """Worker processes for a job grid of this process: 1 on a GPU; else ``$DALIGN_WORKERS`` or one per core.
 
     The default (without ``$DALIGN_WORKERS``) applies once :func:`configure` was told the
-    CPU (the experiment runner and :func:`dalign_core.distributed.init` do it); before
+    CPU (the experiment runner and :func:`dalign_core.training.distributed.init` do it); before
     that a job grid runs in this process, as it always did.
     """
     device = _state["device"]
@@ -154,7 +155,7 @@ def configure(device: str | torch.device = "auto") -> torch.device | None:
 
     Returns the resolved device (None where ``device`` cannot be resolved here: the
     experiment reports that itself). Called by the experiment runner and by
-    :func:`dalign_core.distributed.init`, before any model is built.
+    :func:`dalign_core.training.distributed.init`, before any model is built.
     """
     from dalign_core._tensor import resolve_device  # noqa: PLC0415
 
@@ -295,7 +296,7 @@ def run_pool(jobs: Sequence, compute: Callable, store, workers: int,
              finished: Callable | None = None) -> None:
     """Compute ``jobs`` (in the order given: the plan's) on ``workers`` forked processes into ``store``.
 
-    ``store``: :class:`dalign_core.distributed._Store` (a folder, or memory when its
+    ``store``: :class:`dalign_core.training.distributed._Store` (a folder, or memory when its
     folder is None: results then come back through the pipe). ``finished(job, store.get)``
     runs here, in the parent, as each job comes in. Raises :class:`WorkerError` naming
     every job that failed or whose worker died, ``KeyboardInterrupt`` after Ctrl-C (or
@@ -397,3 +398,24 @@ def run_pool(jobs: Sequence, compute: Callable, store, workers: int,
                           for f in failures)
     kept = " (the finished jobs are kept: rerun the same command to compute the rest)" if store.folder else ""
     raise WorkerError(f"{len(failures)} job(s) failed: {', '.join(names)}{kept}\n\n{details}", failures)
+
+
+def hardware() -> dict[str, Any]:
+    """The machine, and how this process used it: ``threads_per_process`` (torch's intra-op
+    threads), ``interop_threads``, and ``workers``, the processes that shared the job grid
+    (1: this process alone)."""
+    import torch
+
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+        "cpu_count": os.cpu_count(),
+        "usable_cores": cores(),
+        "torch_threads": torch.get_num_threads(),
+        **settings(),
+        "cuda_available": torch.cuda.is_available(),
+    }
+    if torch.cuda.is_available():
+        info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return info

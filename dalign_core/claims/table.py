@@ -1,13 +1,13 @@
 """Every claim of the paper beside our verdict, computed from one profile's results files.
 
 A claim is judged by the same code the chapters print their verdicts with
-(:func:`dalign_core.report.width_verdicts`, :mod:`dalign_core.intervention_report`), so
+(:func:`dalign_core.report.describe.width_verdicts`, :mod:`dalign_core.studies.interventions.report`), so
 the claims table and the chapters cannot disagree. Labels:
 
 * **reproduced / contradicted / inconclusive / not estimable** for the width claims, a slope test whose
-  verdict can go either way (:mod:`dalign_core.trend`; each row carries its slope, interval and the smallest
+  verdict can go either way (:mod:`dalign_core.sweep.trend`; each row carries its slope, interval and the smallest
   slope the design detects), against the family's own claim: the paper's +0.50 for LLaMA, the sign alone for
-  Pythia and ResNet-20 (:func:`dalign_core.report.family_reference`);
+  Pythia and ResNet-20 (:func:`dalign_core.report.describe.family_reference`);
 * **reproduced / partly / contradicted / inconclusive** for the others, by the rule each row's ``rule`` states
   (an interval that holds a rule's threshold is inconclusive);
 * **not run at this profile** when the results it needs do not exist, or do not cover
@@ -32,13 +32,14 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from dalign_core import growth, intervention_report
-from dalign_core.intervention_report import FAMILY_NAMES
-from dalign_core.misalignment import wilson_interval
-from dalign_core.report import (PAPER_REGIMES, SCALE, at_this_scale, judged_geometry, late_steps, reference_text,
+from dalign_core.studies.growth import compute as growth
+from dalign_core.studies.interventions import report as intervention_report
+from dalign_core.studies.interventions.report import FAMILY_NAMES
+from dalign_core.geometry.misalignment import wilson_interval
+from dalign_core.report.describe import (PAPER_REGIMES, SCALE, at_this_scale, judged_geometry, late_steps, reference_text,
                                 sweep_records, width_verdicts)
-from dalign_core.trend import clock_window, estimability
-from dalign_core.results import read_table
+from dalign_core.sweep.trend import clock_window, estimability
+from dalign_core.report.results import read_table
 
 __all__ = ["NOT_RUN", "RULES", "Row", "claims_table", "by_profile", "LLAMA_PAPER_D_ALIGN"]
 
@@ -149,7 +150,7 @@ class Row:
     regime: str = ""
     """Ours, in words, from the columns above."""
     at_this_scale: bool = False
-    """Whether our regime differs from the paper's (:func:`dalign_core.report.at_this_scale`)."""
+    """Whether our regime differs from the paper's (:func:`dalign_core.report.describe.at_this_scale`)."""
     shown: str = ""
     """The label as a page shows it: the verdict, with " at this scale" where ``at_this_scale``."""
 
@@ -236,7 +237,7 @@ _WIDTH_CLAIMS = (  # claim, the paper's, what a run's summary is
     ("misalignment falls with width at fixed (M, K)", "falls (§2)", "logit p̂"),
 )
 _QUANTITIES = ("d_align", "d_align", "p_misalign")
-"""What each width claim tests (its reference: :func:`dalign_core.report.reference_text`)."""
+"""What each width claim tests (its reference: :func:`dalign_core.report.describe.reference_text`)."""
 
 
 def _scope(family: str, column: str | None, value) -> str:

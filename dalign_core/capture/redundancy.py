@@ -1,6 +1,6 @@
 """Is the activation gradient at an insertion point already a trained parameter's gradient?
 
-q(x) = ∇_z ℓ at the output z of a module (captured as :mod:`dalign_core.hooks` does).
+q(x) = ∇_z ℓ at the output z of a module (captured as :mod:`dalign_core.capture.hooks` does).
 If a trained parameter θ enters the forward pass as ``z ← z + θ`` at every position,
 then ∇_θ ℓ = Σ_positions ∇_z ℓ: the *shared* q is θ's per-example gradient (Pythia:
 ``gpt_neox.layers.l`` ends with ``mlp.dense_4h_to_h.bias``). More generally, if
@@ -47,7 +47,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dalign_core.hooks import (
+from dalign_core.capture.hooks import (
     REDUCTIONS,
     CaptureError,
     LossFn,
@@ -237,7 +237,7 @@ def _batch_size(inputs: Any, targets: Any) -> int:
 
 
 def _per_example(model, modules, params, names, inputs, targets, reductions, task, loss_fn, limit, qs, gs) -> int:
-    """One forward of ``inputs`` (with the capture's refusals: :func:`~dalign_core.hooks._forward_to_losses`), then
+    """One forward of ``inputs`` (with the capture's refusals: :func:`~dalign_core.capture.hooks._forward_to_losses`), then
     one backward per example (at most ``limit``): appends their q and gradient rows to ``qs`` and ``gs``; returns
     how many examples it took."""
     zs, losses = _forward_to_losses(model, modules, inputs, targets, task, loss_fn)
@@ -366,7 +366,7 @@ def redundancy(model: nn.Module, layer: str, batches: Iterable[Any], *, reductio
     """How much of q at ``layer`` the per-example gradients of trained parameters already explain.
 
     Args:
-        model, layer, batches, task, loss_fn: as for :func:`dalign_core.hooks.iter_activation_gradients`;
+        model, layer, batches, task, loss_fn: as for :func:`dalign_core.capture.hooks.iter_activation_gradients`;
             q_i has shape ``(d,)`` (N or C for ``"shared"``, T·N or C·H·W for ``"full"``).
         parameters: candidate parameter names (default :func:`candidate_parameters`); each
             contributes its flattened per-example gradient, P coordinates in all.

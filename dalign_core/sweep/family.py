@@ -11,7 +11,7 @@ on random pools. Only a few answers differ per family, and they live in a
 ``build``           a freshly initialized model at a width and seed
 ``insertion_points`` the dotted module names whose outputs are captured
 ``primary_layer``   the fixed insertion point of the misalignment study
-``batches``         what :func:`dalign_core.hooks.accumulate_geometry` takes
+``batches``         what :func:`dalign_core.capture.hooks.accumulate_geometry` takes
 ``train_loss``      the training loss of a batch
 ``heldout_metric``  loss on held-out examples (lower is better)
 ``baseline``        the held-out loss a trained model must beat (else: a failed run)
@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from dalign_core.config import ExperimentConfig, added_field, measurement_only, require, require_at_least, require_items
-from dalign_core.training import lm_loss
+from dalign_core.training.loop import lm_loss
 
 __all__ = ["SweepConfig", "Splits", "Family", "take", "count"]
 
@@ -76,7 +76,7 @@ class SweepConfig(ExperimentConfig):
     ``(min(widths) / N) ** lr_width_exponent``, and checked once, at the widest width, by training the carried rate
     and its grid neighbour on the side of the narrowest width's runner-up at full length. The carried rate must win
     on validation loss; if the neighbour wins, the transfer has failed and every width is fitted as under
-    ``each_width`` (:func:`dalign_core.sweep.lr_check` reports which happened). With one width or one candidate
+    ``each_width`` (:func:`dalign_core.sweep.run.lr_check` reports which happened). With one width or one candidate
     rate there is nothing to carry: both fits are the same."""
     lr_trial_fraction: float = 1.0
     """Rate trials train for this fraction of ``steps`` (their own warmup and decay, no analysis checkpoints).
@@ -105,7 +105,7 @@ class SweepConfig(ExperimentConfig):
     checkpoint_pool_size: int | None = measurement_only(None, neutral=None)
     """Examples of each q pool captured at the analysis checkpoints before the last (None, or a size of at least
     ``pool_size``: the whole pool): the next block of the pool's random order at each successive checkpoint
-    (:func:`dalign_core.sweep.checkpoint_pool`), so a run's late window sees the whole pool across its checkpoints.
+    (:func:`dalign_core.sweep.run.checkpoint_pool`), so a run's late window sees the whole pool across its checkpoints.
     The final checkpoint always captures the whole pool (the reported d_align and the misalignment study). A run's
     late-window mean averages 9 checkpoints whose scatter around it (an SD of about 1 in log d_align for LLaMA at
     cpu) dwarfs one checkpoint's estimation error (0.19 at 1,024 examples, about 0.37 at 256), so a quarter of the
@@ -126,7 +126,7 @@ class SweepConfig(ExperimentConfig):
     this design: the noise behind the power calculation that sets ``seeds`` (:meth:`power_plan`)."""
     redundancy_examples: int = 256
     """Held-out pool examples on which each run's final q is checked for redundancy with trained parameters'
-    gradients (:mod:`dalign_core.redundancy`); 0 skips the check."""
+    gradients (:mod:`dalign_core.capture.redundancy`); 0 skips the check."""
     resamples: int = 20_000
     confidence: float = 0.95
     matched_loss_offsets: tuple[float, ...] = (0.0, 0.1, 0.25)
@@ -226,9 +226,9 @@ class SweepConfig(ExperimentConfig):
     def power_plan(self) -> dict[str, float]:
         """The design's power for the paper's slope, from ``run_sd``: seeds, SE, detectable slope, seeds needed.
 
-        Empty where ``run_sd`` is not set. See :mod:`dalign_core.trend`.
+        Empty where ``run_sd`` is not set. See :mod:`dalign_core.sweep.trend`.
         """
-        from dalign_core import trend
+        from dalign_core.sweep import trend
 
         if self.run_sd is None:
             return {}
@@ -285,7 +285,7 @@ class Family(abc.ABC):
     extra_tables: ClassVar[tuple[str, ...]] = ()
     """Names (without the family prefix) of the tables :meth:`extra_rows` fills."""
     reductions: ClassVar[tuple[str, ...]] = ("shared",)
-    """The q reductions captured (:mod:`dalign_core.hooks`); the first is the one width claims are judged on.
+    """The q reductions captured (:mod:`dalign_core.capture.hooks`); the first is the one width claims are judged on.
     A family whose shared q is a trained bias's gradient (training drives its mean to zero at any width)
     judges the per-position ``"full"`` q and keeps the literal ``"shared"`` one beside it."""
 
@@ -307,7 +307,7 @@ class Family(abc.ABC):
 
     @abc.abstractmethod
     def batches(self, examples: Any, batch_size: int) -> list:
-        """Batches of ``examples`` in the form :func:`dalign_core.hooks.accumulate_geometry` takes."""
+        """Batches of ``examples`` in the form :func:`dalign_core.capture.hooks.accumulate_geometry` takes."""
 
     @abc.abstractmethod
     def heldout_metric(self, model: nn.Module, examples: Any, config: SweepConfig) -> float:
@@ -325,7 +325,7 @@ class Family(abc.ABC):
         return f"{self.name}-N{width}"
 
     def train_settings(self, config: SweepConfig) -> dict[str, Any]:
-        """:class:`~dalign_core.training.TrainConfig` fields beyond the shared ones (optimizer, schedule, clipping)."""
+        """:class:`~dalign_core.training.loop.TrainConfig` fields beyond the shared ones (optimizer, schedule, clipping)."""
         return {}
 
     def columns(self, config: SweepConfig) -> dict[str, Any]:

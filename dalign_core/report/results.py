@@ -48,29 +48,6 @@ def _git_commit() -> dict[str, Any]:
         return {"commit": os.environ.get("DALIGN_GIT_COMMIT") or None, "dirty": None}
 
 
-def _hardware() -> dict[str, Any]:
-    """The machine, and how this process used it: ``threads_per_process`` (torch's intra-op
-    threads), ``interop_threads``, and ``workers``, the processes that shared the job grid
-    (:mod:`dalign_core.workers`; 1: this process alone)."""
-    import torch
-
-    from dalign_core import workers
-
-    info: dict[str, Any] = {
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "processor": platform.processor(),
-        "cpu_count": os.cpu_count(),
-        "usable_cores": workers.cores(),
-        "torch_threads": torch.get_num_threads(),
-        **workers.settings(),
-        "cuda_available": torch.cuda.is_available(),
-    }
-    if torch.cuda.is_available():
-        info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    return info
-
-
 def _versions() -> dict[str, str | None]:
     versions: dict[str, str | None] = {"python": platform.python_version()}
     for name in _PACKAGES:
@@ -88,13 +65,15 @@ def provenance(config: ExperimentConfig, wall_time_s: float, **extra: Any) -> di
     was dirty), the hardware, the wall time in seconds, package versions and the
     UTC time of writing; ``extra`` adds experiment-specific fields.
     """
+    from dalign_core.training import workers  # noqa: PLC0415  (torch loads only when a provenance is written)
+
     return {
         "config": config.to_dict(),
         "config_hash": config.config_hash(),
         "profile": getattr(config, "profile", None),
         "seed": getattr(config, "seed", None),
         "git": _git_commit(),
-        "hardware": _hardware(),
+        "hardware": workers.hardware(),
         "wall_time_s": round(float(wall_time_s), 3),
         "versions": _versions(),
         "written_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

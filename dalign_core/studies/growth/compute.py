@@ -13,8 +13,8 @@ point; it does not compare points.
 **Predictors** (:func:`predictors`), from one capture per layer on the sweep's pools:
 
 * ``d_align``, ``d_par``, ``d_2``, ``mean_sq`` on the held-out pool, of the family's
-  judged q (:attr:`dalign_core.family.Family.reductions`), by the unbiased Gram
-  U-statistics of :mod:`dalign_core.estimators` with jackknife intervals:
+  judged q (:attr:`dalign_core.sweep.family.Family.reductions`), by the unbiased Gram
+  U-statistics of :mod:`dalign_core.geometry.estimators` with jackknife intervals:
   ``d_∥ = ‖μ̄‖⁴/(μ̄ᵀΣμ̄)``, ``d_2 = ‖μ̄‖⁴/tr(Σ²)``, ``d_align = min(d_∥, d_2)``.
 * ``alignment_M`` = μ_Mᵀg_K for a budget M = K: the mean q of the first M train-pool
   examples against that of the first K held-out ones (one draw, the same examples at
@@ -36,7 +36,7 @@ point; it does not compare points.
 
 **Growing** (:func:`grow`). A zero-output residual block ``z ← z + W₂ σ(W₁ z)``
 (:class:`ZeroOutputBlock`: W₂ = 0, W₁ at ``nn.Linear``'s initialization, as
-:mod:`dalign_core.intervention` inserts it) is added by a forward hook at the point; only
+:mod:`dalign_core.studies.interventions.compute` inserts it) is added by a forward hook at the point; only
 W₁ and W₂ are trained (Adam, constant rate, the model's own parameters frozen for the
 duration and the model in its given mode). Before training the grown model computes the
 same function (z + 0 = z bit for bit), so the loss on the evaluation examples before is
@@ -82,9 +82,9 @@ from scipy import stats
 from torch import nn
 
 from dalign_core._tensor import derived_seed
-from dalign_core.bounds import b_align
-from dalign_core.estimators import Geometry
-from dalign_core.hooks import (
+from dalign_core.geometry.bounds import b_align
+from dalign_core.geometry.estimators import Geometry
+from dalign_core.capture.hooks import (
     _gradients,
     _primary,
     _reduce,
@@ -95,8 +95,8 @@ from dalign_core.hooks import (
     check_capturable,
     resolve_layers,
 )
-from dalign_core.intervention import _added, _feature_dim, _insertion_width, _mean_loss, _ZeroBlock
-from dalign_core.trend import Verdict
+from dalign_core.studies.interventions.compute import _added, _feature_dim, _insertion_width, _mean_loss, _ZeroBlock
+from dalign_core.sweep.trend import Verdict
 
 __all__ = ["SIGN", "BASE_PREDICTORS", "predictor_names", "ZeroOutputBlock", "inserted", "block_for", "PointStats",
            "predictors", "grow", "spearman", "spearman_interval", "score", "summarize", "verdict", "label_for",
@@ -134,7 +134,7 @@ def SIGN(name: str) -> int:  # noqa: N802  (a table of signs, written as a funct
 class ZeroOutputBlock(nn.Module):
     """``W₂ σ(W₁ z)`` on the feature axis of z, W₂ = 0 and W₁ as ``nn.Linear`` draws it (no biases), trainable.
 
-    W₁ is the one :mod:`dalign_core.intervention` draws for the same width, hidden size and seed.
+    W₁ is the one :mod:`dalign_core.studies.interventions.compute` draws for the same width, hidden size and seed.
     """
 
     def __init__(self, width: int, hidden: int | None = None, seed: int = 0, dtype=torch.float32, device=None):
@@ -503,7 +503,7 @@ def verdict(scores: pd.DataFrame, budget: int | None = None, family: str | None 
 
     Per model Δ = ρ(predictor) − ρ(baseline); the verdict reads the t interval of the mean Δ over models
     (:func:`label_for`). ``budget`` and ``family`` select rows (None: the largest budget; every family).
-    ``slope``/``slope_lo``/``slope_hi`` of the returned :class:`~dalign_core.trend.Verdict` hold mean Δ and its
+    ``slope``/``slope_lo``/``slope_hi`` of the returned :class:`~dalign_core.sweep.trend.Verdict` hold mean Δ and its
     interval.
     """
     claim = RHO_CLAIM if (predictor, baseline) == ("d_align", "grad_norm") else \

@@ -77,7 +77,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dalign_core.estimators import GeometryAccumulator
+from dalign_core.geometry.estimators import GeometryAccumulator
 
 __all__ = [
     "CaptureError",
@@ -262,7 +262,7 @@ def _check_batch(model: nn.Module, inputs: Any, targets: Any, loss_fn: LossFn | 
 
 
 _POSITION_FIELDS = ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length")
-"""Config fields that bound a transformers model's sequence length (those ``dalign_core.loading`` reads)."""
+"""Config fields that bound a transformers model's sequence length (those ``dalign_core.cli.loading`` reads)."""
 
 
 def _position_limit(model: nn.Module) -> tuple[str, int] | None:
