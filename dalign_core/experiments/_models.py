@@ -163,12 +163,15 @@ def _plain(value: Any) -> Any:
 
 
 def run_model_jobs(experiment: str, config: ExperimentConfig, out_dir: str | Path, models: list[TrainedModel],
-                   work: Callable[[TrainedModel], dict], earlier: dict[str, dict] | None = None) -> dict[str, dict]:
+                   work: Callable[[TrainedModel], dict], earlier: dict[str, dict] | None = None
+                   ) -> dict[str, dict] | None:
     """``work(model)`` for every model (a JSON-able dict), on the machine's workers, each kept as it finishes;
     job name → result. Models already finished in the jobs folder are reused, not recomputed, and so are those
     in ``earlier`` (:func:`earlier_results`).
 
-    A study runs on rank 0 alone under torchrun (:mod:`dalign_core.experiments._runner`), so its jobs are local."""
+    Under torchrun every rank calls this with the same models and the ranks share them, one model per job, through
+    the jobs folder (as the sweeps share theirs): rank 0 returns every result once all are in, the other ranks
+    return None when their share is done (their study has no table to write)."""
     by_name = {model.job.name: model for model in models}
     if len(by_name) != len(models):
         raise RuntimeError("two models of a study share a job name")
@@ -178,7 +181,9 @@ def run_model_jobs(experiment: str, config: ExperimentConfig, out_dir: str | Pat
                  experiment, len(earlier), len(models))
     todo = [m.job for m in models if m.job.name not in earlier]
     computed = run_jobs(jobs_folder(experiment, config, out_dir), todo,
-                        lambda job, _group: work(by_name[job.name]), local=True) if todo else {}
+                        lambda job, _group: work(by_name[job.name]), collect="main") if todo else {}
+    if not context().is_main:
+        return None
     return {**earlier, **computed}
 
 

@@ -23,9 +23,9 @@ never into the profile's: asked for ``results/<profile>`` with a changed config,
 its ``overrides.json``. An explicit other folder (``--out``) is used as given.
 
 Under ``torchrun`` (:mod:`dalign_core.training.distributed`) an experiment whose ``compute``
-shares its jobs over the ranks (``sharded=True``: the width sweeps) runs on every rank
-and rank 0 writes the tables, with the world size and every rank's hardware in the
-provenance; any other experiment runs on rank 0 alone. Without torchrun it is a world of
+shares its jobs over the ranks (``sharded=True``: the width sweeps, the intervention and growth
+studies) runs on every rank and rank 0 writes the tables, with the world size and every rank's
+hardware in the provenance; any other experiment runs on rank 0 alone. Without torchrun it is a world of
 one.
 
 On the CPU every process computes on one thread (``$DALIGN_THREADS`` to change it), and

@@ -236,6 +236,8 @@ def compute(config: Config, out_dir: Path,
         return {"rows": rows, "facts": {**m.base, **facts, "sweep_lr": m.base["lr"], "seconds": seconds}}
 
     results = run_model_jobs("growth", config, out_dir, models, work, earlier) if models else {}
+    if results is None:  # a rank other than 0 under torchrun: its share is done, rank 0 writes the table
+        return {}, {}
     rows = []
     for m in models:
         rows += results[m.job.name]["rows"]
@@ -255,7 +257,7 @@ def run(config: Config, out_dir: str | Path | None = None, force: bool = False) 
     """Grow every family's trained models at every insertion point (skipped when current, unless ``force``)."""
     out_dir = Path(out_dir) if out_dir is not None else default_results_dir(config.profile)
     written = run_experiment("growth", TABLES, config, lambda c, out: compute(c, out, reuse=not force),
-                             out_dir=out_dir, force=force or _sweeps_changed(config, out_dir))
+                             out_dir=out_dir, force=force or _sweeps_changed(config, out_dir), sharded=True)
     remove_model_jobs("growth", config, out_dir)  # the table holds every model's rows now
     return written
 

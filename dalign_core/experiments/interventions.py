@@ -315,6 +315,8 @@ def compute(config: Config, out_dir: Path,
 
     earlier = earlier_results("interventions", "interventions", config, out_dir, models) if reuse else {}
     results = run_model_jobs("interventions", config, out_dir, models, work, earlier)
+    if results is None:  # a rank other than 0 under torchrun: its share is done, rank 0 writes the table
+        return {}, {}
     rows = []
     for m in models:  # in the order of the families, regimes, widths and seeds, whatever order the workers took
         rows += results[m.job.name]["rows"]
@@ -327,14 +329,13 @@ def compute(config: Config, out_dir: Path,
 def run(config: Config, out_dir: str | Path | None = None, force: bool = False) -> Path:
     """Run both studies on every family's trained models (skipped when current, unless ``force``)."""
     out_dir = Path(out_dir) if out_dir is not None else default_results_dir(config.profile)
-    # The sweeps first, on every rank: under torchrun they share their jobs over the ranks, and the rest of this
-    # experiment runs on rank 0 alone (a sweep started there after the other ranks left would wait on them).
+    # The sweeps first, on every rank: under torchrun they share their jobs over the ranks, and so do the models
+    # of this study (one job per model; rank 0 writes the table).
     for name in config.families:
         source = SOURCES[name]
         source.run(source.config(config.profile), out_dir=out_dir)  # skipped when its tables are current
     written = run_experiment("interventions", TABLES, config, lambda c, out: compute(c, out, reuse=not force),
-                             out_dir=out_dir,
-                             force=force or _sweeps_changed(config, out_dir))
+                             out_dir=out_dir, force=force or _sweeps_changed(config, out_dir), sharded=True)
     remove_model_jobs("interventions", config, out_dir)  # the tables hold every model's rows now
     return written
 

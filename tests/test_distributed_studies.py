@@ -1,0 +1,54 @@
+"""The intervention and growth studies under ``torchrun``: the ranks share the models, the tables equal one process's.
+
+Each study is started as a user starts it, ``python -m dalign_core.experiments.<study> --profile smoke``, on the
+LLaMA family alone (its smoke sweep trains first, shared over the ranks too), once as a plain process with one
+worker and once under ``torchrun --standalone --nproc_per_node=2`` on the CPU (gloo). The tables must be equal
+but for the seconds each model took, and the provenance must record both ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch.distributed as dist
+
+from dalign_core.training import distributed
+
+needs_gloo = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
+                                reason="torch.distributed with the gloo backend is not available")
+
+
+def _study(study: str, out: Path, ranks: int | None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in (distributed.RANKS_PER_JOB_VARIABLE, "RANK", "WORLD_SIZE",
+                                                            "DALIGN_THREADS")}
+    env.update(OMP_NUM_THREADS="1", DALIGN_WORKERS="1", PYTHONUNBUFFERED="1")
+    launcher = [] if ranks is None else ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
+    command = [sys.executable, *launcher, "-m" if ranks is None else "--module", f"dalign_core.experiments.{study}",
+               "--profile", "smoke", "--set", "families=llama", "--out", str(out)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    return done
+
+
+def _table(folder: Path, name: str) -> pd.DataFrame:
+    return pd.read_csv(folder / f"{name}.csv").drop(columns=["seconds"], errors="ignore")
+
+
+@needs_gloo
+@pytest.mark.slow  # torchrun starts two ranks, each training the smoke sweep's share
+@pytest.mark.parametrize("study", ["growth", "interventions"])
+def test_two_ranks_share_the_models_and_write_the_tables_of_one_process(study, tmp_path):
+    _study(study, tmp_path / "one", ranks=None)
+    _study(study, tmp_path / "two", ranks=2)
+    alone, shared = _table(tmp_path / "one", study), _table(tmp_path / "two", study)
+    assert len(alone) > 0
+    pd.testing.assert_frame_equal(shared, alone, check_exact=True)
+    record = json.loads((tmp_path / "two" / f"{study}.json").read_text())
+    assert record["world_size"] == 2 and [r["rank"] for r in record["ranks"]] == [0, 1]
+    assert not (tmp_path / "two" / "partial").exists() or not any((tmp_path / "two" / "partial").iterdir())
