@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from dalign_core.report import describe as report
+from dalign_core.sweep import measure
 from dalign_core.sweep import run as sweep
 from dalign_core.data.supply import DataSupplyError
 from dalign_core.sweep.family import Family, Splits, SweepConfig, take
@@ -190,11 +191,11 @@ def test_checkpoints_before_the_last_capture_a_subsample_of_each_pool(toy_tables
     pd.testing.assert_frame_equal(tables["toy_runs"].drop(columns=loaded), full["toy_runs"].drop(columns=loaded))
     # each checkpoint before the last takes the next block of the pool's random order; the last, the whole pool
     pools = sweep.draw_pools(config, ToyFamily().load_data(config))
-    assert torch.equal(sweep.checkpoint_pool(config, pools.heldout, 0), pools.heldout[:16])
-    assert torch.equal(sweep.checkpoint_pool(config, pools.heldout, 20), pools.heldout[16:32])
-    assert torch.equal(sweep.checkpoint_pool(config, pools.heldout, config.steps), pools.heldout)
+    assert torch.equal(measure.checkpoint_pool(config, pools.heldout, 0), pools.heldout[:16])
+    assert torch.equal(measure.checkpoint_pool(config, pools.heldout, 20), pools.heldout[16:32])
+    assert torch.equal(measure.checkpoint_pool(config, pools.heldout, config.steps), pools.heldout)
     wrapped = ToyConfig(checkpoint_pool_size=48, checkpoint_steps=(0, 10, 20, 30))
-    assert torch.equal(sweep.checkpoint_pool(wrapped, pools.heldout, 10), pools.heldout[torch.arange(48, 96) % 64])
+    assert torch.equal(measure.checkpoint_pool(wrapped, pools.heldout, 10), pools.heldout[torch.arange(48, 96) % 64])
     text = sweep.dry_run(config, ToyFamily())
     assert "3 pool captures (3 at every insertion point, 0 at the primary one" in text  # 2 pools x (1/4 + 1/4 + 1)
     assert "checkpoints before the last capture 16 of them" in text
@@ -208,7 +209,7 @@ def test_a_checkpoint_pool_too_small_to_estimate_from_is_refused(size):
 
 def test_a_checkpoint_pool_as_large_as_the_pool_is_the_whole_pool():
     config, pools = ToyConfig(checkpoint_pool_size=65), torch.arange(64)  # e.g. after an override of pool_size
-    assert torch.equal(sweep.checkpoint_pool(config, pools, 0), pools)
+    assert torch.equal(measure.checkpoint_pool(config, pools, 0), pools)
 
 
 def test_failed_runs_are_reported_and_left_out_of_trends(checkpoints):

@@ -105,7 +105,7 @@ class SweepConfig(ExperimentConfig):
     checkpoint_pool_size: int | None = measurement_only(None, neutral=None)
     """Examples of each q pool captured at the analysis checkpoints before the last (None, or a size of at least
     ``pool_size``: the whole pool): the next block of the pool's random order at each successive checkpoint
-    (:func:`dalign_core.sweep.run.checkpoint_pool`), so a run's late window sees the whole pool across its checkpoints.
+    (:func:`dalign_core.sweep.measure.checkpoint_pool`), so a run's late window sees the whole pool across its checkpoints.
     The final checkpoint always captures the whole pool (the reported d_align and the misalignment study). A run's
     late-window mean averages 9 checkpoints whose scatter around it (an SD of about 1 in log d_align for LLaMA at
     cpu) dwarfs one checkpoint's estimation error (0.19 at 1,024 examples, about 0.37 at 256), so a quarter of the
