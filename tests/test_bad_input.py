@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from dalign_core.geometry.bounds import b_align
-from dalign_core.cli.app import format_table, main
+from dalign_core.cli.app import main
+from dalign_core.cli.estimate import format_table
 from dalign_core.config import REPO_ROOT
 
 transformers = pytest.importorskip("transformers")
@@ -435,7 +436,8 @@ def test_tokenizer_given_as_a_file_is_named_as_the_tokenizer(root, capsys, no_mo
 
 
 def test_a_negative_seed_is_one_sentence():
-    from dalign_core.cli.app import _check_common, build_parser
+    from dalign_core.cli.app import build_parser
+    from dalign_core.cli.options import _check_common
 
     args = build_parser().parse_args(["layers", "--model", "m"])
     args.seed = -1
@@ -485,7 +487,8 @@ def test_int32_input_ids_and_labels_are_token_ids(tiny_lm):
 
 
 def test_labels_outside_the_vocabulary_are_refused_like_ids(tiny_lm):
-    from dalign_core.capture.hooks import CaptureError, activation_gradients
+    from dalign_core.capture.hooks import activation_gradients
+    from dalign_core.capture.refusals import CaptureError
 
     ids = torch.randint(0, 100, (4, 8), generator=torch.Generator().manual_seed(0))
     labels = ids.clone()
@@ -499,7 +502,8 @@ def test_labels_outside_the_vocabulary_are_refused_like_ids(tiny_lm):
 def test_classifier_labels_out_of_range_and_a_float64_model_given_float32_inputs():
     from torch import nn
 
-    from dalign_core.capture.hooks import CaptureError, accumulate_geometry, activation_gradients
+    from dalign_core.capture.hooks import accumulate_geometry, activation_gradients
+    from dalign_core.capture.refusals import CaptureError
 
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)).double()
@@ -518,7 +522,8 @@ def test_classifier_labels_out_of_range_and_a_float64_model_given_float32_inputs
 def test_a_sequence_first_layer_is_refused_even_when_t_equals_the_batch(kind):
     from torch import nn
 
-    from dalign_core.capture.hooks import CaptureError, activation_gradients
+    from dalign_core.capture.hooks import activation_gradients
+    from dalign_core.capture.refusals import CaptureError
 
     class SequenceFirst(nn.Module):
         def __init__(self, batch_first: bool):
@@ -548,7 +553,7 @@ def test_a_sequence_first_layer_is_refused_even_when_t_equals_the_batch(kind):
 
 
 def test_an_interval_that_cannot_be_formed_is_explained_not_printed_as_nan():
-    from dalign_core.cli.app import format_table
+    from dalign_core.cli.estimate import format_table
 
     row = dict(layer="L", n=64, d=32, reduction="shared", M=10, K=10, mean_sq=-0.1, mean_sq_lo=-0.4, mean_sq_hi=0.1,
                d_par=float("inf"), d_par_lo=float("nan"), d_par_hi=float("nan"), d_2=0.001, d_2_lo=0.0,
@@ -563,7 +568,8 @@ def test_a_pipe_is_a_readable_data_file_and_a_missing_one_is_named(tmp_path):
     """`--data /dev/fd/63` (a shell's process substitution) is a pipe, not a regular file: it must be accepted."""
     import os
 
-    from dalign_core.cli.loading import LoadError, check_data_file
+    from dalign_core.cli.examples import check_data_file
+    from dalign_core.cli.loading import LoadError
 
     read, write = os.pipe()
     try:

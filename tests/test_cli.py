@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 import torch
 
-from dalign_core.cli.app import CSV_COLUMNS, main
+from dalign_core.cli.app import main
+from dalign_core.cli.estimate import CSV_COLUMNS
 from dalign_core.config import REPO_ROOT
 
 transformers = pytest.importorskip("transformers")
@@ -301,7 +302,7 @@ def test_rank_orders_the_blocks_of_a_saved_model(checkpoint, tmp_path, capsys):
 
 
 def test_rank_shows_ties_as_ties_and_names_the_points_it_cannot_separate():
-    from dalign_core.cli.app import format_ranking
+    from dalign_core.cli.rank import format_ranking
 
     def row(i, d, g):
         return dict(layer=f"l{i}", d_align=d, d_align_lo=d - 0.01, d_align_hi=d + 0.01, grad_norm=g,

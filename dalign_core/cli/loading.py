@@ -1,4 +1,5 @@
-"""Load a causal language model, its tokenizer and text examples for the ``dalign`` command.
+"""Load the model of a ``dalign`` subcommand: a causal language model and its tokenizer, or the
+``nn.Module`` that ``--arch`` builds with a state dict loaded into it.
 
 Safety and offline behaviour:
 
@@ -17,19 +18,22 @@ Safety and offline behaviour:
   the Hub is unreachable (``HF_HUB_OFFLINE=1`` or ``TRANSFORMERS_OFFLINE=1``, or no
   connection within a few seconds), loading fails at once with a :class:`LoadError`
   that says what to download and where to put it — never a hang.
-* Text comes from a local file, or (network) from a Hugging Face dataset.
+* ``--arch module:callable`` builds any ``nn.Module``; ``--model`` is then a state dict
+  (``.pt``, read with ``weights_only=True``, or ``.safetensors``) that must fill it exactly.
+
+The examples they run on: :mod:`dalign_core.cli.examples`.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import pickle
 import socket
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterator
 from urllib.parse import urlparse
 
 import torch
@@ -46,10 +50,6 @@ __all__ = [
     "check_tokenizer_fits",
     "max_positions",
     "check_seq_len",
-    "check_data_file",
-    "read_text_examples",
-    "dataset_text_examples",
-    "make_batches",
 ]
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "spiece.model")
@@ -348,7 +348,7 @@ def load_model(source: ModelSource | str, *, device: str | torch.device = "cpu",
     except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as err:
         raise _load_error(source, err) from err
     _check_loading_info(model, info, f"{'folder' if source.local else 'model'} {source.spec!r}")
-    from dalign_core.capture.hooks import causal_lm_problem  # transformers' own warning about it is silenced above
+    from dalign_core.capture.losses import causal_lm_problem  # transformers' own warning about it is silenced above
 
     problem = causal_lm_problem(model)
     if problem:
@@ -370,7 +370,7 @@ def check_tokenizer_fits(tokenizer, model) -> None:
 
 def _position_field(model) -> tuple[str, int] | None:
     """(name, value) of the config field that bounds the sequence length; None if the config states none."""
-    from dalign_core.capture.hooks import _position_limit  # noqa: PLC0415  (one reading of the config's position fields)
+    from dalign_core.capture.batches import position_limit as _position_limit  # noqa: PLC0415  (one reading of the config's position fields)
 
     return _position_limit(model)
 
@@ -430,150 +430,64 @@ def load_tokenizer(source: ModelSource | str, revision: str | None = None):
 
 
 # ---------------------------------------------------------------------------
-# Text → token sequences
+# --arch: any nn.Module a callable builds
 
 
-def _encode(tokenizer, text: str) -> list[int]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "sequence longer than the model maximum": we cut windows ourselves
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+def _load_arch(args: argparse.Namespace, device):
+    """The model ``--arch`` builds, with the state dict ``--model`` loaded into it (strictly), in eval mode."""
+    import importlib
+    import json
 
-
-def _chunks_from_texts(texts: Iterable[str], tokenizer, examples: int, seq_len: int, split: str) -> list[list[int]]:
-    sequences: list[list[int]] = []
-    if split == "lines":
-        for text in texts:
-            for line in text.splitlines():
-                ids = _encode(tokenizer, line.strip())[:seq_len] if line.strip() else []
-                if len(ids) >= 2:
-                    sequences.append(ids)
-                    if len(sequences) >= examples:
-                        return sequences
-        return sequences
-    if split != "chunks":
-        raise ValueError(f"split must be 'chunks' or 'lines', got {split!r}")
-    buffer: list[int] = []
-    for text in texts:
-        buffer.extend(_encode(tokenizer, text))
-        while len(buffer) >= seq_len:
-            sequences.append(buffer[:seq_len])
-            buffer = buffer[seq_len:]
-            if len(sequences) >= examples:
-                return sequences
-    if buffer and len(buffer) >= 2 and len(sequences) < examples:
-        sequences.append(buffer)  # the last, shorter window (padded later)
-    return sequences
-
-
-def _file_blocks(path: Path, block_chars: int = 1 << 20) -> Iterator[str]:
+    module_name, _, attr = args.arch.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"--arch must read module:callable (e.g. torchvision.models:resnet18), got {args.arch!r}")
     try:
-        with path.open("r", encoding="utf-8-sig", errors="strict") as handle:  # a leading BOM is dropped
-            block: list[str] = []
-            size = 0
-            for line in handle:
-                block.append(line)
-                size += len(line)
-                if size >= block_chars:
-                    yield "".join(block)
-                    block, size = [], 0
-            if block:
-                yield "".join(block)
-    except UnicodeDecodeError as err:
-        raise LoadError(_not_utf8_message(path)) from err
-
-
-def _first_undecodable(path: Path) -> tuple[int, int, bytes]:
-    """(line number, byte offset, the bytes there) of the first byte sequence that is not UTF-8."""
-    offset = 0
-    with path.open("rb") as handle:
-        for number, raw in enumerate(handle, start=1):  # b"\n" never occurs inside a UTF-8 sequence
-            try:
-                raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                return number, offset + err.start, raw[err.start:err.start + 4]
-            offset += len(raw)
-    return 0, offset, b""
-
-
-def _not_utf8_message(path: Path) -> str:
-    """Why ``path`` is not UTF-8 text, and the command that converts it."""
-    with path.open("rb") as handle:
-        head = handle.read(1 << 16)
-    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
-        return (f"data file {str(path)!r} is UTF-16 text, not UTF-8: convert it, e.g. "
-                f"`iconv -f utf-16 -t utf-8 {path} > {path}.utf8`, and pass the converted file")
-    if b"\x00" in head:
-        return (f"data file {str(path)!r} looks binary (it holds NUL bytes), not UTF-8 text: --data needs a "
-                "plain text file")
-    line, offset, found = _first_undecodable(path)
-    return (
-        f"data file {str(path)!r} is not UTF-8 text (bytes {found!r} at line {line}, byte offset {offset}); "
-        f"convert it from its encoding, e.g. from Latin-1: `iconv -f latin1 -t utf-8 {path} > {path}.utf8` "
-        "(`file -i` tells the encoding), and pass the converted file"
-    )
-
-
-def check_data_file(path: str | os.PathLike) -> Path:
-    """``path`` as a Path if it is a readable file; a LoadError for a missing path or a directory."""
-    path = Path(path).expanduser()
-    if path.is_dir():
-        raise LoadError(f"data path {str(path)!r} is a directory; --data needs a UTF-8 text file (one file)")
-    if not path.exists():
-        raise LoadError(f"data file {str(path)!r} does not exist")
-    if not os.access(path, os.R_OK):  # a pipe or /dev/fd/N is not a regular file, and is fine to read
-        raise LoadError(f"data file {str(path)!r} cannot be read (no read permission)")
-    return path
-
-
-def read_text_examples(path: str | os.PathLike, tokenizer, examples: int, seq_len: int,
-                       split: str = "chunks") -> list[list[int]]:
-    """Token id sequences from a UTF-8 text file.
-
-    ``split="chunks"``: the file's token stream cut into consecutive windows of
-    ``seq_len`` tokens (the last may be shorter); ``"lines"``: one example per
-    non-empty line, truncated to ``seq_len``. No special tokens are added. Reads only
-    as much of the file as it needs. A file that is not UTF-8 (binary, Latin-1,
-    UTF-16, …) is refused with a :class:`LoadError` that says how to convert it.
-    """
-    path = check_data_file(path)
-    return _chunks_from_texts(_file_blocks(path), tokenizer, examples, seq_len, split)
-
-
-def dataset_text_examples(name: str, tokenizer, examples: int, seq_len: int, *, config: str | None = None,
-                          split: str = "validation", text_field: str = "text",
-                          mode: str = "chunks") -> list[list[int]]:
-    """Token id sequences from a Hugging Face dataset (streamed; needs network or a cached copy)."""
-    offline = offline_variable(include_datasets=True)  # read before the line below may set one
-    if offline or not _hub_reachable():
-        # Let datasets (which reads this once, at import) try its cache without network calls.
-        os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+        kwargs = json.loads(args.arch_kwargs)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"--arch-kwargs is not JSON ({err}): write e.g. '{{\"num_classes\": 10}}'") from err
+    if not isinstance(kwargs, dict):
+        raise ValueError(f"--arch-kwargs must be a JSON object, got {args.arch_kwargs!r}")
     try:
-        import datasets
+        builder = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"--arch {args.arch!r} cannot be imported: {err}") from err
+    if not callable(builder):
+        raise ValueError(f"--arch {args.arch!r} is a {type(builder).__name__}, not something to call")
+    try:
+        model = builder(**kwargs)
+    except Exception as err:  # noqa: BLE001  (the user's code: any error is theirs to fix, in one line)
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise ValueError(f"--arch {args.arch!r} raised {type(err).__name__} when called with --arch-kwargs "
+                         f"{json.dumps(kwargs)}{': ' + first if first else ''}; check --arch-kwargs") from err
+    import torch.nn as nn
 
-        stream = datasets.load_dataset(name, config, split=split, streaming=True)
-        texts = (record[text_field] for record in stream)
-        return _chunks_from_texts(texts, tokenizer, examples, seq_len, mode)
-    except KeyError as err:
-        raise LoadError(f"dataset {name!r} has no text field {text_field!r}; pass --text-field") from err
-    except Exception as err:  # datasets raises many types (ConnectionError, FileNotFoundError, DatasetNotFoundError)
-        if offline or not _hub_reachable(1.0):
-            raise LoadError(_unreachable_message("dataset", name, "--data", offline) +
-                            " (for a local text file, pass its path)") from err
-        raise LoadError(f"could not read dataset {name!r} (config {config!r}, split {split!r}): {err}") from err
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"--arch {args.arch!r} returned a {type(model).__name__}, not a torch.nn.Module")
+    path = Path(args.model).expanduser()
+    if not path.is_file():
+        raise LoadError(f"--model {args.model!r} does not exist or is not a file; with --arch it is the state dict "
+                        "(torch.save(model.state_dict(), 'weights.pt') or a .safetensors file)")
+    if path.suffix == ".safetensors":
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
 
-
-def make_batches(sequences: list[list[int]], batch_size: int, pad_id: int = 0) -> list[dict[str, torch.Tensor]]:
-    """Right-padded ``{"input_ids", "attention_mask"}`` batches (padding is masked out of every loss)."""
-    if batch_size < 1:
-        raise ValueError(f"batch size must be positive, got {batch_size}")
-    batches = []
-    for start in range(0, len(sequences), batch_size):
-        chunk = sequences[start:start + batch_size]
-        width = max(len(s) for s in chunk)
-        ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(chunk), width), dtype=torch.long)
-        for i, seq in enumerate(chunk):
-            ids[i, :len(seq)] = torch.tensor(seq, dtype=torch.long)
-            mask[i, :len(seq)] = 1
-        batches.append({"input_ids": ids, "attention_mask": mask})
-    return batches
+        try:
+            state = load_file(str(path))
+        except (SafetensorError, OSError) as err:
+            raise LoadError(f"--model {str(path)!r} is not a readable safetensors file ({str(err).strip() or 'damaged'}); "
+                            "it may be cut short: save it again (safetensors.torch.save_file)") from err
+    else:
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:  # noqa: BLE001  (a pickle that is more than tensors, or a damaged file)
+            raise LoadError(f"--model {args.model!r} could not be read as a state dict of tensors: "
+                            f"{str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}") from err
+    if not isinstance(state, dict):
+        raise LoadError(f"--model {args.model!r} holds a {type(state).__name__}, not a state dict; save "
+                        "model.state_dict()")
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as err:
+        raise LoadError(f"--model {args.model!r} does not match the model {args.arch} builds "
+                        f"({str(err).splitlines()[0]}); check --arch-kwargs") from err
+    return model.to(device).eval()

@@ -1,0 +1,108 @@
+"""``dalign layers --model MODEL`` lists the insertion points; with ``--data`` it adds each
+one's redundancy fraction (:mod:`dalign_core.capture.redundancy`) of the shared and the full q on
+``--redundancy-examples`` examples: the share of q that trained parameters' gradients
+already own (above 0.9, training drives ‖μ‖² to zero at any width and d_align there
+
+Without ``--data`` it loads the model on the cpu and prints one name a line (``--all-modules``: every named module).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from dalign_core.cli.options import _check_seq_len, _is_local_data
+from dalign_core.cli.output import _clip, _render, _with_progress
+from dalign_core.cli.redundancy_check import _is_redundant, _owner, _redundancy_by_layer
+
+__all__ = ["format_redundancy"]
+
+
+def format_redundancy(names: list[str], owned: dict, n: int, width: int = 80) -> str:
+    """The ``dalign layers --data`` table: each block's redundancy fraction of the shared and the full q."""
+    from dalign_core.capture.redundancy import REDUNDANT
+
+    header = (f"redundancy of q at each block on n={n} examples: the share already owned by\n"
+              f"trained parameters' gradients (held-out fit; 1 = exactly one's gradient).\n"
+              f"Above {REDUNDANT}, training drives ||mu||^2 to 0 at any width (*).")
+    rows = []
+    for name in names:
+        shared, full = owned[name, "shared"], owned[name, "full"]
+        flag = "*" if _is_redundant(shared) or _is_redundant(full) else ""
+        owner = _owner(shared) if _is_redundant(shared) else _owner(full) if _is_redundant(full) else None
+        rows.append([name, f"{shared['fraction']:.2f}", f"{full['fraction']:.2f}", flag, owner or "-"])
+    used = max(len("layer"), *(len(r[0]) for r in rows)) + 2 + 6 + 2 + 4 + 2 + 1 + 2
+    for row in rows:
+        row[-1] = _clip(row[-1], max(width - used, 8))
+    return header + "\n" + _render(["layer", "shared", "full", "", "owned by"], rows, ["l", "r", "r", "l", "l"])
+
+
+def _layers(args: argparse.Namespace) -> None:
+    from dalign_core._tensor import resolve_device
+    from dalign_core.capture.layers import insertion_points
+    from dalign_core.cli.examples import _read_sequences, check_data_file
+    from dalign_core.cli.loading import (
+        check_seq_len,
+        check_tokenizer_fits,
+        load_model,
+        load_tokenizer,
+        resolve_model_source,
+    )
+
+    if args.data is not None and args.all_modules:
+        raise ValueError("--all-modules lists names only; the redundancy column (--data) is for residual blocks: "
+                         "drop one of them")
+    if args.data is not None:
+        if args.arch is None:
+            _check_seq_len(args)
+        if args.batch_size < 1:
+            raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.data is not None and args.redundancy_examples < 4:
+        raise ValueError(f"--redundancy-examples must be at least 4 (the held-out fit needs them), "
+                         f"got {args.redundancy_examples}")
+    if args.arch is not None:
+        return _layers_arch(args)
+    source = resolve_model_source(args.model, revision=args.revision)
+    data_path = Path(args.data).expanduser() if args.data is not None and _is_local_data(args.data) else None
+    if data_path is not None:
+        check_data_file(data_path)
+    device = resolve_device(args.device) if args.data is not None else "cpu"
+    model = load_model(source, device=device)
+    names = [n for n, _ in model.named_modules() if n] if args.all_modules else insertion_points(model)
+    if args.data is None:
+        for name in names:
+            print(name)
+        return
+    tokenizer = load_tokenizer(args.tokenizer if args.tokenizer else source)
+    check_tokenizer_fits(tokenizer, model)
+    check_seq_len(model, args.seq_len)
+    sequences = _read_sequences(args, tokenizer, args.redundancy_examples, data_path)
+    if len(sequences) < 4:
+        raise ValueError(f"{args.data} gives only {len(sequences)} example(s) of up to {args.seq_len} tokens; the "
+                         "redundancy check needs at least 4: use more text or a smaller --seq-len")
+    owned = _redundancy_by_layer(model, names, sequences, args.batch_size, ("shared", "full"))
+    print(format_redundancy(names, owned, len(sequences)))
+
+
+def _layers_arch(args: argparse.Namespace) -> None:
+    """``dalign layers --arch``: the insertion points of the model a callable builds, with --data their redundancy."""
+    from dalign_core._tensor import resolve_device
+    from dalign_core.capture.layers import insertion_points
+    from dalign_core.capture.redundancy import redundancy_rows
+    from dalign_core.cli.examples import _arch_batches, _arch_examples
+    from dalign_core.cli.loading import _load_arch
+
+    device = resolve_device(args.device) if args.data is not None else "cpu"
+    model = _load_arch(args, device)
+    names = [n for n, _ in model.named_modules() if n] if args.all_modules else insertion_points(model)
+    if args.data is None:
+        for name in names:
+            print(name)
+        return
+    inputs, targets = _arch_examples(args, args.redundancy_examples)
+    if len(targets) < 4:
+        raise ValueError(f"{args.data} gives only {len(targets)} example(s); the redundancy check needs at least 4")
+    batches = _arch_batches(inputs, targets, args.batch_size)(0, len(targets))
+    rows = redundancy_rows(model, names, _with_progress(batches, "redundancy check"), reductions=("shared", "full"))
+    owned = {(row["layer"], row["reduction"]): row for row in rows}
+    print(format_redundancy(names, owned, len(targets)))

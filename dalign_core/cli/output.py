@@ -1,0 +1,45 @@
+"""What every ``dalign`` subcommand prints alike: numbers in a few digits, plain-text tables, names clipped
+to a width, and progress bars with an ETA on stderr."""
+
+from __future__ import annotations
+
+import math
+
+
+def _fmt(x) -> str:
+    if x is None:
+        return "-"
+    x = float(x)
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    if x == 0:
+        return "0"
+    if 1e-3 <= abs(x) < 1e4:
+        return f"{x:.4g}"
+    return f"{x:.3e}"
+
+
+def _render(headers: list[str], rows: list[list[str]], align: list[str]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    lines = []
+
+    def line(cells):
+        return "  ".join(c.ljust(w) if a == "l" else c.rjust(w) for c, w, a in zip(cells, widths, align)).rstrip()
+
+    lines.append(line(headers))
+    lines.append("  ".join("-" * w for w in widths))
+    lines.extend(line(r) for r in rows)
+    return "\n".join(lines)
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else "…" + text[-(width - 1):]
+
+
+def _with_progress(batches: list, desc: str, progress: bool = True):
+    """``batches`` behind a progress bar with an ETA on stderr (shown on a terminal only, never with --quiet)."""
+    from tqdm import tqdm
+
+    return tqdm(batches, desc=desc, unit="batch", leave=False, disable=None if progress else True)

@@ -1,0 +1,41 @@
+"""The redundancy check of the ``dalign`` subcommands (:mod:`dalign_core.capture.redundancy`): per layer, the
+share of q that trained parameters' gradients already own, who owns it, and the warning above 0.9."""
+
+from __future__ import annotations
+
+from dalign_core.cli.output import _with_progress
+
+
+def _redundancy_by_layer(model, layers: list[str], sequences, batch_size: int, reductions,
+                         progress: bool = True) -> dict:
+    """``(layer, reduction) -> row`` of :func:`dalign_core.capture.redundancy.redundancy_rows` on ``sequences`` (a progress
+    bar with an ETA on a terminal: the check takes most of an ``estimate`` on a large model)."""
+    from dalign_core.cli.examples import make_batches
+    from dalign_core.capture.redundancy import redundancy_rows
+
+    batches = _with_progress(make_batches(sequences, batch_size, pad_id=0),
+                             f"redundancy check ({len(sequences)} examples)", progress)
+    rows = redundancy_rows(model, layers, batches, reductions=reductions)
+    return {(row["layer"], row["reduction"]): row for row in rows}
+
+
+def _is_redundant(row: dict) -> bool:
+    from dalign_core.capture.redundancy import REDUNDANT
+
+    return row["fraction"] > REDUNDANT
+
+
+def _owner(row: dict) -> str | None:
+    """The trained parameter that owns q: the exact one, else the one explaining most of q on its own."""
+    return row["exact"] or row["owner"]
+
+
+def _redundancy_warning(row: dict) -> str:
+    from dalign_core.capture.redundancy import REDUNDANT
+
+    what = (f"is exactly the per-example gradient of the trained parameter {row['exact']}" if row["exact"] else
+            f"lies {row['variance_explained']:.0%} in the span of trained parameters' gradients (most: {row['owner']})")
+    other = "--reduction full or another layer" if row["reduction"] == "shared" else "another layer"
+    return (f"warning: at {row['layer']} the {row['reduction']} q {what} (redundancy {row['fraction']:.2f} > "
+            f"{REDUNDANT}, n={row['n']}); training drives its mean to zero at any width, so d_align there says "
+            f"little about width: use {other}")
