@@ -67,13 +67,3 @@ def as_count(x, name: str) -> float:
     if value < 1:
         raise ValueError(f"{name} is a number of examples and must be at least 1, got {value}")
     return value
-
-
-def resolve_device(name: str = "auto") -> torch.device:
-    """``"auto"`` gives CUDA when available, else the CPU; a CUDA device that is not there is refused."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r}: CUDA is not available on this machine; use 'cpu'")
-    return device

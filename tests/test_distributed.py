@@ -1,4 +1,4 @@
-"""Several ranks, one experiment: the job grid, data-parallel training and sharded q pools (dalign_core.training.distributed).
+"""Several ranks, one experiment: the job grid, data-parallel training and sharded q pools (dalign_core.training.distributed, .sharded).
 
 The end-to-end tests start ``torchrun --nproc_per_node=2`` (as ``python -m
 torch.distributed.run``) on the CPU with the gloo backend, running
@@ -22,7 +22,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dalign_core.training import distributed
+from dalign_core.training import device, distributed, sharded
 from dalign_core.training.distributed import Job
 from dalign_core.geometry.estimators import estimate_geometry
 from dalign_core.geometry.misalignment import cross_gram
@@ -131,18 +131,18 @@ def test_data_parallel_training_and_sharded_gram_equal_one_process(tmp_path):
 def test_the_environment_torchrun_sets_is_read(monkeypatch):
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"):
         monkeypatch.delenv(name, raising=False)
-    assert distributed.context() == distributed.Context() and not distributed.context().distributed
+    assert device.context() == device.Context() and not device.context().distributed
     monkeypatch.setenv("RANK", "5")
     monkeypatch.setenv("WORLD_SIZE", "8")
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     monkeypatch.setenv("GROUP_RANK", "1")
-    ctx = distributed.context()
+    ctx = device.context()
     assert (ctx.rank, ctx.world_size, ctx.local_rank, ctx.local_world_size, ctx.node) == (5, 8, 1, 4, 1)
     assert ctx.distributed and not ctx.is_main
     monkeypatch.setenv("RANK", "8")
     with pytest.raises(ValueError, match="RANK=8 is outside WORLD_SIZE=8"):
-        distributed.context()
+        device.context()
 
 
 def test_the_plan_is_deterministic_longest_first_and_keeps_groups_on_aligned_blocks():
@@ -206,10 +206,10 @@ def test_sharded_estimates_in_a_world_of_one_are_the_one_shot_ones():
     generator = torch.Generator().manual_seed(0)
     Q = torch.randn(20, 6, generator=generator, dtype=torch.float64) + 0.5
     test = torch.randn(9, 6, generator=generator, dtype=torch.float64)
-    got, want = distributed.sharded_geometry(Q), estimate_geometry(Q)
+    got, want = sharded.sharded_geometry(Q), estimate_geometry(Q)
     assert got.d_align == pytest.approx(want.d_align, rel=1e-12) and got.n == 20 and got.d == 6
     assert got.intervals["d_align"].se == pytest.approx(want.intervals["d_align"].se, rel=1e-10)
-    assert torch.allclose(distributed.sharded_cross_gram(Q, test), cross_gram(Q, test), rtol=1e-12, atol=1e-12)
+    assert torch.allclose(sharded.sharded_cross_gram(Q, test), cross_gram(Q, test), rtol=1e-12, atol=1e-12)
 
 
 # ----------------------------------------------------------------------------- damaged job files

@@ -9,16 +9,12 @@ import torch
 
 from dalign_core.training.baselines import bigram_heldout_loss
 from dalign_core.models import LlamaWidthSpec, build_llama
+from dalign_core.training.checkpoints import list_checkpoints, load_state, load_weights
+from dalign_core.training.evaluation import evaluate_lm_loss, evaluate_loss, lm_loss
 from dalign_core.training.loop import (
     TrainConfig,
     TrainResult,
     batch_indices,
-    evaluate_lm_loss,
-    evaluate_loss,
-    list_checkpoints,
-    lm_loss,
-    load_state,
-    load_weights,
     train,
 )
 

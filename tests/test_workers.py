@@ -30,7 +30,8 @@ from test_sweep import ToyConfig, ToyFamily  # noqa: E402
 
 from dalign_core.training import distributed  # noqa: E402
 from dalign_core.sweep import run as sweep
-from dalign_core.training import workers
+from dalign_core.sweep.plan import jobs_dir
+from dalign_core.training import device, workers
 from dalign_core.config import ExperimentConfig  # noqa: E402
 from dalign_core.training.distributed import Job  # noqa: E402
 from dalign_core.experiments._runner import run_experiment  # noqa: E402
@@ -41,12 +42,14 @@ JOBS = [Job(f"mlp_w{width}_s{seed}", cost=float(width), payload=(width, seed)) f
 @pytest.fixture(autouse=True)
 def _restore(monkeypatch):
     """Each test starts from a process that was told nothing, and leaves it so."""
-    for name in (workers.WORKERS_VARIABLE, workers.THREADS_VARIABLE):
+    for name in (workers.WORKERS_VARIABLE, device.THREADS_VARIABLE):
         monkeypatch.delenv(name, raising=False)
-    state, threads = dict(workers._state), torch.get_num_threads()
+    state, configured, threads = dict(workers._state), dict(device._state), torch.get_num_threads()
     yield
     workers._state.clear()
     workers._state.update(state)
+    device._state.clear()
+    device._state.update(configured)
     torch.set_num_threads(threads)
     assert not multiprocessing.active_children()  # no worker outlives its call
 
@@ -95,7 +98,7 @@ def _numbers(results: dict) -> dict:
 
 
 def test_a_grid_gives_bitwise_the_same_results_on_one_and_two_workers(tmp_path):
-    workers.configure("cpu")
+    device.configure("cpu")
     one = distributed.run_jobs(tmp_path / "one", JOBS, train_mlp, workers=1)
     finished = []
     with deadline(120):
@@ -113,9 +116,9 @@ def test_a_grid_gives_bitwise_the_same_results_on_one_and_two_workers(tmp_path):
 
 
 def test_the_default_is_one_worker_per_core_on_the_cpu_and_none_on_a_gpu(monkeypatch):
-    monkeypatch.setitem(workers._state, "device", None)  # as a fresh process: earlier tests may have configured one
+    monkeypatch.setitem(device._state, "device", None)  # as a fresh process: earlier tests may have configured one
     monkeypatch.delenv(workers.WORKERS_VARIABLE, raising=False)
-    monkeypatch.delenv(workers.THREADS_VARIABLE, raising=False)
+    monkeypatch.delenv(device.THREADS_VARIABLE, raising=False)
     # this test sets torch to 2 threads below: give the next tests back the threads they had (a process forked
     # after running OpenMP on 2 threads hangs in its workers)
     threads = torch.get_num_threads()
@@ -127,7 +130,7 @@ def test_the_default_is_one_worker_per_core_on_the_cpu_and_none_on_a_gpu(monkeyp
 
 def _default_workers_and_threads(monkeypatch):
     assert workers.count() == 1  # told nothing: this process, as before
-    assert workers.configure("cpu").type == "cpu" and torch.get_num_threads() == 1
+    assert device.configure("cpu").type == "cpu" and torch.get_num_threads() == 1
     assert workers.count() == workers.cores() >= 1
     monkeypatch.setenv(workers.WORKERS_VARIABLE, "3")
     assert workers.count() == 3
@@ -135,16 +138,16 @@ def _default_workers_and_threads(monkeypatch):
     with pytest.raises(ValueError, match="DALIGN_WORKERS='many' must be a whole number"):
         workers.count()
     monkeypatch.setenv(workers.WORKERS_VARIABLE, "2")
-    monkeypatch.setenv(workers.THREADS_VARIABLE, "2")
+    monkeypatch.setenv(device.THREADS_VARIABLE, "2")
     with pytest.raises(ValueError, match="choose DALIGN_WORKERS=1 for one process of 2 threads"):
         workers.count()
     monkeypatch.delenv(workers.WORKERS_VARIABLE)
-    assert workers.count() == 1 and workers.configure("cpu") and torch.get_num_threads() == 2  # one process of 2
-    monkeypatch.delenv(workers.THREADS_VARIABLE)
+    assert workers.count() == 1 and device.configure("cpu") and torch.get_num_threads() == 2  # one process of 2
+    monkeypatch.delenv(device.THREADS_VARIABLE)
     # a GPU run: nothing changes (no thread setting, no workers, whatever DALIGN_WORKERS says)
-    monkeypatch.setattr("dalign_core._tensor.resolve_device", lambda name: torch.device("cuda", 0))
+    monkeypatch.setattr("dalign_core.training.device.resolve_device", lambda name: torch.device("cuda", 0))
     torch.set_num_threads(2)
-    assert workers.configure("auto").type == "cuda" and torch.get_num_threads() == 2
+    assert device.configure("auto").type == "cuda" and torch.get_num_threads() == 2
     monkeypatch.setenv(workers.WORKERS_VARIABLE, "4")
     assert workers.count() == 1
 
@@ -266,7 +269,7 @@ def test_the_toy_sweep_writes_the_same_tables_on_one_and_two_workers(tmp_path, m
     for count in ("1", "2"):
         monkeypatch.setenv(workers.WORKERS_VARIABLE, count)
         monkeypatch.setenv("DALIGN_CHECKPOINTS", str(tmp_path / f"checkpoints{count}"))  # each trains afresh
-        tables[count], _ = sweep.run_sweep(config, family, jobs=sweep.jobs_dir(tmp_path / count, config, family))
+        tables[count], _ = sweep.run_sweep(config, family, jobs=jobs_dir(tmp_path / count, config, family))
     for name, table in tables["1"].items():
         pd.testing.assert_frame_equal(table.drop(columns=["seconds"], errors="ignore"),
                                       tables["2"][name].drop(columns=["seconds"], errors="ignore"), check_exact=True)
@@ -308,7 +311,7 @@ def test_workers_exit_when_their_parent_is_killed(tmp_path, monkeypatch, pdeaths
     import subprocess
 
     script = _ORPHAN_SCRIPT if pdeathsig else _ORPHAN_SCRIPT.replace(
-        "from dalign_core import workers", "from dalign_core import workers\nworkers.PR_SET_PDEATHSIG = -1")
+        "from dalign_core.training import workers", "from dalign_core.training import workers\nworkers.PR_SET_PDEATHSIG = -1")
     parent = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], cwd=tmp_path,
                               env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     try:

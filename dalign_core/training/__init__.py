@@ -1,9 +1,13 @@
-"""Training and where it runs: the loop, the baselines a trained model must beat, and the processes.
+"""Training and where it runs: the loop, its checkpoints and losses, the device, the processes.
 
-* :mod:`~dalign_core.training.loop`: the seeded, resumable training loop, its losses and evaluation.
+* :mod:`~dalign_core.training.loop`: the seeded, resumable training loop (config, data order, optimizer, data parallel).
+* :mod:`~dalign_core.training.checkpoints`: checkpoint folders written atomically, listed, loaded and pruned.
+* :mod:`~dalign_core.training.evaluation`: the causal LM loss, held-out evaluation and eval mode.
 * :mod:`~dalign_core.training.baselines`: the bigram baseline a language model must beat to count as trained.
+* :mod:`~dalign_core.training.device`: where this process computes, resolved once: its torchrun rank, device, threads.
 * :mod:`~dalign_core.training.workers`: one-thread worker processes over a job grid, and the machine they use.
-* :mod:`~dalign_core.training.distributed`: the same grid shared by ``torchrun`` ranks, and merged Gram sums.
+* :mod:`~dalign_core.training.distributed`: torchrun's process group and the job grid its ranks share.
+* :mod:`~dalign_core.training.sharded`: one q pool's rows spread over the ranks, merged into one Gram estimate.
 
 May import: :mod:`dalign_core.geometry`, :mod:`dalign_core.capture` and the top-level helpers.
 """

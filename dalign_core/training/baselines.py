@@ -5,7 +5,7 @@ failed run, not a data point.
 
 Positions: for ``(n, T)`` sequences the baseline scores exactly the positions a causal
 LM is trained and evaluated on -- token ``t`` of each sequence from token ``t - 1``, for
-``t = 1..T-1`` (see :func:`dalign_core.training.loop.evaluate_lm_loss`).  A 1-D stream is
+``t = 1..T-1`` (see :func:`dalign_core.training.evaluation.evaluate_lm_loss`).  A 1-D stream is
 treated as one long sequence.
 
 The add-k estimate ``p(b | a) = (c(a, b) + k) / (c(a) + k V)`` uses counts ``c`` of the

@@ -1,15 +1,17 @@
-"""Several processes, one experiment: torchrun's ranks share a job grid, train one model together, shard a q pool.
+"""Several processes, one experiment: torchrun's process group, and the job grid its ranks share.
 
 Nothing here is a framework of its own: it is ``torch.distributed`` as ``torchrun``
 starts it (the ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` and
 ``GROUP_RANK`` variables), so one node of 8 GPUs and a Slurm cluster (``srun`` starting
 one ``torchrun`` per node) run the same command. A plain ``python -m ...`` is a world of
 one: every function below then does its work in this process and never touches a
-process group.
+process group. Where a rank computes (its :func:`~dalign_core.training.device.context`
+and its device) is :mod:`dalign_core.training.device`'s; the rows of one q pool spread
+over the ranks are :mod:`dalign_core.training.sharded`'s.
 
 **Process group.** :func:`init` joins the group torchrun describes (idempotent; NCCL
 when the experiment runs on CUDA, gloo on the CPU) and pins the rank to its local
-device, ``cuda:<LOCAL_RANK>`` (:func:`local_device`). Barriers and small Python objects
+device, ``cuda:<LOCAL_RANK>`` (:func:`dalign_core.training.device.local_device`). Barriers and small Python objects
 (which jobs are done, each rank's hardware) go through a gloo group even beside NCCL,
 so a rank that waits hours for the others' jobs holds no GPU stream; its timeout is
 ``DALIGN_DIST_TIMEOUT_H`` hours (default 72). :func:`shutdown` leaves the group;
@@ -46,14 +48,6 @@ per block, collectively, by :func:`job_group`); the sweep hands it to
 rank takes its slice of the same global batch, so the averaged gradient is the
 single-process gradient of that batch (to float rounding). :func:`ranks_per_job` reads
 which widths get how many ranks (``DALIGN_RANKS_PER_JOB``).
-
-**Sharded q pools.** With the rows of a pool spread over the ranks,
-:func:`sharded_geometry` computes each rank's rows of the Gram matrix (every rank's
-block is broadcast in turn, so no rank holds more than its own rows and one other
-block) and gathers only four ``n``-vectors of row statistics: the U-statistics and
-their jackknife need nothing else (:func:`dalign_core.geometry.estimators.row_statistics`).
-:func:`sharded_cross_gram` gathers the whole cross-Gram matrix, which the misalignment
-resampler takes (:func:`dalign_core.geometry.misalignment.misalignment_probability` with ``C=``).
 """
 
 from __future__ import annotations
@@ -75,15 +69,13 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 import torch.distributed as dist
 
-from dalign_core.training import workers as _workers
-from dalign_core._tensor import resolve_device
 from dalign_core.atomic import atomic_write_text
-from dalign_core.geometry.estimators import Geometry, as_rows, gram_product, geometry_from_row_statistics
+from dalign_core.training import workers as _workers
+from dalign_core.training.device import Context, configure, context, local_device  # callers use distributed.context
 
-__all__ = ["Context", "context", "init", "shutdown", "session", "local_device", "barrier", "broadcast",
-           "all_gather", "main_first", "hardware", "check_shared", "Job", "Assignment", "plan", "job_group",
-           "ranks_per_job", "run_jobs", "remove_jobs", "job_result_problem", "sharded_geometry", "sharded_cross_gram",
-           "RANKS_PER_JOB_VARIABLE"]
+__all__ = ["init", "shutdown", "session", "barrier", "broadcast", "all_gather", "main_first", "hardware",
+           "check_shared", "Job", "Assignment", "plan", "job_group", "ranks_per_job", "run_jobs", "remove_jobs",
+           "job_result_problem", "RANKS_PER_JOB_VARIABLE"]
 
 log = logging.getLogger(__name__)
 
@@ -93,60 +85,7 @@ TIMEOUT_VARIABLE = "DALIGN_DIST_TIMEOUT_H"
 _state: dict[str, Any] = {"owned": False, "coordination": None, "groups": {}}
 
 
-# ----------------------------------------------------------------------------- where this process stands
-
-
-@dataclass(frozen=True)
-class Context:
-    """This process's place in the world torchrun started (a world of one without torchrun)."""
-
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-    local_world_size: int = 1
-    node: int = 0
-    """``GROUP_RANK``: the index of this node's torchrun agent."""
-
-    @property
-    def distributed(self) -> bool:
-        return self.world_size > 1
-
-    @property
-    def is_main(self) -> bool:
-        """Rank 0: the rank that merges and writes the tables."""
-        return self.rank == 0
-
-
-def context() -> Context:
-    """Read :class:`Context` from torchrun's environment variables (starts nothing)."""
-    def number(name: str, default: int) -> int:
-        value = os.environ.get(name, "")
-        try:
-            return int(value) if value else default
-        except ValueError:
-            raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
-
-    world = number("WORLD_SIZE", 1)
-    rank = number("RANK", 0)
-    if not 0 <= rank < max(world, 1):
-        raise ValueError(f"RANK={rank} is outside WORLD_SIZE={world}")
-    local_world = number("LOCAL_WORLD_SIZE", 1 if world == 1 else world)
-    return Context(rank=rank, world_size=max(world, 1), local_rank=number("LOCAL_RANK", 0),
-                   local_world_size=local_world, node=number("GROUP_RANK", 0))
-
-
-def local_device(device: str = "auto") -> torch.device:
-    """The device this rank computes on: ``device`` resolved, a bare CUDA device pinned to ``cuda:<LOCAL_RANK>``."""
-    resolved = resolve_device(device)
-    ctx = context()
-    if resolved.type != "cuda" or resolved.index is not None or not ctx.distributed:
-        return resolved
-    count = torch.cuda.device_count()
-    if ctx.local_rank >= count:
-        raise RuntimeError(f"rank {ctx.rank} is local rank {ctx.local_rank} of its node, which shows only {count} "
-                           f"CUDA device(s): start at most {count} processes per node (--nproc_per_node), or make "
-                           "every GPU visible to each of them (CUDA_VISIBLE_DEVICES)")
-    return torch.device("cuda", ctx.local_rank)
+# ----------------------------------------------------------------------------- the process group
 
 
 def _timeout() -> datetime.timedelta:
@@ -158,10 +97,10 @@ def init(device: str = "auto") -> Context:
 
     NCCL when ``device`` resolves to CUDA (after pinning this rank to its local GPU),
     gloo otherwise; barriers and objects use a gloo group either way. In any world, a
-    process computing on the CPU is set to one thread (:func:`dalign_core.training.workers.configure`).
+    process computing on the CPU is set to one thread (:func:`dalign_core.training.device.configure`).
     """
     ctx = context()
-    _workers.configure(device)  # on the CPU: one thread per process
+    configure(device)  # on the CPU: one thread per process
     if not ctx.distributed or dist.is_initialized():
         return ctx
     target = local_device(device)
@@ -552,107 +491,3 @@ def run_jobs(folder: str | os.PathLike | None, jobs: Sequence[Job], compute: Cal
     if missing:
         raise RuntimeError(f"jobs {missing} left no result in {store.folder}; is it on a filesystem every rank shares?")
     return results
-
-
-# ----------------------------------------------------------------------------- sharded q pools
-
-
-def _group_shape(group) -> tuple[int, int]:
-    if group is None and not _active():
-        return 0, 1
-    return dist.get_rank(group), dist.get_world_size(group)
-
-
-def _global(group, rank: int) -> int:
-    return rank if group is None else dist.get_global_rank(group, rank)
-
-
-def _shapes(rows: torch.Tensor, group) -> list[tuple[int, int, str]]:
-    mine = (int(rows.shape[0]), int(rows.shape[1]), str(rows.dtype))
-    if group is None and not _active():
-        return [mine]
-    out: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(out, mine, group=group)
-    if len({(d, dtype) for _, d, dtype in out}) != 1:
-        raise ValueError(f"every rank must hold rows of one dimension and dtype; got (n, d, dtype) = {out}")
-    return out
-
-
-def _blocks(rows: torch.Tensor, shapes, group) -> Iterator[tuple[int, torch.Tensor]]:
-    """Each rank's rows in turn (``(source rank, block)``), broadcast from their owner: one foreign block at a time."""
-    rank, size = _group_shape(group)
-    for source in range(size):
-        if source == rank:
-            block = rows
-        else:
-            block = torch.empty(shapes[source][0], shapes[source][1], dtype=rows.dtype, device=rows.device)
-        if size > 1:
-            dist.broadcast(block, src=_global(group, source), group=group)
-        yield source, block
-
-
-def _gather_vector(values: torch.Tensor, counts: list[int], group) -> torch.Tensor:
-    """The ranks' 1-D or 2-D tensors of ``counts[r]`` rows, concatenated in rank order on every rank."""
-    if len(counts) == 1:
-        return values
-    widest = max(counts)
-    padded = torch.zeros((widest,) + tuple(values.shape[1:]), dtype=values.dtype, device=values.device)
-    padded[: values.shape[0]] = values
-    parts = [torch.empty_like(padded) for _ in counts]
-    dist.all_gather(parts, padded, group=group)
-    return torch.cat([part[:count] for part, count in zip(parts, counts)])
-
-
-def _local_gram_rows(rows: torch.Tensor, other: torch.Tensor, shapes, group) -> torch.Tensor:
-    """``rows @ other_all^T`` in float64: this rank's rows of the (cross-)Gram matrix, every rank's ``other`` rows."""
-    offsets = [0]
-    for n, _, _ in shapes:
-        offsets.append(offsets[-1] + n)
-    out = torch.zeros(rows.shape[0], offsets[-1], dtype=torch.float64, device=rows.device)
-    for source, block in _blocks(other, shapes, group):
-        out[:, offsets[source]:offsets[source + 1]] = gram_product(rows, block)
-    return out
-
-
-def sharded_geometry(rows, *, confidence: float = 0.95, group=None) -> Geometry:
-    """:func:`~dalign_core.geometry.estimators.estimate_geometry` of all ranks' rows stacked in rank order, on every rank.
-
-    ``rows``: this rank's ``(n_r, d)`` q rows (any ``n_r``, one ``d`` and dtype on every
-    rank; on this rank's device: CUDA under NCCL). Each rank forms only its ``n_r x n``
-    rows of the Gram matrix and the ranks exchange four ``n``-vectors of row statistics,
-    so the estimate is that of the whole pool (to float rounding) while the ``O(n^2 d)``
-    Gram work and the ``n x n`` memory are split over the ranks. ``group``: the ranks
-    sharing the pool (default: all of them). In a world of one it is ``estimate_geometry``.
-    """
-    Q = as_rows(rows, "rows")
-    shapes = _shapes(Q, group)
-    rank, _ = _group_shape(group)
-    counts = [n for n, _, _ in shapes]
-    G = _local_gram_rows(Q, Q, shapes, group)  # (n_r, n)
-    start = sum(counts[:rank])
-    diag = G[torch.arange(Q.shape[0], device=G.device), start + torch.arange(Q.shape[0], device=G.device)]
-    row = _gather_vector(G.sum(dim=1) - diag, counts, group)
-    row_sq = (G * G).sum(dim=1) - diag * diag
-    gram_row = G @ row
-    local = torch.stack([diag, row_sq, gram_row], dim=1)
-    gathered = _gather_vector(local, counts, group)
-    stats = {"diag": gathered[:, 0], "row": row, "row_sq": gathered[:, 1], "gram_row": gathered[:, 2]}
-    return geometry_from_row_statistics({k: v.cpu() for k, v in stats.items()}, shapes[0][1], confidence=confidence)
-
-
-def sharded_cross_gram(train_rows, test_rows=None, *, group=None) -> torch.Tensor:
-    """The whole cross-Gram matrix ``C = Q_train Q_test^T`` (float64, on every rank) from each rank's rows of both pools.
-
-    Rows are stacked in rank order (rank 0's first). ``test_rows=None`` gives the Gram
-    matrix of the train pool with itself. Each rank computes its rows of C and the
-    ranks all-gather them; the misalignment resampler then runs on C
-    (:func:`dalign_core.geometry.misalignment.misalignment_probability` with ``C=``), the same on
-    every rank for the same seed.
-    """
-    A = as_rows(train_rows, "train_rows")
-    B = A if test_rows is None else as_rows(test_rows, "test_rows")
-    shapes_a, shapes_b = _shapes(A, group), _shapes(B, group)
-    if shapes_a[0][1] != shapes_b[0][1]:
-        raise ValueError(f"train rows have d={shapes_a[0][1]} but test rows have d={shapes_b[0][1]}")
-    mine = _local_gram_rows(A, B, shapes_b, group)
-    return _gather_vector(mine, [n for n, _, _ in shapes_a], group)

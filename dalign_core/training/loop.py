@@ -1,6 +1,7 @@
 """A small, deterministic training loop with checkpoints and resume.
 
-Written for causal LMs but general: the caller passes ``loss_fn(model, batch) -> scalar``
+Written for causal LMs but general: the caller passes ``loss_fn(model, batch) -> scalar`` (default
+:func:`~dalign_core.training.evaluation.lm_loss`; held-out losses: :mod:`dalign_core.training.evaluation`)
 and ``data``, a tensor (or tuple of tensors) whose first dimension indexes examples.
 
 * AdamW (default) or SGD with momentum (``optimizer="sgd"``, the CIFAR ResNet recipe);
@@ -12,8 +13,8 @@ and ``data``, a tensor (or tuple of tensors) whose first dimension indexes examp
   ``torch.Generator`` seeded with ``(seed, epoch)``; step ``s`` uses global positions
   ``s*B .. s*B+B-1`` of the concatenated epochs.  The data position is therefore the
   step number, and resuming needs no sampler state.
-* Checkpoints in ``checkpoint_dir/step_XXXXXXX/``: ``model.safetensors`` (weights) and,
-  for resume points, ``state.pt`` (optimizer state, the step, global RNG states, the
+* Checkpoints in ``checkpoint_dir/step_XXXXXXX/`` (:mod:`dalign_core.training.checkpoints`):
+  ``model.safetensors`` (weights) and, for resume points, ``state.pt`` (optimizer state, the step, global RNG states, the
   loss history, the config), saved with plain tensors and Python scalars so it loads
   with ``torch.load(weights_only=True)``.  A checkpoint folder is written under a
   temporary name and renamed, so a crash never leaves a half-written checkpoint.
@@ -41,41 +42,40 @@ in memory as CPU state dicts.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import json
 import math
-import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import safetensors.torch
 import torch
 from tqdm import tqdm
 
 from dalign_core._tensor import derived_seed
+from dalign_core.training.checkpoints import (
+    _FORMAT,
+    _history_rows,
+    _history_tensors,
+    _prune,
+    _rng_state,
+    _set_rng_state,
+    _weights,
+    _write_checkpoint,
+    list_checkpoints,
+    load_state,
+    load_weights,
+)
+from dalign_core.training.evaluation import _autocast, _data_len, _take, lm_loss
 
 __all__ = [
     "TrainConfig",
     "TrainResult",
     "train",
-    "lm_loss",
-    "evaluate_lm_loss",
-    "evaluate_loss",
-    "eval_mode",
     "make_optimizer",
     "batch_indices",
-    "list_checkpoints",
-    "load_weights",
-    "load_state",
 ]
 
-_STEP_DIR = "step_{:07d}"
-_FORMAT = 1
 
 
 @dataclass
@@ -191,49 +191,6 @@ class TrainResult:
         return pd.DataFrame(self.history, columns=["step", "loss", "lr"])
 
 
-def lm_loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy of a causal LM on a ``(B, T)`` batch of token ids."""
-    return model(input_ids=batch, labels=batch).loss
-
-
-def _data_len(data) -> int:
-    if isinstance(data, torch.Tensor):
-        return int(data.shape[0])
-    if isinstance(data, (tuple, list)) and data:
-        n = {int(t.shape[0]) for t in data}
-        if len(n) != 1:
-            raise ValueError(f"tensors in data have different first dimensions {sorted(n)}")
-        return n.pop()
-    raise TypeError("data must be a tensor or a non-empty tuple of tensors")
-
-
-def _take(data, idx: torch.Tensor, device):
-    if isinstance(data, torch.Tensor):
-        return data[idx].to(device, non_blocking=True)
-    return tuple(t[idx].to(device, non_blocking=True) for t in data)
-
-
-def _autocast(device: torch.device, dtype_name: str | None):
-    """``torch.autocast`` to ``dtype_name`` (e.g. ``"bfloat16"``) on ``device``'s type; a no-op context for None."""
-    if not dtype_name:
-        return contextlib.nullcontext()
-    dtype = getattr(torch, dtype_name, None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"autocast_dtype {dtype_name!r} is not a torch dtype; use e.g. 'bfloat16' or 'float16', "
-                         "or None for full precision")
-    return torch.autocast(device_type=device.type, dtype=dtype)
-
-
-@contextlib.contextmanager
-def eval_mode(model: torch.nn.Module):
-    """``model.eval()`` inside the block; the model's train/eval mode is restored afterwards."""
-    was_training = model.training
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train(was_training)
-
 
 class _Order:
     """Per-epoch permutations of ``range(n)`` from seeded generators, cached."""
@@ -275,154 +232,6 @@ def make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.O
     if config.optimizer == "sgd":
         return torch.optim.SGD(groups, lr=config.lr, momentum=config.momentum)
     return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, eps=config.eps)
-
-
-# ----------------------------------------------------------------------------- checkpoints
-
-
-def list_checkpoints(checkpoint_dir: "str | os.PathLike", *, resumable: bool = False) -> dict[int, Path]:
-    """Complete checkpoint folders in ``checkpoint_dir``: step -> folder, sorted by step.
-
-    ``resumable=True`` lists only those with optimizer state (resume points).
-    """
-    root = Path(checkpoint_dir)
-    out = {}
-    if not root.is_dir():
-        return out
-    for p in root.iterdir():
-        if not p.is_dir() or not p.name.startswith("step_"):
-            continue
-        try:
-            step = int(p.name[5:])
-        except ValueError:
-            continue
-        if (p / "model.safetensors").is_file() and (not resumable or (p / "state.pt").is_file()):
-            out[step] = p
-    return dict(sorted(out.items()))
-
-
-def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    seen: dict[tuple, str] = {}
-    out = {}
-    for k, v in model.state_dict().items():
-        key = (v.device, v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape))
-        if key in seen:  # a tied tensor: stored once, restored by load_state_dict(strict=False)
-            continue
-        seen[key] = k
-        out[k] = v.detach().to("cpu", copy=True).contiguous()
-    return out
-
-
-def load_weights(model: torch.nn.Module, checkpoint: "str | os.PathLike | dict") -> torch.nn.Module:
-    """Load weights into ``model`` from a checkpoint folder, a ``.safetensors`` file or a state dict."""
-    if isinstance(checkpoint, dict):
-        sd = checkpoint
-    else:
-        path = Path(checkpoint)
-        if path.is_dir():
-            path = path / "model.safetensors"
-        try:
-            sd = safetensors.torch.load_file(str(path))
-        except Exception as err:  # noqa: BLE001  (safetensors' own error type, OSError: a file cut short or damaged)
-            raise _damaged(path, err) from err
-    missing, unexpected = model.load_state_dict(sd, strict=False)
-    # Only tied copies may be missing (they share storage with a loaded tensor).
-    tied_ok = {k for k in missing if _is_tied(model, k, sd)}
-    if unexpected or set(missing) - tied_ok:
-        raise ValueError(f"checkpoint does not match the model: missing {sorted(set(missing) - tied_ok)}, "
-                         f"unexpected {sorted(unexpected)}")
-    return model
-
-
-def _is_tied(model, key, sd) -> bool:
-    state = model.state_dict()
-    t = state[key]
-    return any(k in sd and state[k].untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
-               for k in state if k != key)
-
-
-def load_state(checkpoint: "str | os.PathLike", map_location="cpu") -> dict[str, Any]:
-    """The resume state of a checkpoint folder (``torch.load(..., weights_only=True)``)."""
-    path = Path(checkpoint) / "state.pt"
-    try:
-        return torch.load(path, map_location=map_location, weights_only=True)
-    except (RuntimeError, OSError, EOFError, ValueError) as err:  # a zip cut short, or damaged
-        raise _damaged(path, err) from err
-
-
-def _damaged(path: Path, err: BaseException) -> ValueError:
-    """A checkpoint file that cannot be read: one sentence naming it and what to do."""
-    detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    return ValueError(f"checkpoint file {path} cannot be read ({detail}): it was cut short or damaged; delete its "
-                      f"folder {path.parent} and rerun the same command (the run resumes from an earlier checkpoint "
-                      "or trains again)")
-
-
-def _write_checkpoint(root: Path, step: int, model, state: dict | None, meta: dict) -> Path:
-    final = root / _STEP_DIR.format(step)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
-    umask = os.umask(0)
-    os.umask(umask)
-    tmp.chmod(0o777 & ~umask)  # mkdtemp makes 0700; a checkpoint should be as readable as any other folder
-    try:
-        safetensors.torch.save_file(_weights(model), str(tmp / "model.safetensors"), metadata={"step": str(step)})
-        if state is not None:
-            torch.save(state, tmp / "state.pt")
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
-        if final.exists():  # e.g. the same step written again after a resume: replace it
-            trash = Path(tempfile.mkdtemp(prefix=f".old-{final.name}.", dir=root))
-            os.replace(final, trash / final.name)
-            os.replace(tmp, final)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return final
-
-
-def _prune(root: Path, keep_steps: set[int], current: int, keep_resume: int) -> None:
-    resumable = [s for s in list_checkpoints(root, resumable=True) if s <= current]
-    for s in resumable[:-keep_resume] if keep_resume > 0 else resumable:
-        folder = root / _STEP_DIR.format(s)
-        meta = _read_meta(folder)
-        if s in keep_steps or meta.get("requested"):
-            (folder / "state.pt").unlink(missing_ok=True)
-        else:
-            shutil.rmtree(folder, ignore_errors=True)
-
-
-def _read_meta(folder: Path) -> dict:
-    try:
-        return json.loads((folder / "meta.json").read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def _rng_state() -> dict[str, Any]:
-    state = {"torch": torch.get_rng_state()}
-    state["cuda"] = list(torch.cuda.get_rng_state_all()) if torch.cuda.is_available() else []
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    if state.get("cuda") and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _history_tensors(history: list[dict]) -> dict[str, torch.Tensor]:
-    return {
-        "step": torch.tensor([h["step"] for h in history], dtype=torch.int64),
-        "loss": torch.tensor([h["loss"] for h in history], dtype=torch.float64),
-        "lr": torch.tensor([h["lr"] for h in history], dtype=torch.float64),
-    }
-
-
-def _history_rows(t: dict[str, torch.Tensor]) -> list[dict]:
-    return [{"step": int(s), "loss": float(l), "lr": float(r)}
-            for s, l, r in zip(t["step"].tolist(), t["loss"].tolist(), t["lr"].tolist())]
 
 
 # ----------------------------------------------------------------------------- data parallel
@@ -603,69 +412,3 @@ def train(
     return TrainResult(history=history, checkpoints=checkpoints, final_step=config.steps,
                        resumed_from=resumed_from, wall_time_s=time.perf_counter() - t0)
 
-
-# ----------------------------------------------------------------------------- evaluation
-
-
-@torch.no_grad()
-def evaluate_lm_loss(
-    model: torch.nn.Module,
-    sequences: torch.Tensor,
-    *,
-    batch_size: int = 64,
-    max_sequences: int | None = None,
-    autocast_dtype: str | None = None,
-) -> float:
-    """Mean next-token cross-entropy (nats) over all predicted positions of ``sequences``.
-
-    Each ``(T,)`` sequence contributes its ``T - 1`` predictions (tokens 1..T-1 from the
-    ones before), the positions :func:`lm_loss` trains on and
-    :func:`dalign_core.training.baselines.bigram_heldout_loss` scores.  ``max_sequences`` uses
-    the first that many.  The model's train/eval mode is restored afterwards.
-    """
-    if sequences.ndim != 2 or sequences.shape[1] < 2:
-        raise ValueError(f"sequences must be (n, T) with T >= 2, got {tuple(sequences.shape)}")
-    if max_sequences is not None:
-        sequences = sequences[:max_sequences]
-    device = next(model.parameters()).device
-    total, count = 0.0, 0
-    with eval_mode(model):
-        for i in range(0, sequences.shape[0], batch_size):
-            batch = sequences[i:i + batch_size].to(device)
-            with _autocast(device, autocast_dtype):
-                logits = model(input_ids=batch).logits
-            logits = logits[:, :-1].float()
-            targets = batch[:, 1:]
-            nll = torch.nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum")
-            total += float(nll.double())
-            count += targets.numel()
-    return total / count
-
-
-@torch.no_grad()
-def evaluate_loss(
-    model: torch.nn.Module,
-    data,
-    loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor] = lm_loss,
-    *,
-    batch_size: int = 64,
-) -> float:
-    """Mean of ``loss_fn`` over ``data`` in batches, weighted by batch size, in eval mode.
-
-    ``data`` is laid out as for :func:`train`: a tensor or a tuple of tensors whose first
-    dimension indexes examples, e.g. ``(images (n, C, H, W), labels (n,))`` for a
-    classifier with ``loss_fn = lambda m, b: F.cross_entropy(m(b[0]), b[1])``.  For a
-    loss that is itself a per-example mean (that one, or :func:`lm_loss` on
-    equal-length sequences) the result is the mean over all ``n`` examples, in the
-    loss's units (nats for cross-entropy), whatever ``batch_size``.  The model's
-    train/eval mode is restored afterwards.
-    """
-    n = _data_len(data)
-    device = next(model.parameters()).device
-    total = 0.0
-    with eval_mode(model):
-        for i in range(0, n, batch_size):
-            idx = torch.arange(i, min(i + batch_size, n))
-            total += float(loss_fn(model, _take(data, idx, device)).double()) * len(idx)
-    return total / n

@@ -5,7 +5,7 @@ thread per core ran the LLaMA dry run 2.6x slower (ResNet 4x) under any other lo
 than with one thread, and idle, two threads were only 1.6-1.8x faster than one. Small
 models do not split well over threads; independent jobs split perfectly over
 processes. So on the CPU every process computes with **one** intra-op thread
-(:func:`configure`), and :func:`dalign_core.training.distributed.run_jobs` in a world of one
+(:func:`dalign_core.training.device.configure`), and :func:`dalign_core.training.distributed.run_jobs` in a world of one
 (no torchrun) runs the job grid on **one worker per core** (:func:`count`), each a
 forked copy of the process (data loaded once, shared copy-on-write; the ``compute``
 closure needs no pickling).
@@ -30,7 +30,8 @@ Settings (environment variables):
 
 * ``DALIGN_WORKERS`` — worker processes (default: the usable cores, see :func:`cores`,
   divided by the threads per process); ``1`` is a single process, as before.
-* ``DALIGN_THREADS`` — intra-op threads per process on the CPU (default 1). More than
+* ``DALIGN_THREADS`` — intra-op threads per process on the CPU (default 1; read and set by
+  :mod:`dalign_core.training.device`, where the device is resolved). More than
   one runs a single process: a forked child of a process that has used OpenMP's thread
   pool hangs in its first parallel region, so workers always compute on one thread.
 
@@ -60,16 +61,17 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-__all__ = ["WORKERS_VARIABLE", "THREADS_VARIABLE", "WorkerError", "GridProgress", "cores", "threads", "count",
-           "configure", "settings", "reset", "run_pool"]
+from dalign_core.training.device import THREADS_VARIABLE, _positive, configured, threads
+from dalign_core.training.device import configure  # noqa: F401  (the experiment runner calls workers.configure)
+
+__all__ = ["WORKERS_VARIABLE", "WorkerError", "GridProgress", "cores", "count", "settings", "reset", "run_pool"]
 
 log = logging.getLogger(__name__)
 
 WORKERS_VARIABLE = "DALIGN_WORKERS"
-THREADS_VARIABLE = "DALIGN_THREADS"
 INTERRUPTED = "interrupted; rerun the same command to resume"
 
-_state: dict[str, Any] = {"device": None, "workers": 1, "in_worker": False}
+_state: dict[str, Any] = {"workers": 1, "in_worker": False}
 
 
 class WorkerError(RuntimeError):
@@ -80,20 +82,7 @@ class WorkerError(RuntimeError):
         self.failures = failures
 
 
-# ----------------------------------------------------------------------------- how many processes, how many threads
-
-
-def _positive(name: str) -> int | None:
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return None
-    try:
-        number = int(value)
-    except ValueError:
-        number = 0
-    if number < 1:
-        raise ValueError(f"environment variable {name}={value!r} must be a whole number of at least 1")
-    return number
+# ----------------------------------------------------------------------------- how many processes
 
 
 def cores() -> int:
@@ -111,11 +100,6 @@ def cores() -> int:
     return max(usable, 1)
 
 
-def threads() -> int:
-    """Intra-op threads per process on the CPU: ``$DALIGN_THREADS``, else 1."""
-    return _positive(THREADS_VARIABLE) or 1
-
-
 def _cuda_in_use() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_initialized()
 
@@ -123,11 +107,11 @@ def _cuda_in_use() -> bool:
 def count() -> int:
     """Worker processes for a job grid of this process: 1 on a GPU; else ``$DALIGN_WORKERS`` or one per core.
 
-    The default (without ``$DALIGN_WORKERS``) applies once :func:`configure` was told the
+    The default (without ``$DALIGN_WORKERS``) applies once :func:`dalign_core.training.device.configure` was told the
     CPU (the experiment runner and :func:`dalign_core.training.distributed.init` do it); before
     that a job grid runs in this process, as it always did.
     """
-    device = _state["device"]
+    device = configured()
     if _state["in_worker"] or (device is not None and device.type != "cpu") or _cuda_in_use():
         return 1  # a worker's own job grids stay in the worker
     asked, per_process = _positive(WORKERS_VARIABLE), threads()
@@ -140,33 +124,6 @@ def count() -> int:
     if device is None or per_process > 1:
         return 1
     return cores()
-
-
-def _pin(number: int) -> None:
-    torch.set_num_threads(number)
-    try:  # only possible before any inter-op work in this process (and only once)
-        torch.set_num_interop_threads(number)
-    except RuntimeError:
-        pass
-
-
-def configure(device: str | torch.device = "auto") -> torch.device | None:
-    """Remember the device this process computes on; on the CPU, pin torch to :func:`threads` threads.
-
-    Returns the resolved device (None where ``device`` cannot be resolved here: the
-    experiment reports that itself). Called by the experiment runner and by
-    :func:`dalign_core.training.distributed.init`, before any model is built.
-    """
-    from dalign_core._tensor import resolve_device  # noqa: PLC0415
-
-    try:
-        resolved = resolve_device(str(device))
-    except (ValueError, RuntimeError):
-        return None
-    _state["device"] = resolved
-    if resolved.type == "cpu":
-        _pin(threads())
-    return resolved
 
 
 def reset() -> None:
