@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from dalign_core.claims import table as claims
-from dalign_core.studies.growth import compute as growth
+from dalign_core.studies import growth
 from dalign_core.report import describe as report
 from dalign_core.sweep import trend
 from dalign_core.config import REPO_ROOT

@@ -1,4 +1,4 @@
-"""Where to grow (dalign_core.studies.growth.compute): the inserted block, the predictors, the scores and the verdict."""
+"""Where to grow (dalign_core.studies.growth): the inserted block, the predictors, the scores and the verdict."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from scipy import stats
 from torch import nn
 
-from dalign_core.studies.growth import compute as growth
+from dalign_core.studies import growth
 from dalign_core.config import PROFILES
 from dalign_core.experiments import growth as experiment
 from dalign_core.capture.hooks import activation_gradients

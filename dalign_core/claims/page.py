@@ -26,7 +26,7 @@ from collections import Counter
 
 import pandas as pd
 
-from dalign_core.studies.growth import compute as growth
+from dalign_core.studies import growth
 from dalign_core.claims.table import NOT_RUN
 
 __all__ = ["FAMILIES", "GROUPS", "VERDICTS", "claim_group", "claims_details_html", "claims_grid_html", "headline",

@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from dalign_core.studies.growth import compute as growth
+from dalign_core.studies import growth
 from dalign_core.studies.interventions import report as intervention_report
 from dalign_core.studies.interventions.report import FAMILY_NAMES
 from dalign_core.geometry.misalignment import wilson_interval

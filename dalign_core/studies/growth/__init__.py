@@ -1,4 +1,36 @@
-"""The growth study: grow a zero-output block at each insertion point and rank the points.
+"""The growth study: where to grow a trained model, and do the alignment statistics rank insertion points by the gain?
 
-* :mod:`~dalign_core.studies.growth.compute`: the predictors, the growth itself, the scores and the decision.
+The paper's motivation is model growth (Net2Net, progressive stacking, LiGO): a method
+must decide *where* an expansion still helps on unseen data, and the paper offers
+d_align and B_align as the certificate. This study measures, at every candidate
+insertion point of a trained model (each residual block's output z), the statistics a
+growth method could read off *before* growing, then grows there and measures what
+growing actually brought, and scores how well each statistic ranked the points. The
+claim tested ("d_align ranks insertion points better than the gradient-norm baseline")
+is this project's, not the paper's: the paper certifies the sign of one step at one
+point; it does not compare points.
+
+* :mod:`~dalign_core.studies.growth.predicting`: what a growth method reads before growing (:func:`predictors`).
+* :mod:`~dalign_core.studies.growth.growing`: the zero-output block and what training it alone brings (:func:`grow`).
+* :mod:`~dalign_core.studies.growth.scoring`: how well each predictor ranked the points (:func:`score`,
+  :func:`verdict`).
+* :mod:`~dalign_core.studies.growth.deciding`: the claim's decision on regrets (:func:`decision`).
+
+Every public name of the four modules is importable from here (``from dalign_core.studies import growth``).
 """
+
+from __future__ import annotations
+
+from dalign_core.studies.growth.deciding import (DECISION_CLAIM, MIN_POINTS, NOISE_RATIO, FIXED_RULES, noise, regrets,
+                                                 Decision, decision, simulate_decision)
+from dalign_core.studies.growth.growing import (ZeroOutputBlock, inserted, block_for, grow, seeded_batches)
+from dalign_core.studies.growth.predicting import (BASE_PREDICTORS, predictor_names, SIGN, PointStats, predictors)
+from dalign_core.studies.growth.scoring import (CLAIM, RHO_CLAIM, CALIBRATION, spearman, spearman_interval,
+                                                MODEL_KEYS, model_keys, score, first_choice, order, point_rows,
+                                                t_interval, summarize, label_for, verdict)
+
+__all__ = ["BASE_PREDICTORS", "predictor_names", "SIGN", "PointStats", "predictors", "ZeroOutputBlock", "inserted",
+           "block_for", "grow", "seeded_batches", "CLAIM", "RHO_CLAIM", "CALIBRATION", "spearman",
+           "spearman_interval", "MODEL_KEYS", "model_keys", "score", "first_choice", "order", "point_rows",
+           "t_interval", "summarize", "label_for", "verdict", "DECISION_CLAIM", "MIN_POINTS", "NOISE_RATIO",
+           "FIXED_RULES", "noise", "regrets", "Decision", "decision", "simulate_decision"]

@@ -57,24 +57,24 @@ backward pass per example set.
 Nothing of the model changes: the insertions are forward hooks that add to the output,
 the model's mode, parameters, buffers and ``.grad`` are untouched, and every hook is
 removed when the function returns or raises. The refusals are those of capture
-(:func:`dalign_core.capture.hooks.check_capturable`): BatchNorm in training mode, active
+(:func:`dalign_core.capture.refusals.check_capturable`): BatchNorm in training mode, active
 dropout, an unknown insertion point.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from dalign_core.capture.hooks import _call, _primary, _split_batch, _to, check_capturable, per_example_loss, resolve_layers
+from dalign_core.capture.layers import resolve_layers
+from dalign_core.capture.refusals import check_capturable
+from dalign_core.studies.blocks import ZeroBlock, added, feature_dim, insertion_width, mean_loss
 
 __all__ = ["Intervention", "shared_bias_step", "residual_block_step", "train_decrease_steps",
            "train_decrease_draws", "optimizer_step_decrease", "KINDS", "ROUNDOFF_FLOAT32", "ROUNDOFF_FLOAT64"]
@@ -124,55 +124,11 @@ class Intervention:
         return self.observed / self.predicted if self.predicted and not math.isnan(self.predicted) else math.nan
 
 
-def _feature_dim(z: torch.Tensor) -> int:
-    """The feature axis of an insertion point's output: last for ``(b, T, N)``, 1 for ``(b, C, *spatial)``."""
-    if z.ndim == 3 or z.ndim == 2:
-        return z.ndim - 1
-    if z.ndim >= 4:
-        return 1
-    raise ValueError(f"cannot insert a residual parameter into an output of shape {tuple(z.shape)}")
-
-
 def _along_features(z: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
     """``vector`` (N,) shaped to broadcast along ``z``'s feature axis."""
     shape = [1] * z.ndim
-    shape[_feature_dim(z)] = -1
+    shape[feature_dim(z)] = -1
     return vector.view(shape).to(z.dtype)
-
-
-@contextlib.contextmanager
-def _added(module: nn.Module, add: Callable[[torch.Tensor], torch.Tensor]) -> Iterator[None]:
-    """While inside, ``module``'s output ``z`` becomes ``z + add(z)``; the hook is removed on exit, also on error."""
-    def hook(_module, _args, output):
-        z, rebuild = _primary(output)
-        return rebuild(z + add(z))
-
-    handle = module.register_forward_hook(hook)
-    try:
-        yield
-    finally:
-        handle.remove()
-
-
-def _mean_loss(model: nn.Module, batches: Iterable[Any], device: torch.device, counted: list | None = None
-               ) -> torch.Tensor:
-    """Mean per-example loss over every example of ``batches`` (a differentiable scalar).
-
-    Floating inputs (images) take the model's dtype, so a float64 copy of a model takes the same batches.
-    ``counted``, if given, receives the number of examples."""
-    dtype = next(model.parameters()).dtype
-    total, count = 0.0, 0
-    for batch in batches:
-        inputs, targets = _split_batch(batch)
-        inputs, targets = _to(inputs, device, dtype), _to(targets, device)
-        losses = per_example_loss(_call(model, inputs), inputs, targets)
-        total = total + losses.sum()
-        count += losses.numel()
-    if not count:
-        raise ValueError("no examples: pass at least one non-empty batch")
-    if counted is not None:
-        counted.append(count)
-    return total / count
 
 
 def _setup(model: nn.Module, layer: str) -> tuple[nn.Module, torch.device]:
@@ -181,26 +137,12 @@ def _setup(model: nn.Module, layer: str) -> tuple[nn.Module, torch.device]:
     return module, next(model.parameters()).device
 
 
-@torch.no_grad()
-def _insertion_width(model, module, batch, device) -> int:
-    """The feature width N of ``module``'s output, from one forward pass of ``batch``."""
-    widths: list[int] = []
-
-    def probe(z):
-        widths.append(z.shape[_feature_dim(z)])
-        return torch.zeros((), dtype=z.dtype, device=z.device)
-
-    with _added(module, probe):
-        _mean_loss(model, [batch], device)
-    return widths[0]
-
-
 def _curvature(model, module, batches, device, step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> float:
     """``d²L/dt²`` at 0 of the held-out loss along ``z ← z + step(z, t)`` in the scalar t (exact, by autograd)."""
     t = torch.zeros((), device=device, dtype=torch.float64, requires_grad=True)
     # The fused attention kernels have no second derivative; the reference ("math") one is plain autograd.
-    with torch.enable_grad(), sdpa_kernel(SDPBackend.MATH), _added(module, lambda z: step(z, t.to(z.dtype))):
-        loss = _mean_loss(model, batches, device)
+    with torch.enable_grad(), sdpa_kernel(SDPBackend.MATH), added(module, lambda z: step(z, t.to(z.dtype))):
+        loss = mean_loss(model, batches, device)
         (first,) = torch.autograd.grad(loss, t, create_graph=True)
         (second,) = torch.autograd.grad(first, t)
     return float(second)
@@ -208,30 +150,14 @@ def _curvature(model, module, batches, device, step: Callable[[torch.Tensor, tor
 
 @torch.no_grad()
 def _loss_with(model, module, batches, device, add) -> float:
-    with _added(module, add):
-        return float(_mean_loss(model, batches, device))
+    with added(module, add):
+        return float(mean_loss(model, batches, device))
 
 
 def _no_change(z: torch.Tensor) -> torch.Tensor:
     # The loss without the step goes through the same hook and kernels as with it, so their difference is the
     # step's effect and not a difference of roundoff between two code paths.
     return torch.zeros((), dtype=z.dtype, device=z.device)
-
-
-class _ZeroBlock(nn.Module):
-    """``W₂ σ(W₁ z)`` on the feature axis, ``W₂ = 0``, ``W₁`` as ``nn.Linear`` initializes it (no biases)."""
-
-    def __init__(self, width: int, hidden: int, generator: torch.Generator):
-        super().__init__()
-        bound = 1 / math.sqrt(width)  # nn.Linear's default: kaiming_uniform(a=sqrt(5)) = U(-1/sqrt(fan_in), ...)
-        self.w1 = (torch.rand(hidden, width, generator=generator, dtype=torch.float64) * 2 - 1) * bound
-        self.w2 = torch.zeros(width, hidden, dtype=torch.float64)
-
-    def features(self, z: torch.Tensor) -> torch.Tensor:
-        return F.gelu(torch.movedim(z, _feature_dim(z), -1) @ self.w1.to(z).T)
-
-    def output(self, z: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
-        return torch.movedim(self.features(z) @ w2.to(z).T, -1, _feature_dim(z))
 
 
 class _Insertions:
@@ -241,8 +167,8 @@ class _Insertions:
         self.model, self.layer = model, layer
         self.module, self.device = _setup(model, layer)
         self.dtype = next(model.parameters()).dtype  # gradients in the model's own precision
-        width = _insertion_width(model, self.module, probe_batch, self.device)
-        self.block = _ZeroBlock(width, hidden or width, torch.Generator().manual_seed(seed))
+        width = insertion_width(model, self.module, probe_batch, self.device)
+        self.block = ZeroBlock(width, hidden or width, torch.Generator().manual_seed(seed))
         self._eval: tuple[list, dict, float, int] | None = None  # (E's batches, G_E, L_E, |E|)
         self._twin: _Insertions | None = None
         self._twin_base: float | None = None
@@ -251,8 +177,8 @@ class _Insertions:
         """``G_E`` per kind, ``L_E`` and ``|E|`` of the evaluation set (computed once per set of batches)."""
         if self._eval is None or self._eval[0] is not batches:
             counted: list[int] = []
-            with torch.no_grad(), _added(self.module, _no_change):
-                base = float(_mean_loss(self.model, batches, self.device, counted))
+            with torch.no_grad(), added(self.module, _no_change):
+                base = float(mean_loss(self.model, batches, self.device, counted))
             self._eval = (batches, self.gradients(batches, KINDS), base, counted[0])
             self._twin_base = None
         _, grads, base, n = self._eval
@@ -294,8 +220,8 @@ class _Insertions:
         params = {kind: values[kind].to(device=self.device, dtype=self.dtype).detach().requires_grad_(True)
                   for kind in kinds}
         adds = [self.add(kind, p) for kind, p in params.items()]
-        with torch.enable_grad(), _added(self.module, lambda z: sum(add(z) for add in adds)):
-            grads = torch.autograd.grad(_mean_loss(self.model, batches, self.device), list(params.values()))
+        with torch.enable_grad(), added(self.module, lambda z: sum(add(z) for add in adds)):
+            grads = torch.autograd.grad(mean_loss(self.model, batches, self.device), list(params.values()))
         return {kind: g.detach().double() for kind, g in zip(params, grads)}
 
     def loss(self, batches, kind: str | None = None, parameter: torch.Tensor | None = None) -> float:
