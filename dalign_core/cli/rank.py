@@ -135,7 +135,7 @@ def format_ranking(rows: list[dict], names: list[str], owned: dict, n: int, redu
 
 def rank(args: argparse.Namespace) -> list[dict]:
     """Run ``dalign rank``; return one record per insertion point (also printed and optionally written)."""
-    from dalign_core._tensor import resolve_device
+    from dalign_core.training.device import resolve_device
     from dalign_core.studies import growth
     from dalign_core.capture.layers import insertion_points, resolve_layers
     from dalign_core.capture.redundancy import redundancy_rows
