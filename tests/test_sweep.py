@@ -13,7 +13,13 @@ from torch import nn
 
 from dalign_core.report import describe as report
 from dalign_core.sweep import measure
+from dalign_core.sweep import rates as rate_fit
 from dalign_core.sweep import run as sweep
+from dalign_core.sweep.plan import _check_jobs, _job_grid, jobs_dir, trainings
+from dalign_core.sweep.pools import draw_pools
+from dalign_core.sweep.projection import dry_run
+from dalign_core.sweep.rates import _extended, lr_check
+from dalign_core.sweep.trained import checkpoint_root
 from dalign_core.data.supply import DataSupplyError
 from dalign_core.sweep.family import Family, Splits, SweepConfig, take
 
@@ -190,13 +196,13 @@ def test_checkpoints_before_the_last_capture_a_subsample_of_each_pool(toy_tables
     assert tables["toy_runs"].training_loaded.all()
     pd.testing.assert_frame_equal(tables["toy_runs"].drop(columns=loaded), full["toy_runs"].drop(columns=loaded))
     # each checkpoint before the last takes the next block of the pool's random order; the last, the whole pool
-    pools = sweep.draw_pools(config, ToyFamily().load_data(config))
+    pools = draw_pools(config, ToyFamily().load_data(config))
     assert torch.equal(measure.checkpoint_pool(config, pools.heldout, 0), pools.heldout[:16])
     assert torch.equal(measure.checkpoint_pool(config, pools.heldout, 20), pools.heldout[16:32])
     assert torch.equal(measure.checkpoint_pool(config, pools.heldout, config.steps), pools.heldout)
     wrapped = ToyConfig(checkpoint_pool_size=48, checkpoint_steps=(0, 10, 20, 30))
     assert torch.equal(measure.checkpoint_pool(wrapped, pools.heldout, 10), pools.heldout[torch.arange(48, 96) % 64])
-    text = sweep.dry_run(config, ToyFamily())
+    text = dry_run(config, ToyFamily())
     assert "3 pool captures (3 at every insertion point, 0 at the primary one" in text  # 2 pools x (1/4 + 1/4 + 1)
     assert "checkpoints before the last capture 16 of them" in text
 
@@ -238,18 +244,18 @@ def test_a_pool_the_data_cannot_supply_fails_before_training(checkpoints):
 
 def test_pools_are_random_disjoint_and_shared():
     config, splits = ToyConfig(), ToyFamily().load_data(ToyConfig())
-    pools = sweep.draw_pools(config, splits)
-    again = sweep.draw_pools(config, splits)
+    pools = draw_pools(config, splits)
+    again = draw_pools(config, splits)
     assert all(torch.equal(getattr(pools, f), getattr(again, f)) for f in ("train", "heldout", "evaluation", "validation"))
     assert not set(pools.heldout.tolist()) & set(pools.evaluation.tolist())
     assert not torch.equal(pools.heldout, torch.arange(config.pool_size))  # not the first rows
-    other = sweep.draw_pools(ToyConfig(seed=1), splits)
+    other = draw_pools(ToyConfig(seed=1), splits)
     assert not torch.equal(pools.heldout, other.heldout)
     assert take(splits.test, pools.heldout)[0].shape == (config.pool_size, 8)
 
 
 def test_dry_run_projects_the_full_run(checkpoints):
-    text = sweep.dry_run(ToyConfig(), ToyFamily())
+    text = dry_run(ToyConfig(), ToyFamily())
     assert "rate fit (each_width): 2 trials of 30 steps at every width (grid extensions not counted)" in text
     assert text.count("ms/step x 30 steps x 3 =") == 3 and "projected:" in text  # 2 trials, the second seed
     assert "on 8 such devices sharing the jobs (torchrun --nproc_per_node=8" in text
@@ -260,21 +266,21 @@ def test_dry_run_projects_this_machines_workers(checkpoints, monkeypatch):
     from dalign_core.training import workers
 
     monkeypatch.setattr(workers, "count", lambda: 2)
-    text = sweep.dry_run(ToyConfig(), ToyFamily())
+    text = dry_run(ToyConfig(), ToyFamily())
     serial = float(text.split("projected: ")[1].split(" s")[0])
     shared = float(text.split("one-thread workers (the default; DALIGN_WORKERS): ")[1].split(" s")[0])
     # two workers share the jobs: at best half the time (the figures are printed to 4 significant digits)
     assert serial / 2 * (1 - 1e-3) <= shared < serial
     monkeypatch.setattr(workers, "count", lambda: 1)
-    assert "one-thread workers" not in sweep.dry_run(ToyConfig(), ToyFamily())
+    assert "one-thread workers" not in dry_run(ToyConfig(), ToyFamily())
 
 
 def test_a_transfer_dry_run_counts_the_narrowest_trials_and_the_widest_check(checkpoints):
     config = ToyConfig(lr_fit="transfer", lr_width_exponent=1.0)
-    assert sweep.trainings(config) == {8: 3.0, 16: 2.0, 32: 3.0}  # 2 trials + 2 seeds; 2 seeds; seed 1 + 2 checks
-    assert sweep.trainings(replace(config, lr_trial_fraction=0.5)) == {8: 3.0, 16: 2.0, 32: 3.0}
-    assert sweep.trainings(ToyConfig(lr_trial_fraction=0.5)) == {8: 3.0, 16: 3.0, 32: 4.0}
-    text = sweep.dry_run(config, ToyFamily())
+    assert trainings(config) == {8: 3.0, 16: 2.0, 32: 3.0}  # 2 trials + 2 seeds; 2 seeds; seed 1 + 2 checks
+    assert trainings(replace(config, lr_trial_fraction=0.5)) == {8: 3.0, 16: 2.0, 32: 3.0}
+    assert trainings(ToyConfig(lr_trial_fraction=0.5)) == {8: 3.0, 16: 3.0, 32: 4.0}
+    text = dry_run(config, ToyFamily())
     assert "rate fit (transfer): 2 trials of 30 steps at N=8, then 2 trainings at N=32 for the full-length check" in text
     assert [line.split(" = ")[0].split(" x ")[-1] for line in text.splitlines() if "ms/step" in line] == ["3", "2", "3"]
 
@@ -285,19 +291,19 @@ def test_the_job_grid_costs_a_reused_training_as_a_measurement(fraction):
     check) made it: its job costs a measurement on one rank, every other run a training and a measurement."""
     config = ToyConfig(lr_trial_fraction=fraction)
     training, measuring = {8: 10.0, 16: 20.0, 32: 40.0}, {8: 1.0, 16: 2.0, 32: 4.0}
-    trials, runs = sweep._job_grid(config, {w: 1 for w in config.widths}, training, measuring)
+    trials, runs = _job_grid(config, {w: 1 for w in config.widths}, training, measuring)
     assert [job.cost for job in trials] == [training[w] * fraction for w in config.widths for _ in range(2)]
     reused = {(w, 0) for w in config.widths} if fraction == 1.0 else {(32, 0)}
     assert {job.payload: job.cost for job in runs} == {
         (w, s): measuring[w] + (0.0 if (w, s) in reused else training[w]) for w in config.widths for s in (0, 1)}
-    checks = sweep._check_jobs(config, {w: 1 for w in config.widths}, training, [3e-3, 3e-2])
+    checks = _check_jobs(config, {w: 1 for w in config.widths}, training, [3e-3, 3e-2])
     assert [(job.name, job.cost) for job in checks] == [("full_N32_lr0.003", 40.0), ("full_N32_lr0.03", 40.0)]
 
 
 def test_pruning_keeps_only_the_chosen_rates_checkpoints(checkpoints):
     config = ToyConfig(widths=(8, 16, 24), seeds=1, prune_candidates=True)
     tables, _ = sweep.run_sweep(config, ToyFamily())
-    kept = sorted(p.name for p in sweep.checkpoint_root(config, ToyFamily()).iterdir())
+    kept = sorted(p.name for p in checkpoint_root(config, ToyFamily()).iterdir())
     chosen = tables["toy_lr"][tables["toy_lr"].chosen]
     assert kept == sorted(f"N{r.width}_seed0_lr{r.lr:g}" for r in chosen.itertuples())
 
@@ -306,7 +312,7 @@ def test_an_interrupted_sweep_resumes_job_by_job_to_the_same_tables(checkpoints,
     config = ToyConfig(widths=(8, 16, 24), seeds=2)
     uninterrupted, _ = sweep.run_sweep(config, ToyFamily())
     monkeypatch.setenv("DALIGN_CHECKPOINTS", str(tmp_path / "second"))
-    jobs = sweep.jobs_dir(tmp_path / "results", config, ToyFamily())
+    jobs = jobs_dir(tmp_path / "results", config, ToyFamily())
     real_measured_run, calls = sweep._measured_run, []
 
     def dies_at_width_24(config, family, splits, pools, width, seed, *args):
@@ -322,7 +328,7 @@ def test_an_interrupted_sweep_resumes_job_by_job_to_the_same_tables(checkpoints,
     assert sorted(p.name for p in jobs.iterdir()) == sorted(
         trials + ["N8_seed0.json", "N8_seed1.json", "N16_seed0.json", "N16_seed1.json"])
     monkeypatch.setattr(sweep, "_measured_run", real_measured_run)
-    monkeypatch.setattr(sweep, "_rate_trial", lambda *a: pytest.fail("a finished rate trial ran again"))
+    monkeypatch.setattr(rate_fit, "_rate_trial", lambda *a: pytest.fail("a finished rate trial ran again"))
     resumed, _ = sweep.run_sweep(config, ToyFamily(), jobs=jobs)
     assert not jobs.exists()  # removed once the tables are built
     for name, table in uninterrupted.items():
@@ -356,13 +362,13 @@ def test_short_rate_trials_are_checked_at_full_length_at_the_widest_width(checkp
     # the check trains the short fit's best two rates at the widest width for all 30 steps
     assert set(checks.width) == {24} and (checks.steps == 30).all() and len(checks) == 2
     assert set(checks.lr) == set(trials[trials.width == 24].lr) and checks.chosen.sum() == 1
-    summary = sweep.lr_check(lr)
+    summary = lr_check(lr)
     assert summary["width"] == 24 and summary["passed"] == (summary["short_choice"] == summary["full_choice"])
     assert extra["lr_check"] == summary
     # the measured runs use the short fit's choice; trials left no analysis checkpoints beyond their last step
     kept = trials[trials.chosen].set_index("width").lr
     assert (tables["toy_runs"].lr.values == tables["toy_runs"].width.map(kept).values).all()
-    trial_dirs = [p for p in sweep.checkpoint_root(config, ToyFamily()).iterdir() if "_trial15" in p.name]
+    trial_dirs = [p for p in checkpoint_root(config, ToyFamily()).iterdir() if "_trial15" in p.name]
     assert len(trial_dirs) == 6 and all(sorted(q.name for q in d.iterdir())[-1] == "step_0000015" for d in trial_dirs)
 
 
@@ -372,7 +378,7 @@ def _scripted_rates(monkeypatch, best):
         steps = config.trial_steps if trial else config.steps
         return dict(family=family.name, width=width, seed=config.seed, lr=lr, steps=steps,
                     validation_loss=math.log(lr / best(width)) ** 2, diverged=False, failure="")
-    monkeypatch.setattr(sweep, "_rate_trial", scored)
+    monkeypatch.setattr(rate_fit, "_rate_trial", scored)
 
 
 TRANSFER = ToyConfig(widths=(8, 16, 24), seeds=1, lr_fit="transfer", lr_width_exponent=1.0,
@@ -390,12 +396,12 @@ def test_a_transfer_fits_the_narrowest_width_and_checks_the_carried_rate_at_the_
     assert set(checks.width) == {24} and (checks.steps == 30).all()
     assert dict(zip(checks.lr, checks.carried)) == {0.00333: True, 0.01: False}
     assert runs.set_index("width").lr.to_dict() == {8: 0.01, 16: 0.005, 24: 0.00333}
-    summary = sweep.lr_check(lr)
+    summary = lr_check(lr)
     assert summary == extra["lr_check"] and summary["method"] == "transfer" and summary["passed"]
     assert (summary["fitted_width"], summary["fitted"], summary["carried"], summary["neighbour"]) == (
         8, 0.01, 0.00333, 0.01)
     lr.to_csv(tmp_path / "lr.csv", index=False)  # the carried column is empty on the trials' rows
-    assert sweep.lr_check(pd.read_csv(tmp_path / "lr.csv")) == summary
+    assert lr_check(pd.read_csv(tmp_path / "lr.csv")) == summary
 
 
 def test_a_failed_transfer_fits_every_width_and_keeps_its_check(checkpoints, monkeypatch):
@@ -407,13 +413,13 @@ def test_a_failed_transfer_fits_every_width_and_keeps_its_check(checkpoints, mon
     assert checks[checks.chosen].lr.tolist() == [0.01] and checks[checks.chosen].carried.tolist() == [False]
     # every width's own grid (16 and 24 grown past their top edge) keeps the rate nearest 1e-2
     assert runs.set_index("width").lr.to_dict() == {8: 0.01, 16: 0.015, 24: 0.01}
-    summary = sweep.lr_check(lr)
+    summary = lr_check(lr)
     assert summary["method"] == "transfer" and not summary["passed"] and summary["fallback"] == {}
     assert "lost to its neighbour" in report.describe_learning_rates(lr, runs)
 
 
 def test_a_transfer_of_one_rate_or_to_one_width_is_no_transfer():
-    assert sweep.trainings(ToyConfig(lr_fit="transfer", lr_candidates=(1e-2,))) == sweep.trainings(
+    assert trainings(ToyConfig(lr_fit="transfer", lr_candidates=(1e-2,))) == trainings(
         ToyConfig(lr_candidates=(1e-2,)))
     assert not ToyConfig(lr_fit="transfer", widths=(8,)).full_check
     with pytest.raises(ValueError, match="is not one of"):
@@ -430,10 +436,10 @@ def test_a_best_rate_at_the_grid_edge_grows_the_grid(checkpoints):
 
 
 def test_extension_stops_inside_the_grid():
-    assert sweep._extended((1e-3, 3e-3, 1e-2), 3e-3) is None
-    assert sweep._extended((1e-3, 3e-3, 1e-2), 1e-2) == (1e-3, 3e-3, 1e-2, 0.0333)
-    assert sweep._extended((1e-3, 3e-3), 1e-3) == (3.33e-4, 1e-3, 3e-3)
-    assert sweep._extended((1e-3,), 1e-3) is None
+    assert _extended((1e-3, 3e-3, 1e-2), 3e-3) is None
+    assert _extended((1e-3, 3e-3, 1e-2), 1e-2) == (1e-3, 3e-3, 1e-2, 0.0333)
+    assert _extended((1e-3, 3e-3), 1e-3) == (3.33e-4, 1e-3, 3e-3)
+    assert _extended((1e-3,), 1e-3) is None
 
 
 def test_each_regimes_jobs_stay_until_the_last_regime_is_done(checkpoints, tmp_path, monkeypatch):
@@ -444,7 +450,7 @@ def test_each_regimes_jobs_stay_until_the_last_regime_is_done(checkpoints, tmp_p
 
     def stops_in_the_second(config, family, jobs=None, ranks_per_job=None, keep_jobs=False):
         if config == second:
-            seen.append(sorted(p.name for p in sweep.jobs_dir(out, first, family).iterdir()))
+            seen.append(sorted(p.name for p in jobs_dir(out, first, family).iterdir()))
             raise KeyboardInterrupt("the machine went away")
         return real_run_sweep(config, family, jobs, ranks_per_job, keep_jobs)
 

@@ -3,8 +3,15 @@
 * :mod:`~dalign_core.sweep.family`: what a model family answers (:class:`~dalign_core.sweep.family.Family`) and
   the sweep's config (:class:`~dalign_core.sweep.family.SweepConfig`).
 * :mod:`~dalign_core.sweep.lm_family`: the shared answers of causal language models.
-* :mod:`~dalign_core.sweep.run`: rates, seeds, geometry along training, misalignment, as a grid of jobs.
+* :mod:`~dalign_core.sweep.pools`: the data checked to supply a config, and the example pools every run shares.
+* :mod:`~dalign_core.sweep.trained`: one (width, seed, rate) run trained or loaded, and where its checkpoints live.
+* :mod:`~dalign_core.sweep.plan`: the grid of jobs (rate trials, the fit's full-length check, measured runs) and
+  their costs.
+* :mod:`~dalign_core.sweep.rates`: the learning rate fitted to each width, and the check of that fit.
 * :mod:`~dalign_core.sweep.measure`: one trained run's measurement: q along training, misalignment, redundancy.
+* :mod:`~dalign_core.sweep.run`: the sweep itself (the steps in order, run as the grid of jobs) and its tables,
+  the trend table among them.
+* :mod:`~dalign_core.sweep.projection`: the dry run: each width timed, the whole sweep's time projected.
 * :mod:`~dalign_core.sweep.trend`: width against d_align with a seed bootstrap, and the verdicts' tests.
 
 May import: :mod:`dalign_core.training`, :mod:`dalign_core.capture`, :mod:`dalign_core.geometry`,

@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from dalign_core.config import ExperimentConfig, added_field, measurement_only, require, require_at_least, require_items
-from dalign_core.training.loop import lm_loss
+from dalign_core.training.evaluation import lm_loss
 
 __all__ = ["SweepConfig", "Splits", "Family", "take", "count"]
 
@@ -76,7 +76,7 @@ class SweepConfig(ExperimentConfig):
     ``(min(widths) / N) ** lr_width_exponent``, and checked once, at the widest width, by training the carried rate
     and its grid neighbour on the side of the narrowest width's runner-up at full length. The carried rate must win
     on validation loss; if the neighbour wins, the transfer has failed and every width is fitted as under
-    ``each_width`` (:func:`dalign_core.sweep.run.lr_check` reports which happened). With one width or one candidate
+    ``each_width`` (:func:`dalign_core.sweep.rates.lr_check` reports which happened). With one width or one candidate
     rate there is nothing to carry: both fits are the same."""
     lr_trial_fraction: float = 1.0
     """Rate trials train for this fraction of ``steps`` (their own warmup and decay, no analysis checkpoints).

@@ -24,7 +24,7 @@ from dalign_core.training.baselines import bigram_heldout_loss
 from dalign_core.config import require
 from dalign_core.data import load_corpus, prepare_lm_data
 from dalign_core.sweep.family import Family, Splits, SweepConfig
-from dalign_core.training.loop import evaluate_lm_loss
+from dalign_core.training.evaluation import evaluate_lm_loss
 
 __all__ = ["LMSweepConfig", "CausalLMFamily"]
 

@@ -22,7 +22,7 @@ from dalign_core.capture.hooks import accumulate_geometry
 from dalign_core.geometry.misalignment import cross_gram, misalignment_probability
 from dalign_core.capture.redundancy import redundancy_rows
 from dalign_core.geometry.bounds import b_align
-from dalign_core.training.loop import load_weights
+from dalign_core.training.checkpoints import load_weights
 
 __all__ = ["NO_BOUND", "checkpoint_pool"]
 
