@@ -7,9 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from dalign_core.geometry import estimators
+from dalign_core.geometry import rows, ustatistics
+from dalign_core.geometry.accumulator import GeometryAccumulator
 from dalign_core.geometry.bounds import dims_from_moments
-from dalign_core.geometry.estimators import GeometryAccumulator, estimate_geometry, geometry_from_gram, plugin_geometry
+from dalign_core.geometry.estimators import estimate_geometry, plugin_geometry
+from dalign_core.geometry.ustatistics import geometry_from_gram
 from dalign_core.geometry.synthetic import SyntheticQ
 
 MOMENTS = ("mean_sq", "mean_sq_sq", "directional", "cov_energy")
@@ -41,8 +43,8 @@ def test_u_statistics_equal_brute_force(seed, n, d):
 def test_jackknife_leave_one_out_equals_recomputation():
     rng = np.random.default_rng(11)
     Q = rng.normal(size=(9, 4)) + 1.0
-    sums = estimators._distinct_sums(torch.tensor(Q @ Q.T))
-    loo = estimators._u_statistics(8, sums["s_loo"], sums["p2_loo"], sums["p3_loo"], sums["p4_loo"])
+    sums = ustatistics._distinct_sums(torch.tensor(Q @ Q.T))
+    loo = ustatistics._u_statistics(8, sums["s_loo"], sums["p2_loo"], sums["p3_loo"], sums["p4_loo"])
     for m in range(9):
         deleted = estimate_geometry(np.delete(Q, m, axis=0))
         for name in MOMENTS + ("d_par", "d_2", "d_align"):
@@ -81,7 +83,7 @@ def test_streaming_blocked_and_one_shot_agree(monkeypatch):
     rng = np.random.default_rng(2)
     Q = torch.tensor(rng.normal(size=(50, 37)) + 0.4, dtype=torch.float32)
     one_shot = estimate_geometry(Q)
-    monkeypatch.setattr(estimators, "_COLUMN_ELEMENTS", 64)  # forces many column blocks
+    monkeypatch.setattr(rows, "_COLUMN_ELEMENTS", 64)  # forces many column blocks
     blocked = estimate_geometry(Q)
     accumulator = GeometryAccumulator()
     for batch in torch.split(Q, [1, 7, 3, 20, 19]):
@@ -320,7 +322,7 @@ def test_a_gram_matrix_that_is_not_symmetric_is_refused():
     n = len(Q)
     true = geometry_from_gram(G)
     bent = np.triu(G)  # the lower triangle zeroed: not a Gram matrix
-    wrong = estimators._geometry_from_scaled_gram(torch.as_tensor(bent), 0, None, confidence=0.95, sketch_dim=None)
+    wrong = ustatistics._geometry_from_scaled_gram(torch.as_tensor(bent), 0, None, confidence=0.95, sketch_dim=None)
     assert abs(wrong.d_align - true.d_align) > 0.5 * true.d_align  # what the refusal prevents
     with pytest.raises(ValueError, match=r"G is not symmetric: G\[\d+, \d+\] = .* but G\[\d+, \d+\] = .*Q @ Q\.T"):
         geometry_from_gram(bent)

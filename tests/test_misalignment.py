@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dalign_core.training.baselines import BigramModel, bigram_heldout_loss, unigram_heldout_loss
-from dalign_core.geometry import estimators
+from dalign_core.geometry import rows
 from dalign_core.geometry.misalignment import cross_gram, misalignment_probability, resample_alignment
 
 
@@ -19,7 +19,7 @@ def _pools(n1=40, n2=30, d=12, shift=0.3, seed=0):
 
 
 def test_cross_gram_blocked_matches_float64_product(monkeypatch):
-    monkeypatch.setattr(estimators, "_COLUMN_ELEMENTS", 64)  # many column blocks
+    monkeypatch.setattr(rows, "_COLUMN_ELEMENTS", 64)  # many column blocks
     a, b = _pools(d=50)
     C = cross_gram(a, b)
     assert C.dtype == torch.float64

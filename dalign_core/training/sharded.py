@@ -4,7 +4,7 @@ With the rows of a pool spread over the ranks,
 :func:`sharded_geometry` computes each rank's rows of the Gram matrix (every rank's
 block is broadcast in turn, so no rank holds more than its own rows and one other
 block) and gathers only four ``n``-vectors of row statistics: the U-statistics and
-their jackknife need nothing else (:func:`dalign_core.geometry.estimators.row_statistics`).
+their jackknife need nothing else (:func:`dalign_core.geometry.ustatistics.row_statistics`).
 :func:`sharded_cross_gram` gathers the whole cross-Gram matrix, which the misalignment
 resampler takes (:func:`dalign_core.geometry.misalignment.misalignment_probability` with ``C=``).
 
@@ -18,7 +18,8 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-from dalign_core.geometry.estimators import Geometry, as_rows, gram_product, geometry_from_row_statistics
+from dalign_core.geometry.rows import as_rows, gram_product
+from dalign_core.geometry.ustatistics import Geometry, geometry_from_row_statistics
 from dalign_core.training.distributed import _active
 
 __all__ = ["sharded_geometry", "sharded_cross_gram"]

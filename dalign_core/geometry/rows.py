@@ -1,0 +1,209 @@
+"""From rows of q to their Gram matrix: checked input, power-of-two scaling, blocked products, CountSketch.
+
+Every estimate starts from rows ``q_1, ..., q_n`` (a matrix ``Q`` of shape ``(n, d)``):
+:func:`as_rows` takes numpy arrays and torch tensors of real numbers and refuses the
+rest in one sentence; :func:`gram_product` forms ``A B^T`` in float64 over column blocks
+(only one float64 slice of each input at a time), so no ``d x d`` and no ``(n, d)``
+float64 copy is made.
+
+Scale: rows whose largest ``|entry|`` lies beyond ``2^±200`` are multiplied by a power of
+two before the Gram is formed (:func:`_scale_exponent`, :func:`_times_pow2_`), so
+nothing overflows or underflows; inside the window nothing is rescaled.
+
+For d too large to keep, :class:`CountSketch` maps each row to k buckets with random
+signs: inner products stay unbiased (see :mod:`dalign_core.geometry.estimators`).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+import torch
+
+__all__ = ["as_rows", "gram_product", "CountSketch"]
+
+_COLUMN_ELEMENTS = 1 << 24  # float64 elements per column block: 128 MiB
+
+
+def as_rows(Q, name: str = "Q") -> torch.Tensor:
+    """``Q`` as a 2-D floating tensor ``(n, d)`` on its own device (no copy for float tensors).
+
+    numpy arrays of real numbers of any dtype are taken (integers and booleans as
+    float64, ``longdouble`` as float64 when in range, views with negative strides or
+    another byte order as a copy, object arrays whose entries are all real numbers).
+    Raises TypeError naming ``name`` for complex numbers, strings or other non-numbers,
+    and ValueError for a wrong shape or for rows holding NaN or inf.
+    """
+    return _checked_rows(Q, name)[0]
+
+
+def _complex_message(name: str, dtype) -> str:
+    return (f"{name} is complex ({dtype}); d_align is defined for real gradients and the imaginary part would be "
+            f"lost. Pass {name}.real (or stack the real and imaginary parts as columns) if that is what you mean")
+
+
+def _numpy_rows(Q: np.ndarray, name: str) -> torch.Tensor:
+    """A numpy array of real numbers as a tensor (a copy where torch cannot share the memory)."""
+    kind = Q.dtype.kind
+    if kind == "c":
+        raise TypeError(_complex_message(name, Q.dtype))
+    if kind == "O":
+        for index, value in np.ndenumerate(Q):
+            if isinstance(value, numbers.Complex) and not isinstance(value, numbers.Real):
+                raise TypeError(_complex_message(name, f"an object array holding {value!r} at index {index}"))
+            if not isinstance(value, numbers.Number):
+                raise TypeError(f"{name} is an object array holding {type(value).__name__} {value!r} at index "
+                                f"{index}; it must hold real numbers (convert it with np.asarray({name}, dtype=float))")
+        return torch.from_numpy(np.asarray(Q, dtype=np.float64))
+    if kind in "biu":
+        return torch.from_numpy(np.asarray(Q, dtype=np.float64))
+    if kind != "f":
+        hint = " (if the strings are numbers, convert them with .astype(float))" if kind in "US" else ""
+        raise TypeError(f"{name} must hold real numbers, got numpy dtype {Q.dtype}{hint}")
+    if Q.dtype.itemsize > 8:  # longdouble: float64 holds every value in its range
+        with np.errstate(over="ignore"):
+            converted = Q.astype(np.float64)
+        beyond = np.isfinite(Q) & ~np.isfinite(converted)
+        if beyond.any():
+            raise ValueError(f"{name} ({Q.dtype}) holds {int(beyond.sum())} value(s) beyond float64's range, e.g. "
+                             f"{Q[beyond].flat[0]}; divide {name} by a power of two first (d_align does not "
+                             "depend on the scale)")
+        return torch.from_numpy(converted)
+    if not Q.dtype.isnative or any(stride < 0 for stride in Q.strides):  # torch cannot share this memory
+        Q = np.ascontiguousarray(Q, dtype=Q.dtype.newbyteorder("="))
+    return torch.from_numpy(Q)
+
+
+def _checked_rows(Q, name: str) -> tuple[torch.Tensor, float]:
+    """:func:`as_rows` and the largest ``|entry|`` of ``Q`` (0 for an empty Q), found in the same pass."""
+    if isinstance(Q, np.ndarray):
+        Q = _numpy_rows(Q, name)
+    if not isinstance(Q, torch.Tensor):
+        raise TypeError(f"{name} must be a numpy array or torch tensor of shape (n, d), got {type(Q).__name__}")
+    Q = Q.detach()
+    if Q.is_complex():
+        raise TypeError(_complex_message(name, Q.dtype))
+    if Q.ndim != 2:
+        raise ValueError(f"{name} must have shape (n, d) (one row per example), got shape {tuple(Q.shape)}")
+    if not Q.is_floating_point():
+        Q = Q.to(torch.float64)
+    bad = torch.zeros(Q.shape[0], dtype=torch.bool, device=Q.device)
+    peak = torch.zeros((), dtype=torch.float64, device=Q.device)
+    step = _column_block(Q.shape[0])
+    for start in range(0, Q.shape[1] if Q.shape[0] else 0, step):  # in column blocks: no (n, d) temporary
+        block = Q[:, start:start + step]
+        bad |= ~torch.isfinite(block).all(dim=1)
+        peak = torch.maximum(peak, block.abs().amax().to(torch.float64))
+    bad_rows = int(bad.sum())
+    if bad_rows:
+        raise ValueError(
+            f"{name} has {bad_rows} row(s) with NaN or inf out of {Q.shape[0]}; "
+            "drop those examples (or find why their loss or gradient overflowed) before estimating"
+        )
+    return Q, float(peak)
+
+
+_SAFE_EXPONENT = 200
+"""Rows (and Gram matrices) whose largest ``|entry|`` lies in ``[2^-200, 2^200]`` are used as they are."""
+
+
+def _scale_exponent(peak: float) -> int:
+    """0 when ``peak`` is 0 or within ``2^±_SAFE_EXPONENT``, else ``e`` with ``peak * 2^-e`` in ``[0.5, 1)``."""
+    if peak == 0.0 or not math.isfinite(peak):
+        return 0
+    exponent = math.frexp(peak)[1]
+    if -_SAFE_EXPONENT <= exponent <= _SAFE_EXPONENT:
+        return 0
+    return max(-1000, min(1000, exponent))  # 2^-e stays a normal float64
+
+
+def _times_pow2_(t: torch.Tensor, exponent: int) -> torch.Tensor:
+    """Multiply ``t`` in place by ``2^exponent`` (in steps a float64 scalar can hold)."""
+    while exponent:
+        step = max(-1000, min(1000, exponent))
+        t.mul_(math.ldexp(1.0, step))
+        exponent -= step
+    return t
+
+
+def _times_pow2(x: float, exponent: int) -> float:
+    """``x * 2^exponent``; ``inf`` (or 0) where float64 cannot hold the result."""
+    if exponent == 0:
+        return x
+    with np.errstate(over="ignore", under="ignore"):
+        return float(np.ldexp(np.float64(x), exponent))
+
+
+def _check_sketch_dim(sketch_dim, d: int | None = None) -> None:
+    if sketch_dim is None:
+        return
+    if isinstance(sketch_dim, bool) or not isinstance(sketch_dim, numbers.Integral):
+        raise TypeError(f"sketch_dim must be a positive integer or None, got {type(sketch_dim).__name__} "
+                        f"{sketch_dim!r}")
+    if sketch_dim < 1:
+        raise ValueError(f"sketch_dim must be a positive integer, got {sketch_dim}")
+    if d is not None and sketch_dim > d:
+        raise ValueError(f"sketch_dim={sketch_dim} is larger than the rows' dimension d={d}; a CountSketch only "
+                         "saves memory with sketch_dim < d (and is exact in no case): leave sketch_dim=None to "
+                         f"estimate from the rows themselves, or choose sketch_dim <= {d}")
+
+
+def _column_block(rows: int) -> int:
+    return max(1, _COLUMN_ELEMENTS // max(rows, 1))
+
+
+def _row_block(columns: int) -> int:
+    return max(1, _COLUMN_ELEMENTS // max(columns, 1))
+
+
+def gram_product(A: torch.Tensor, B: torch.Tensor, *, scale: float = 1.0) -> torch.Tensor:
+    """``(scale A) (scale B)^T`` in float64, ``(a, d) x (b, d) -> (a, b)``, on A's device.
+
+    Accumulated over column blocks so that only one float64 slice of each input
+    exists at a time: float32 rows of any d need little extra memory. ``scale`` (a
+    power of two, to keep huge or tiny rows in range) multiplies each slice.
+    """
+    out = torch.zeros(A.shape[0], B.shape[0], dtype=torch.float64, device=A.device)
+    step = _column_block(A.shape[0] + B.shape[0])
+    for start in range(0, A.shape[1], step):
+        a = A[:, start:start + step].to(torch.float64)
+        b = B[:, start:start + step].to(device=A.device, dtype=torch.float64)
+        if scale != 1.0:
+            a, b = a * scale, b * scale
+        out.addmm_(a, b.T)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Sketching
+
+
+class CountSketch:
+    """A fixed random CountSketch ``R^d -> R^k``: coordinate j goes to bucket ``h(j)`` with sign ``s(j)``.
+
+    ``sketch(x)^T sketch(y)`` is an unbiased estimate of ``x^T y``. The hash and signs
+    are drawn once from ``seed``; applying the sketch costs ``O(n d)``.
+    """
+
+    def __init__(self, d: int, k: int, seed: int = 0):
+        _check_sketch_dim(k, d)
+        generator = torch.Generator().manual_seed(seed)
+        self.d, self.k = d, k
+        self.bucket = torch.randint(0, k, (d,), generator=generator)
+        self.sign = torch.randint(0, 2, (d,), generator=generator).to(torch.float64) * 2 - 1
+
+    def __call__(self, rows: torch.Tensor, *, scale: float = 1.0) -> torch.Tensor:
+        """Sketch ``scale * rows`` (rows of shape ``(n, d)``) to ``(n, k)`` (float64, on ``rows``' device)."""
+        if rows.shape[1] != self.d:
+            raise ValueError(f"rows have dimension {rows.shape[1]}, the sketch was built for {self.d}")
+        bucket, sign = self.bucket.to(rows.device), self.sign.to(rows.device)
+        out = torch.zeros(rows.shape[0], self.k, dtype=torch.float64, device=rows.device)
+        step = _column_block(rows.shape[0])
+        for start in range(0, self.d, step):
+            block = rows[:, start:start + step].to(torch.float64) * sign[start:start + step]
+            if scale != 1.0:
+                block = block * scale
+            out.index_add_(1, bucket[start:start + step], block)
+        return out
