@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from dalign_core._tensor import check_finite
-from dalign_core.geometry.estimators import as_rows, gram_product
+from dalign_core.geometry.rows import as_rows, gram_product
 
 __all__ = [
     "MisalignmentEstimate",
