@@ -22,8 +22,8 @@ import sys
 
 from dalign_core.cli.estimate import estimate
 from dalign_core.cli.layers import _layers
-from dalign_core.cli.options import MAX_HIDDEN, _add_arch_options, _add_data_options, _check_common, _hidden_width, \
-    _out_file
+from dalign_core.cli.options import (MAX_HIDDEN, _add_arch_options, _add_data_options, _check_common, _hidden_width,
+                                     _out_file)
 from dalign_core.cli.rank import rank
 
 # torch and the library load inside the commands, so Ctrl-C while they load is caught by main().

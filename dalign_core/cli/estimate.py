@@ -1,4 +1,6 @@
-"""``dalign estimate --model MODEL [--revision REV] --layer LAYER|all --data DATA --examples N [--m M --k K] [--out FILE]``
+"""``dalign estimate``: d_align and the misalignment certificates at one layer or at every residual block.
+
+``dalign estimate --model MODEL [--revision REV] --layer LAYER|all --data DATA --examples N [--m M --k K] [--out FILE]``
 estimates the activation-gradient geometry at one or more insertion points of a
 causal language model and prints ‖μ‖², d_∥, d_2 and d_align with jackknife
 confidence intervals, and the misalignment certificates B_exact and B_align for
@@ -10,7 +12,7 @@ a --data file that is not UTF-8 text) are refused with one line on stderr, and a
 --out that cannot be written is refused before anything is loaded. ``--layer all`` scans every residual block (decoder
 layer) in one backward pass per batch and ranks them by d_align: where a block
 inserted near zero output would have its training direction carry over to test
-data best.
+data best. With ``--arch`` it measures any ``nn.Module``, as ``dalign rank`` does (:mod:`~dalign_core.cli.rank`).
 
 It also checks the q it measured as ``dalign layers --data`` does (:mod:`~dalign_core.cli.layers`), on up to
 ``--redundancy-examples`` of its examples, warns above 0.9 and writes the fraction to the CSV (``redundancy``,

@@ -1,7 +1,10 @@
-"""``dalign layers --model MODEL`` lists the insertion points; with ``--data`` it adds each
+"""``dalign layers``: a model's insertion points (residual blocks), with ``--data`` the redundancy of q at each.
+
+``dalign layers --model MODEL`` lists the insertion points; with ``--data`` it adds each
 one's redundancy fraction (:mod:`dalign_core.capture.redundancy`) of the shared and the full q on
 ``--redundancy-examples`` examples: the share of q that trained parameters' gradients
 already own (above 0.9, training drives ‖μ‖² to zero at any width and d_align there
+says little about width).
 
 Without ``--data`` it loads the model on the cpu and prints one name a line (``--all-modules``: every named module).
 """

@@ -1,4 +1,6 @@
-"""``dalign rank --model MODEL --data DATA`` orders the insertion points by each predictor of
+"""``dalign rank``: a model's insertion points in the order of each predictor of where to grow.
+
+``dalign rank --model MODEL --data DATA`` orders the insertion points by each predictor of
 where to grow (:mod:`dalign_core.studies.growth`): d_align, d_∥, d_2, ‖μ‖², μ_Mᵀg_K and B_align at
 ``--budgets``, and the plain baseline, the norm of the gradient of a zero-output block
 inserted there; each with its interval, and the redundancy warning above 0.9. The first
@@ -6,7 +8,7 @@ half of the examples gives the train mean and the block gradient, the second hal
 geometry and the held-out mean. Besides a causal LM folder and text, it takes any
 ``nn.Module`` built by ``--arch module:callable`` (``--arch torchvision.models:resnet18``,
 ``--arch-kwargs '{"num_classes": 10}'``) with ``--model`` a state dict (``.pt`` or
-``.safetensors``) and ``--data`` a ``.pt`` file of ``{"inputs": …, "targets": …}``.
+``.safetensors``) and ``--data`` a ``.pt`` file of ``{"inputs": …, "targets": …}`` or an image folder.
 ``--csv`` writes every number.
 """
 
