@@ -3,7 +3,8 @@
 * :mod:`~dalign_core.report.results`: the results contract (tidy CSV + provenance JSON, skipped by config hash).
 * :mod:`~dalign_core.report.describe`: the sentences the width chapters print, computed from the tables (a folder:
   the runs, the verdicts, the measured geometry, the rerun box, a plain-text summary).
-* :mod:`~dalign_core.report.plots`: the shared figure style and the width chapters' figures.
+* :mod:`~dalign_core.report.figure_style`: the figure style every chapter shares (sizes, fonts, ticks, colours, legends).
+* :mod:`~dalign_core.report.plots`: the width and theory chapters' figures.
 * :mod:`~dalign_core.report.timings`: measured rerun costs, one table for the book and the README.
 
 May import: :mod:`dalign_core.sweep` and everything below it.

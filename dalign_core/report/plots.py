@@ -1,4 +1,4 @@
-"""Figures of the book, shared by every chapter.
+"""The figures of the width and theory chapters, drawn in the shared style of :mod:`dalign_core.report.figure_style`.
 
 Each function takes the tidy tables :mod:`dalign_core.sweep.run` (or
 :mod:`dalign_core.experiments.theory`) writes and returns a matplotlib Figure drawn
@@ -15,8 +15,6 @@ fail by design.
 
 from __future__ import annotations
 
-import math
-import re
 from typing import Sequence
 
 import numpy as np
@@ -28,148 +26,23 @@ try:  # the figures need the plots extra (matplotlib, seaborn); the rest of dali
 except ImportError as err:  # pragma: no cover  (both are installed wherever the book is built)
     raise ImportError(f"dalign_core.report.plots draws with matplotlib and seaborn, which are not installed ({err}); "
                       "install the plots extra: pip install 'dalign[plots]'") from err
-from matplotlib.ticker import (FixedLocator, FuncFormatter, LogLocator, MaxNLocator, NullFormatter,
-                               NullLocator, ScalarFormatter)
 
-__all__ = ["style", "LABELS", "COLUMN_WIDTH", "RC", "tick_label", "log_ticks", "value_axis",
-           "learning_rates", "heldout_loss", "trajectory", "trend_along_training", "reductions_compared", "matched_loss",
-           "final_geometry", "layers_heatmap", "misalignment_by_width", "misalignment_by_budget",
-           "sample_unit", "sample_unit_context", "sample_unit_choice", "theory_moment_errors",
-           "theory_certificates", "theory_estimator_bias", "theory_sketch", "certificate_by_budget"]
+from dalign_core.report.figure_style import (LABELS, NOISE_NAMES, FAILED, COLUMN_WIDTH, RC, style, tick_label,
+                                             log_ticks, value_axis, ticks_at, width_axis, palette, trained_mask,
+                                             legend, legend_below, failed_note, natural, empty)
 
-LABELS = {
-    "d_align": r"$d_{\mathrm{align}}$", "d_par": r"$d_{\parallel}$", "d_2": r"$d_2$", "mean_sq": r"$\|\mu\|^2$",
-    "mean_sq_sq": r"$\|\mu\|^4$", "directional": r"$\mu^\top\Sigma\mu$", "cov_energy": r"$\mathrm{tr}\,\Sigma^2$",
-    "p_misalign": r"$\Pr(\mu_M^\top g_K \leq 0)$", "b_exact": r"$B_{\mathrm{exact}}$",
-    "b_align": r"$B_{\mathrm{align}}$",
-    "slope": r"slope of $\log d_{\mathrm{align}}$ on $\log N$",
-}
-NOISE_NAMES = {"gaussian": "Gaussian", "student_t": "Student-$t$, 5 d.o.f.", "rademacher": "Rademacher"}
-FAILED = dict(color="0.6", lw=1, ls=":", alpha=0.8)
-COLUMN_WIDTH = 6.7  # inches at 100 dpi: the ~690-px column of the book at a 1280-px window, with a margin
-RC = {
-    "figure.dpi": 100, "savefig.dpi": 100, "figure.figsize": (COLUMN_WIDTH, 3.4),
-    "figure.constrained_layout.use": True,
-    "font.size": 11, "axes.titlesize": 11.5, "axes.labelsize": 11, "figure.titlesize": 12,
-    "xtick.labelsize": 10.5, "ytick.labelsize": 10.5, "legend.fontsize": 10, "legend.title_fontsize": 10,
-    "axes.formatter.use_mathtext": True, "lines.markersize": 5,
-}
-"""The matplotlib settings of the book: column-wide figures, no font under 10 pt."""
-
-
-def style() -> None:
-    """Apply the book's figure style: seaborn's white grid, :data:`RC` (column width, 100 dpi, fonts >= 10 pt)."""
-    sns.set_theme(context="notebook", style="whitegrid")
-    plt.rcParams.update(RC)
-
-
-# ---------------------------------------------------------------------------
-# Axes and ticks
-
-
-def tick_label(value: float, _position=None) -> str:
-    """A tick label: ``0``, a plain number between 0.001 and 100,000 (``0.02``, ``500``), else ``2×10^{-5}``."""
-    if value == 0 or not np.isfinite(value):
-        return "0" if value == 0 else ""
-    size = abs(value)
-    if 1e-3 <= size < 1e5:
-        return f"{value:.3g}" if size < 1000 else f"{value:,.0f}"
-    exponent = math.floor(math.log10(size) + 1e-9)
-    mantissa = value / 10**exponent
-    if abs(mantissa - round(mantissa)) < 1e-6 and round(abs(mantissa)) == 1:
-        return f"${'-' if mantissa < 0 else ''}10^{{{exponent}}}$"
-    return rf"${mantissa:.2g}\times10^{{{exponent}}}$"
-
-
-def log_ticks(axis, values=None) -> None:
-    """Major ticks of a log axis at decades (1, 2, 5 × 10^k over a short range), labelled by :func:`tick_label`."""
-    values = np.asarray(values if values is not None else [], dtype=float)
-    values = values[np.isfinite(values) & (values > 0)]
-    span = values.max() / values.min() if len(values) else 1e3
-    subs = (1.0,) if span >= 30 else (1.0, 2.0, 5.0) if span >= 4 else tuple(float(s) for s in range(1, 10))
-    axis.set_major_locator(LogLocator(base=10, subs=subs, numticks=8))
-    axis.set_major_formatter(FuncFormatter(tick_label))
-    axis.set_minor_formatter(NullFormatter())
-
-
-def value_axis(ax, values, axis: str = "y") -> None:
-    """A log axis when every value is positive, else a linear one whose common power of ten sits at its end."""
-    values = np.asarray(values, dtype=float)
-    values = values[np.isfinite(values)]
-    target = ax.yaxis if axis == "y" else ax.xaxis
-    if len(values) and (values > 0).all():
-        (ax.set_yscale if axis == "y" else ax.set_xscale)("log")
-        log_ticks(target, values)
-    else:
-        (ax.set_yscale if axis == "y" else ax.set_xscale)("linear")
-        target.set_major_locator(MaxNLocator(5))
-        formatter = ScalarFormatter(useMathText=True)
-        formatter.set_powerlimits((-2, 3))
-        target.set_major_formatter(formatter)
-
-
-def _ticks_at(axis, values) -> None:
-    """Ticks labelled at exactly ``values`` (widths, contexts) on a log axis, no minor ticks."""
-    axis.set_major_locator(FixedLocator(sorted(set(values))))
-    axis.set_major_formatter(FuncFormatter(tick_label))
-    axis.set_minor_locator(NullLocator())
-
-
-def _width_axis(ax, widths) -> None:
-    ax.set_xscale("log", base=2)
-    _ticks_at(ax.xaxis, widths)
-    ax.set_xlabel("width $N$")
-
-
-def _palette(widths) -> dict:
-    widths = sorted(set(widths))
-    return dict(zip(widths, sns.color_palette("viridis", len(widths))))
-
-
-def _ok(table: pd.DataFrame) -> pd.Series:
-    return table.trained_ok.astype(bool) if "trained_ok" in table else pd.Series(True, index=table.index)
-
-
-def _legend(ax, ncols: int = 2, **kwargs) -> None:
-    """The legend of a one-panel figure, below the axes so that it never hides data; none if nothing is labelled."""
-    _legend_below(ax.figure, ax, ncols=ncols, **kwargs)
-
-
-def _legend_below(fig, axes, ncols: int = 3, **kwargs) -> None:
-    """One legend for the whole figure, below the axes: one entry per label across panels."""
-    labelled: dict = {}
-    for ax in np.atleast_1d(axes).flat:
-        for handle, label in zip(*ax.get_legend_handles_labels()):
-            if not label.startswith("_"):
-                labelled.setdefault(label, handle)
-    if labelled:
-        fig.legend(labelled.values(), labelled.keys(), loc="outside lower center",
-                   ncols=min(ncols, len(labelled)), **kwargs)
-
-
-def _failed_note(ax, count: int) -> None:
-    if count:
-        ax.plot([], [], **FAILED, label=f"failed run ({count})")
-
-
-def _natural(name: str):
-    """Sort key that puts ``layers.2`` before ``layers.10``."""
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(name))]
-
-
-def _empty(ax, text: str = "no trained run") -> None:
-    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", color="0.5")
-
-
-# ---------------------------------------------------------------------------
-# A width sweep
+__all__ = ["style", "LABELS", "COLUMN_WIDTH", "RC", "tick_label", "log_ticks", "value_axis", "learning_rates",
+           "heldout_loss", "trajectory", "trend_along_training", "reductions_compared", "matched_loss",
+           "final_geometry", "layers_heatmap", "misalignment_by_width", "misalignment_by_budget", "sample_unit",
+           "sample_unit_context", "sample_unit_choice", "theory_moment_errors", "theory_certificates",
+           "theory_estimator_bias", "theory_sketch", "certificate_by_budget"]
 
 
 def learning_rates(lr: pd.DataFrame) -> plt.Figure:
     """Validation loss against the peak learning rate, one line per width; the kept rate circled."""
     lr = lr[~lr.check.astype(bool)] if "check" in lr and len(lr) else lr  # the full-length check: in the text
     fig, ax = plt.subplots(figsize=(COLUMN_WIDTH * 0.75, 3.4))
-    colours = _palette(lr.width)
+    colours = palette(lr.width)
     for width, part in lr.groupby("width"):
         part = part.sort_values("lr")
         finite = part[np.isfinite(part.validation_loss)]
@@ -180,7 +53,7 @@ def learning_rates(lr: pd.DataFrame) -> plt.Figure:
             ax.annotate("diverged", (row.lr, finite.validation_loss.max()), fontsize=10, color="0.4")
     ax.set(xscale="log", xlabel="peak learning rate", ylabel="validation loss (nats)")
     log_ticks(ax.xaxis, lr.lr)
-    _legend(ax, title="the rate kept for each width is circled", ncols=4)
+    legend(ax, title="the rate kept for each width is circled", ncols=4)
     return fig
 
 
@@ -192,7 +65,7 @@ def heldout_loss(runs: pd.DataFrame, value: str = "heldout_loss", bar: float | N
     ``bar=<floor>`` for a classifier's accuracy.
     """
     fig, ax = plt.subplots(figsize=(COLUMN_WIDTH * 0.75, 3.3))
-    ok = _ok(runs)
+    ok = trained_mask(runs)
     ax.plot(runs.width[ok], runs[value][ok], "o", color="C0", alpha=0.7, label="run")
     means = runs[ok].groupby("width")[value].mean()
     ax.plot(means.index, means.values, "-", color="C0", label="mean over seeds")
@@ -202,9 +75,9 @@ def heldout_loss(runs: pd.DataFrame, value: str = "heldout_loss", bar: float | N
         bar = runs.baseline_loss.iloc[0]
     if bar is not None:
         ax.axhline(bar, color="C3", ls="--", lw=1, label=bar_label)
-    _width_axis(ax, runs.width if len(runs) else [1])
+    width_axis(ax, runs.width if len(runs) else [1])
     ax.set_ylabel({"heldout_loss": "held-out loss (nats)", "test_accuracy": "test accuracy"}.get(value, value))
-    _legend(ax)
+    legend(ax)
     return fig
 
 
@@ -213,23 +86,23 @@ def trajectory(geometry: pd.DataFrame, layer: str, value: str = "d_align") -> pl
     pools = [p for p in ("heldout", "train") if p in set(geometry.pool)] or ["heldout"]
     fig, axes = plt.subplots(1, len(pools), figsize=(COLUMN_WIDTH, 3.5), sharey=True, squeeze=False)
     at_layer = geometry[geometry.layer == layer].assign(x=lambda t: t.step.clip(lower=1))
-    colours = _palette(geometry.width)
+    colours = palette(geometry.width)
     for ax, pool in zip(axes[0], pools):
         part = at_layer[at_layer.pool == pool]
-        ok = _ok(part)
+        ok = trained_mask(part)
         for (width, seed), run in part[~ok].groupby(["width", "seed"]):
             ax.plot(run.x, run[value].clip(lower=1e-8), **FAILED)
         for width, runs in part[ok].groupby("width"):
             stats = runs.groupby("x")[value].agg(["mean", "min", "max"])
             ax.plot(stats.index, stats["mean"], "o-", ms=3, color=colours[width], label=f"$N = {width}$")
             ax.fill_between(stats.index, stats["min"], stats["max"], color=colours[width], alpha=0.18, lw=0)
-        _failed_note(ax, part[~ok].groupby(["width", "seed"]).ngroups)
+        failed_note(ax, part[~ok].groupby(["width", "seed"]).ngroups)
         ax.set(xscale="log", yscale="log", title=f"{'held-out' if pool == 'heldout' else pool} pool",
                xlabel="training step (0 drawn at 1)")
         log_ticks(ax.xaxis, at_layer.x)
         log_ticks(ax.yaxis, at_layer[value])
     axes[0, 0].set_ylabel(f"{LABELS.get(value, value)} at {layer}")
-    _legend_below(fig, axes, ncols=5)
+    legend_below(fig, axes, ncols=5)
     return fig
 
 
@@ -257,7 +130,7 @@ def trend_along_training(trend: pd.DataFrame, layer: str, steps: int, reduction:
     ax.axhline(0, color="0.3", lw=0.8)
     ax.axhline(PAPER_SLOPE, color="0.3", lw=1, ls="--", label="the paper's slope")
     ax.set(xlim=(-0.03 * steps, steps * 1.04), xlabel="training step", ylabel=LABELS["slope"])
-    _legend(ax)
+    legend(ax)
     return fig
 
 
@@ -273,15 +146,15 @@ def reductions_compared(geometry: pd.DataFrame, layer: str, steps: Sequence[int]
     reductions = sorted(part.reduction.unique()) if len(part) else []
     fig, axes = plt.subplots(1, max(len(reductions), 1), figsize=(COLUMN_WIDTH, 3.2), squeeze=False)
     for ax, reduction in zip(axes[0], reductions):
-        summary = run_summaries(part[(part.reduction == reduction) & _ok(part)], "d_align", steps)
+        summary = run_summaries(part[(part.reduction == reduction) & trained_mask(part)], "d_align", steps)
         ax.set_title(f"{reduction} q ({'per position' if reduction == 'full' else 'summed over positions'})")
         if summary.empty:
-            _empty(ax)
+            empty(ax)
             continue
         ax.plot(summary.width, np.exp(summary.y), "o", alpha=0.5, ms=4)
         means = summary.groupby("width").y.mean()
         ax.plot(means.index, np.exp(means.values), "-", color="C0")
-        _width_axis(ax, summary.width if len(summary) else [1])
+        width_axis(ax, summary.width if len(summary) else [1])
         ax.set_yscale("log")
         ax.set_ylabel(f"late-window {LABELS['d_align']}")
     return fig
@@ -303,13 +176,13 @@ def matched_loss(summaries: pd.DataFrame, layer: str) -> plt.Figure:
         ax.plot(runs.width, runs.d_align, "o", color=colours[level], alpha=0.45, ms=4)
         means = np.exp(runs.groupby("width").y.mean())  # the geometric mean: the verdict fits log d_align
         ax.plot(means.index, means.values, "-", color=colours[level], label=f"loss {level:.2f}")
-    _width_axis(ax, part.width if len(part) else [1])
+    width_axis(ax, part.width if len(part) else [1])
     if len(part):
         value_axis(ax, np.exp(part.y))
     else:
-        _empty(ax)
+        empty(ax)
     ax.set_ylabel(f"{LABELS['d_align']} at {layer}")
-    _legend(ax, ncols=3, title="each run read where its smoothed held-out loss reaches")
+    legend(ax, ncols=3, title="each run read where its smoothed held-out loss reaches")
     return fig
 
 
@@ -321,7 +194,7 @@ def final_geometry(geometry: pd.DataFrame, layer: str, step: int,
     for the two dimensions whose minimum d_align is.
     """
     at_step = geometry[(geometry.step == step) & (geometry.layer == layer)]
-    final, failed = at_step[_ok(at_step)], at_step[~_ok(at_step)]
+    final, failed = at_step[trained_mask(at_step)], at_step[~trained_mask(at_step)]
     fig, axes = plt.subplots(1, len(quantities), figsize=(COLUMN_WIDTH, 3.5), squeeze=False)
     for ax, name in zip(axes[0], quantities):
         if len(failed):
@@ -341,21 +214,21 @@ def final_geometry(geometry: pd.DataFrame, layer: str, step: int,
         if infinite:  # a moment estimate <= 0 makes a dimension infinite: say so, do not drop it silently
             ax.text(0.02, 0.97, f"{infinite} estimate{'s' if infinite > 1 else ''} = ∞, not drawn",
                     transform=ax.transAxes, ha="left", va="top", fontsize=10, color="0.35")
-        _width_axis(ax, geometry.width if len(geometry) else [1])
+        width_axis(ax, geometry.width if len(geometry) else [1])
         if at_step.empty:
-            _empty(ax)
-    _legend_below(fig, axes)
+            empty(ax)
+    legend_below(fig, axes)
     return fig
 
 
 def layers_heatmap(geometry: pd.DataFrame, step: int) -> plt.Figure:
     """Seed-mean d_align by insertion point (in depth order) and width (held-out pool) at one checkpoint."""
-    part = geometry[(geometry.step == step) & (geometry.pool == "heldout") & _ok(geometry)]
+    part = geometry[(geometry.step == step) & (geometry.pool == "heldout") & trained_mask(geometry)]
     heat = part.groupby(["layer", "width"]).d_align.mean().unstack("width")
-    heat = heat.loc[sorted(heat.index, key=_natural)]
+    heat = heat.loc[sorted(heat.index, key=natural)]
     fig, ax = plt.subplots(figsize=(COLUMN_WIDTH * 0.8, 0.36 * max(len(heat), 1) + 1.4))
     if heat.empty:
-        _empty(ax)
+        empty(ax)
         ax.set_axis_off()
         return fig
     # An estimate of 0 (the unbiased ||mu||^4 not positive) has no logarithm: a blank cell marked "0".
@@ -373,7 +246,7 @@ def misalignment_by_width(misalignment: pd.DataFrame, M: int, K: int) -> plt.Fig
     """Empirical misalignment (Wilson intervals) against width at one budget; B_exact, B_align where they apply."""
     fixed = misalignment[(misalignment.M == M) & (misalignment.K == K)]
     fig, ax = plt.subplots(figsize=(COLUMN_WIDTH * 0.85, 3.9))
-    ok = _ok(fixed)
+    ok = trained_mask(fixed)
     for setting, marker in (("heldout/heldout", "o"), ("train/heldout", "s")):
         part = fixed[ok & (fixed.setting == setting)]
         stats = part.groupby("width")[["p_misalign", "p_misalign_lo", "p_misalign_hi"]].mean()
@@ -386,48 +259,48 @@ def misalignment_by_width(misalignment: pd.DataFrame, M: int, K: int) -> plt.Fig
     failed = fixed[~ok]
     if len(failed):
         ax.plot(failed.width, failed.p_misalign, "x", color="0.5", label=f"failed run ({failed.seed.nunique()} seeds)")
-    _width_axis(ax, misalignment.width if len(misalignment) else [1])
+    width_axis(ax, misalignment.width if len(misalignment) else [1])
     ax.set(ylim=(-0.02, 1.02), ylabel=LABELS["p_misalign"], title=f"$M = {M}$, $K = {K}$")
-    _legend_below(fig, ax, ncols=2)
+    legend_below(fig, ax, ncols=2)
     return fig
 
 
 def misalignment_by_budget(misalignment: pd.DataFrame) -> plt.Figure:
     """Empirical misalignment (held-out/held-out) against the budget M = K, one line per width."""
     part = misalignment[(misalignment.setting == "heldout/heldout") & (misalignment.M == misalignment.K)
-                        & _ok(misalignment)]
+                        & trained_mask(misalignment)]
     fig, ax = plt.subplots(figsize=(COLUMN_WIDTH * 0.8, 3.4))
-    colours = _palette(misalignment.width)
+    colours = palette(misalignment.width)
     for width, runs in part.groupby("width"):
         stats = runs.groupby("M").p_misalign.agg(["mean", "min", "max"])
         ax.plot(stats.index, stats["mean"], "o-", color=colours[width], label=f"$N = {width}$")
         ax.fill_between(stats.index, stats["min"], stats["max"], color=colours[width], alpha=0.15, lw=0)
     ax.set(xscale="log", xlabel="budget $M = K$", ylabel=LABELS["p_misalign"])
     if len(part):
-        _ticks_at(ax.xaxis, part.M)
+        ticks_at(ax.xaxis, part.M)
     else:
-        _empty(ax)
-    _legend(ax, ncols=4)
+        empty(ax)
+    legend(ax, ncols=4)
     return fig
 
 
 def sample_unit_context(units: pd.DataFrame, unit: str = "sequence", reduction: str = "shared") -> plt.Figure:
     """d_align of one sample choice (default: whole sequences, shared reduction) against context, one line per width."""
-    ok = units[_ok(units)] if len(units) else units
+    ok = units[trained_mask(units)] if len(units) else units
     part = ok[(ok.unit == unit) & (ok.reduction == reduction)] if len(ok) else ok
     fig, ax = plt.subplots(figsize=(COLUMN_WIDTH * 0.8, 3.4))
-    colours = _palette(units.width)
+    colours = palette(units.width)
     for width, runs in part.groupby("width"):
         stats = runs.groupby("context").d_align.mean()
         ax.plot(stats.index, stats.values, "o-", color=colours[width], label=f"$N = {width}$")
     ax.set(xscale="log", xlabel="context $T$ (tokens per sequence)",
            ylabel=f"{LABELS['d_align']} ({unit}, {reduction})")
-    _ticks_at(ax.xaxis, units.context if len(units) else [1])
+    ticks_at(ax.xaxis, units.context if len(units) else [1])
     if len(part):
         value_axis(ax, part.d_align)
     else:
-        _empty(ax)
-    _legend(ax, ncols=4)
+        empty(ax)
+    legend(ax, ncols=4)
     return fig
 
 
@@ -437,7 +310,7 @@ def sample_unit_choice(units: pd.DataFrame, context: int | None = None) -> plt.F
     A choice whose unbiased ‖μ‖⁴ estimate is not positive (the mean is lost in noise)
     reads d_align = 0 and is drawn as an open triangle at the bottom of the axis.
     """
-    ok = units[_ok(units)].assign(choice=lambda t: t.unit + " / " + t.reduction) if len(units) else units
+    ok = units[trained_mask(units)].assign(choice=lambda t: t.unit + " / " + t.reduction) if len(units) else units
     context = context if context is not None else (int(units.context.max()) if len(units) else 0)
     part = ok[ok.context == context] if len(ok) else ok
     fig, ax = plt.subplots(figsize=(COLUMN_WIDTH * 0.85, 3.7))
@@ -451,23 +324,19 @@ def sample_unit_choice(units: pd.DataFrame, context: int | None = None) -> plt.F
         if len(zero):
             ax.plot(zero.index, [floor] * len(zero), "v", color=f"C{index}", mfc="none", ms=9,
                     label=f"{choice}: ≤ 0")
-    _width_axis(ax, units.width if len(units) else [1])
+    width_axis(ax, units.width if len(units) else [1])
     ax.set(yscale="log", ylabel=LABELS["d_align"], title=f"context $T = {context}$")
     if len(positive):
         log_ticks(ax.yaxis, np.append(positive.values, floor))
     else:
-        _empty(ax)
-    _legend_below(fig, ax, ncols=2)
+        empty(ax)
+    legend_below(fig, ax, ncols=2)
     return fig
 
 
 def sample_unit(units: pd.DataFrame) -> plt.Figure:
     """The sample-unit study's context figure (:func:`sample_unit_context`); see also :func:`sample_unit_choice`."""
     return sample_unit_context(units)
-
-
-# ---------------------------------------------------------------------------
-# The theory chapter
 
 
 def theory_moment_errors(alignment: pd.DataFrame) -> plt.Figure:
@@ -504,7 +373,7 @@ def theory_certificates(alignment: pd.DataFrame) -> plt.Figure:
     ax.set_xticks(range(len(snrs)), [f"{s:g}" for s in snrs])
     ax.set(yscale="log", xlabel=r"snr $= \mathbb{E}\,/\,\mathrm{sd}$ of $\mu_M^\top g_K$", ylabel="probability")
     log_ticks(ax.yaxis, alignment[["p_misalign", "b_exact", "b_align"]].clip(lower=floor).values.ravel())
-    _legend_below(fig, ax)
+    legend_below(fig, ax)
     return fig
 
 
@@ -524,9 +393,9 @@ def theory_estimator_bias(estimators: pd.DataFrame, quantities: tuple[str, ...] 
                             alpha=0.18, lw=0)
         ax.axhline(0, color="0.3", lw=0.8)
         ax.set(xscale="log", title=LABELS[name], xlabel="$d / n$")
-        _ticks_at(ax.xaxis, ratio)
+        ticks_at(ax.xaxis, ratio)
     axes[0, 0].set_ylabel("estimate / truth − 1")
-    _legend_below(fig, axes)
+    legend_below(fig, axes)
     return fig
 
 
@@ -543,13 +412,9 @@ def theory_sketch(sketch: pd.DataFrame) -> plt.Figure:
         ax.plot(ks, sketch.effective_rank.iloc[0] / ks, "k--", lw=1, label="$r / k$")
     ax.axhline(0, color="0.3", lw=0.8)
     ax.set(xscale="log", xlabel="sketch size $k$", ylabel="sketched / exact − 1")
-    _ticks_at(ax.xaxis, ks if len(ks) else [1])
-    _legend(ax)
+    ticks_at(ax.xaxis, ks if len(ks) else [1])
+    legend(ax)
     return fig
-
-
-# ---------------------------------------------------------------------------
-# Using dalign on a model
 
 
 def certificate_by_budget(d_align: float, d_align_lo: float | None = None, budgets=None) -> plt.Figure:
@@ -566,5 +431,5 @@ def certificate_by_budget(d_align: float, d_align_lo: float | None = None, budge
     ax.set(xscale="log", ylim=(0, 1.02), xlabel="budget $M = K$ (examples on each side)",
            ylabel=r"$B_{\mathrm{align}}$, bound on $\Pr(\mu_M^\top g_K \leq 0)$")
     log_ticks(ax.xaxis, budgets)
-    _legend(ax, ncols=1)
+    legend(ax, ncols=1)
     return fig

@@ -1,4 +1,5 @@
-"""A plain-text summary of every width sweep in a results folder (``python -m dalign_core.report.describe results/gpu``).
+"""A plain-text summary of every width sweep in a results folder
+(``python -m dalign_core.report.describe results/gpu``).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import pandas as pd
 import seaborn as sns
 
 from dalign_core.studies.interventions.report import FAMILY_NAMES, PAPER_RETENTION, Z_BINS, retention_curve
-from dalign_core.report.plots import COLUMN_WIDTH, _empty, _legend_below, log_ticks
+from dalign_core.report.figure_style import COLUMN_WIDTH, empty, legend_below, log_ticks
 
 __all__ = ["retention_curves", "conditional_by_step", "curvature_check", "sign_by_size",
            "rates_beside_certificates", "out_of_sample_curves"]
@@ -36,7 +36,7 @@ def retention_curves(table: pd.DataFrame, low: float = -0.5) -> plt.Figure:
     curves = {kind: retention_curve(table, kind) for kind in ("bias", "block")}
     if all(c.empty or not c.draws.any() for c in curves.values()):
         for ax in axes:
-            _empty(ax, "no draw predicted a decrease")
+            empty(ax, "no draw predicted a decrease")
         return fig
     colors = _family_colors(pd.concat(curves.values()).family)
     for ax, kind in zip(axes, ("bias", "block")):
@@ -55,7 +55,7 @@ def retention_curves(table: pd.DataFrame, low: float = -0.5) -> plt.Figure:
         ax.set_title(KIND_NAMES[kind])
         ax.set_xlabel(r"step $\delta$ (train-loss decrease, nats)")
     axes[0].set_ylabel("retention on K (Taylor's theorem)\n" r"$\Delta L_K / (-\eta\,\langle G_M, G_K\rangle)$")
-    _legend_below(fig, axes, ncols=4)
+    legend_below(fig, axes, ncols=4)
     return fig
 
 
@@ -65,7 +65,7 @@ def conditional_by_step(cond: pd.DataFrame, kind: str = "bias") -> plt.Figure:
     fig, ax = plt.subplots(figsize=(COLUMN_WIDTH, 3.3))
     part = cond[cond.kind == kind] if len(cond) else cond
     if part.empty:
-        _empty(ax, "no draw")
+        empty(ax, "no draw")
         return fig
     single = sorted(part[part.optimizer_steps == 0].train_decrease.unique())
     trained = sorted(part[part.optimizer_steps > 0].optimizer_steps.unique())
@@ -89,7 +89,7 @@ def conditional_by_step(cond: pd.DataFrame, kind: str = "bias") -> plt.Figure:
     ax.set_xticks(range(len(labels)), labels)
     ax.set_ylim(-0.02, 1.05)
     ax.set_ylabel(r"share with $\Delta L_E < 0$")
-    _legend_below(fig, ax, ncols=3)
+    legend_below(fig, ax, ncols=3)
     return fig
 
 
@@ -102,7 +102,7 @@ def curvature_check(table: pd.DataFrame) -> plt.Figure:
     gap, curve = (study.observed - study.predicted).abs(), study.second_order.abs()
     keep = (gap > 0) & (curve > 0) if len(study) else []
     if not len(study) or not keep.any():
-        _empty(ax, "no trained model")
+        empty(ax, "no trained model")
         return fig
     colors = _family_colors(study.family)
     for (family, kind), part in study[keep].groupby(["family", "kind"]):
@@ -117,7 +117,7 @@ def curvature_check(table: pd.DataFrame) -> plt.Figure:
     log_ticks(ax.yaxis, span)
     ax.set_xlabel(r"$|\frac{1}{2}\eta^2 u^\top H_K u|$ (nats)")
     ax.set_ylabel(r"$|\Delta L_K - \mathrm{predicted}|$ (nats)")
-    _legend_below(fig, ax, ncols=2)
+    legend_below(fig, ax, ncols=2)
     return fig
 
 
@@ -126,7 +126,7 @@ def sign_by_size(agreement: pd.DataFrame) -> plt.Figure:
     fig, ax = plt.subplots(figsize=(COLUMN_WIDTH, 3.2))
     bins = [b for b in agreement.z_bin.unique() if b != "all"] if len(agreement) else []
     if not bins:
-        _empty(ax, "no draw")
+        empty(ax, "no draw")
         return fig
     order = [str(pd.Interval(lo, hi, closed="left")) for lo, hi in zip(Z_BINS[:-1], Z_BINS[1:])]
     order = [b for b in order if b in bins]
@@ -144,7 +144,7 @@ def sign_by_size(agreement: pd.DataFrame) -> plt.Figure:
     ax.set_xlabel(r"$|\mu_M^\top g_K|$ / its standard deviation over draws")
     ax.set_ylabel("sign agreement")
     ax.set_ylim(0, 1.05)
-    _legend_below(fig, ax, ncols=4)
+    legend_below(fig, ax, ncols=4)
     return fig
 
 
@@ -155,7 +155,7 @@ def rates_beside_certificates(frame: pd.DataFrame) -> plt.Figure:
     fig, axes = plt.subplots(1, 2, figsize=(COLUMN_WIDTH, 3.4))
     if frame.empty:
         for ax in axes:
-            _empty(ax, "no draw")
+            empty(ax, "no draw")
         return fig
     colors = _family_colors(frame.family)
     for (family, setting), part in frame.groupby(["family", "setting"]):
@@ -192,7 +192,7 @@ def out_of_sample_curves(curve: pd.DataFrame, low: float = -0.5, high: float = 1
     fig, axes = plt.subplots(1, max(len(families), 1), figsize=(COLUMN_WIDTH, 3.2), sharey=True, squeeze=False)
     axes = axes[0]
     if not families:
-        _empty(axes[0], "no step measured on E")
+        empty(axes[0], "no step measured on E")
         return fig
     for ax, family in zip(axes, families):
         part = curve[curve.family == family]
@@ -219,5 +219,5 @@ def out_of_sample_curves(curve: pd.DataFrame, low: float = -0.5, high: float = 1
         ax.set_title(FAMILY_NAMES.get(family, family))
         ax.set_xlabel(r"step $\delta$ (nats)")
     axes[0].set_ylabel("median retention")
-    _legend_below(fig, axes, ncols=3)
+    legend_below(fig, axes, ncols=3)
     return fig
