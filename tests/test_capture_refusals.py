@@ -15,7 +15,8 @@ from torch import nn
 
 from _autograd import z_gradient
 
-from dalign_core.capture.hooks import CaptureError, accumulate_geometry, activation_gradients, iter_activation_gradients
+from dalign_core.capture.hooks import accumulate_geometry, activation_gradients, iter_activation_gradients
+from dalign_core.capture.refusals import CaptureError
 
 transformers = pytest.importorskip("transformers")
 

@@ -1,4 +1,4 @@
-"""dalign_core.capture.hooks: one-pass capture equals brute-force per-example autograd; refusals; model left unchanged."""
+"""dalign_core.capture: one-pass capture equals brute-force per-example autograd; refusals; model left unchanged."""
 
 from __future__ import annotations
 
@@ -11,13 +11,9 @@ from torch import nn
 from _autograd import z_gradient
 
 from dalign_core.geometry.estimators import estimate_geometry
-from dalign_core.capture.hooks import (
-    CaptureError,
-    accumulate_geometry,
-    activation_gradients,
-    insertion_points,
-    iter_activation_gradients,
-)
+from dalign_core.capture.hooks import accumulate_geometry, activation_gradients, iter_activation_gradients
+from dalign_core.capture.layers import insertion_points
+from dalign_core.capture.refusals import CaptureError
 from dalign_core.models.resnet import BasicBlock, resnet20, residual_block_names
 
 transformers = pytest.importorskip("transformers")
@@ -440,22 +436,22 @@ def test_accumulate_geometry_arguments_are_checked():
 
 def _legacy_per_example_loss(output, inputs, targets=None, task="auto"):
     """The causal-LM loss as it was before (cross-entropy on a copy of ``logits[:, :-1]``), the reference."""
-    from dalign_core.capture import hooks
+    from dalign_core.capture import losses
 
-    logits = hooks._logits(output)
+    logits = losses._logits(output)
     if logits.ndim != 3 or task == "classification":
-        return hooks.per_example_loss(output, inputs, targets, task)
+        return losses.per_example_loss(output, inputs, targets, task)
     mask = inputs.get("attention_mask") if isinstance(inputs, dict) else None
     labels = (inputs["input_ids"] if isinstance(inputs, dict) else inputs) if targets is None else targets
     labels = labels.clone()
     if mask is not None:
-        labels = labels.masked_fill(mask == 0, hooks.IGNORE_INDEX)
+        labels = labels.masked_fill(mask == 0, losses.IGNORE_INDEX)
     shift_labels = labels[:, 1:]
     token_loss = F.cross_entropy(
-        hooks._at_least_float32(logits[:, :-1].flatten(0, 1)), shift_labels.flatten(),
-        ignore_index=hooks.IGNORE_INDEX, reduction="none",
+        losses._at_least_float32(logits[:, :-1].flatten(0, 1)), shift_labels.flatten(),
+        ignore_index=losses.IGNORE_INDEX, reduction="none",
     ).view(shift_labels.shape)
-    return token_loss.sum(dim=1) / (shift_labels != hooks.IGNORE_INDEX).sum(dim=1)
+    return token_loss.sum(dim=1) / (shift_labels != losses.IGNORE_INDEX).sum(dim=1)
 
 
 def _small_llama(dtype=torch.float32):
@@ -474,7 +470,7 @@ def _small_pythia():
 @pytest.mark.parametrize("factory,dtype", [(_small_llama, torch.float32), (_small_llama, torch.bfloat16),
                                            (_small_pythia, torch.float32)])
 def test_causal_lm_capture_is_bit_identical_to_the_sliced_logits_loss(monkeypatch, factory, dtype):
-    from dalign_core.capture import hooks
+    from dalign_core.capture import gradients, losses
 
     model = factory() if factory is _small_pythia else factory(dtype)
     batch, _ = lm_batch(b=4, T=12)  # right padding: lengths 12, 9, 5, 12
@@ -485,8 +481,8 @@ def test_causal_lm_capture_is_bit_identical_to_the_sliced_logits_loss(monkeypatc
     new = [activation_gradients(model, layer, b, t, reduction=r) for (b, t), layer in zip(cases, layers)
            for r in ("shared", "full")]
     output = model(**batch)
-    new_loss = hooks.per_example_loss(output, batch, labels)
-    monkeypatch.setattr(hooks, "per_example_loss", _legacy_per_example_loss)
+    new_loss = losses.per_example_loss(output, batch, labels)
+    monkeypatch.setattr(gradients, "per_example_loss", _legacy_per_example_loss)
     old = [activation_gradients(model, layer, b, t, reduction=r) for (b, t), layer in zip(cases, layers)
            for r in ("shared", "full")]
     assert torch.equal(new_loss, _legacy_per_example_loss(output, batch, labels))
@@ -495,7 +491,7 @@ def test_causal_lm_capture_is_bit_identical_to_the_sliced_logits_loss(monkeypatc
             assert torch.equal(got[name], expected[name]), name
     monkeypatch.undo()
     acc_new = accumulate_geometry(model, "model.layers.1" if factory is _small_llama else "gpt_neox.layers.1", [batch])
-    monkeypatch.setattr(hooks, "per_example_loss", _legacy_per_example_loss)
+    monkeypatch.setattr(gradients, "per_example_loss", _legacy_per_example_loss)
     acc_old = accumulate_geometry(model, "model.layers.1" if factory is _small_llama else "gpt_neox.layers.1", [batch])
     assert torch.equal(acc_new.gram(), acc_old.gram())
 
@@ -503,7 +499,7 @@ def test_causal_lm_capture_is_bit_identical_to_the_sliced_logits_loss(monkeypatc
 def test_causal_lm_loss_takes_no_slice_of_the_logits():
     model = _small_llama()
     batch, _ = lm_batch()
-    from dalign_core.capture.hooks import per_example_loss
+    from dalign_core.capture.losses import per_example_loss
 
     output = model(**batch)
     loss = per_example_loss(output, batch)

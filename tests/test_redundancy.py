@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dalign_core.capture.hooks import CaptureError
+from dalign_core.capture.refusals import CaptureError
 from dalign_core.models.llama import build_llama
 from dalign_core.models.pythia import build_pythia, pythia_width_variant
 from dalign_core.models.resnet import resnet20

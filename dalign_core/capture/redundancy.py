@@ -47,24 +47,20 @@ from typing import Any
 import torch
 from torch import nn
 
-from dalign_core.capture.hooks import (
-    REDUCTIONS,
-    CaptureError,
-    LossFn,
+from dalign_core.capture.batches import (
     _batch_rows,
     _check_batch,
     _check_batches,
-    _check_options,
     _device_of,
-    _forward_to_losses,
-    _reduce,
-    _split_batch,
-    _targets_from_labels,
     conform_batch,
-    check_capturable,
-    insertion_points,
-    resolve_layers,
+    split_batch,
+    targets_from_labels,
 )
+from dalign_core.capture.gradients import _forward_to_losses
+from dalign_core.capture.hooks import REDUCTIONS, _check_options, reduce_gradient
+from dalign_core.capture.layers import insertion_points, resolve_layers
+from dalign_core.capture.losses import LossFn
+from dalign_core.capture.refusals import CaptureError, check_capturable
 
 __all__ = ["REDUNDANT", "EXACT_RTOL", "MICRO_BATCH", "RIDGES", "Redundancy", "candidate_parameters", "redundancy",
            "redundancy_rows"]
@@ -204,8 +200,8 @@ def _collect(model, layers: list[str], names: list[str], batches, reductions, ta
     for batch in batches:
         if examples is not None and seen >= examples:
             break
-        inputs, targets = _split_batch(batch)
-        targets = _targets_from_labels(inputs, targets)
+        inputs, targets = split_batch(batch)
+        targets = targets_from_labels(inputs, targets)
         _check_batch(model, inputs, targets, loss_fn)
         inputs, targets = conform_batch(model, inputs, targets, device)
         size = _batch_size(inputs, targets)
@@ -237,7 +233,7 @@ def _batch_size(inputs: Any, targets: Any) -> int:
 
 
 def _per_example(model, modules, params, names, inputs, targets, reductions, task, loss_fn, limit, qs, gs) -> int:
-    """One forward of ``inputs`` (with the capture's refusals: :func:`~dalign_core.capture.hooks._forward_to_losses`), then
+    """One forward of ``inputs`` (with the capture's refusals: :func:`~dalign_core.capture.gradients._forward_to_losses`), then
     one backward per example (at most ``limit``): appends their q and gradient rows to ``qs`` and ``gs``; returns
     how many examples it took."""
     zs, losses = _forward_to_losses(model, modules, inputs, targets, task, loss_fn)
@@ -247,7 +243,7 @@ def _per_example(model, modules, params, names, inputs, targets, reductions, tas
                                     materialize_grads=True)
         for layer, grad in zip(modules, grads[:len(zs)]):
             for r in reductions:
-                qs[layer, r].append(_reduce(grad[i:i + 1].detach(), r)[0].to("cpu", torch.float64))
+                qs[layer, r].append(reduce_gradient(grad[i:i + 1].detach(), r)[0].to("cpu", torch.float64))
         for name, grad in zip(names, grads[len(zs):]):
             gs[name].append(grad.detach().reshape(-1).to("cpu", torch.float64))
     return take

@@ -1,0 +1,303 @@
+"""Which loss each example's gradient is of: causal LM (next token), masked LM and token classification (each
+position its own label), classification, or a given ``loss_fn``; padding left out, and left padding positioned.
+
+``task="auto"`` reads the problem from the model's class (:func:`per_example_loss`); a next-token loss of a model
+whose attention is bidirectional is refused (:func:`causal_lm_problem`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dalign_core.capture.batches import _as_long, _forward_params
+from dalign_core.capture.refusals import CaptureError, _describe
+
+__all__ = ["IGNORE_INDEX", "TASKS", "LossFn", "per_example_loss", "causal_lm_problem"]
+
+
+IGNORE_INDEX = -100
+"""Target value ignored by the causal-LM loss (the transformers convention)."""
+TASKS = ("auto", "causal_lm", "masked_lm", "token_classification", "classification")
+
+LossFn = Callable[[Any, Any], torch.Tensor]
+
+
+def _logits(output: Any, logits_index: int | None = None) -> torch.Tensor:
+    """The logits in a model output: the output itself (a tensor), its ``.logits``, or the one tensor of a tuple.
+
+    A tuple or list holding several tensors (``(features, logits)``) is ambiguous: which one the logits are is
+    said by ``logits_index``, never guessed (taking the first would score the features as logits)."""
+    if logits_index is not None:
+        if not isinstance(output, (tuple, list)) or not -len(output) <= logits_index < len(output) \
+                or not isinstance(output[logits_index], torch.Tensor):
+            raise CaptureError(
+                f"logits_index={logits_index} does not name a tensor in the model output ({_describe(output)}); "
+                "pass the position of the logits in the tuple the model returns, or logits_index=None for a model "
+                "that returns the logits alone (or an output with .logits)"
+            )
+        return output[logits_index]
+    if isinstance(output, torch.Tensor):
+        return output
+    logits = getattr(output, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    if isinstance(output, (tuple, list)):
+        tensors = [i for i, item in enumerate(output) if isinstance(item, torch.Tensor)]
+        if len(tensors) == 1:
+            return output[tensors[0]]
+        if len(tensors) > 1:
+            shapes = ", ".join(f"[{i}] {tuple(output[i].shape)}" for i in tensors[:4])
+            raise CaptureError(
+                f"the model returns a {type(output).__name__} of {len(tensors)} tensors ({shapes}), so which one is "
+                "the logits is ambiguous; pass logits_index=<its position> (or loss_fn=(output, targets) -> "
+                "per-example losses), or wrap the model so that it returns the logits alone (as --arch needs)"
+            )
+    raise CaptureError(
+        f"cannot find logits in the model output of type {type(output).__name__}; pass loss_fn=(output, targets) -> "
+        "per-example losses of shape (batch,)"
+    )
+
+
+def _at_least_float32(logits: torch.Tensor) -> torch.Tensor:
+    """Half-precision logits in float32 for the loss; float32 and float64 logits keep their precision."""
+    return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+
+
+def _check_label_range(labels: torch.Tensor, classes: int, what: str, ignore: bool) -> None:
+    """Refuse labels outside ``0..classes-1`` (``-100`` allowed where ``ignore``), as token ids are refused."""
+    if labels.is_floating_point() or labels.dtype == torch.bool or labels.numel() == 0:
+        return
+    scored = labels[labels != IGNORE_INDEX] if ignore else labels
+    if scored.numel() == 0:
+        return
+    low, high = int(scored.min()), int(scored.max())
+    if low < 0 or high >= classes:
+        bad = low if low < 0 else high
+        raise CaptureError(
+            f"{what} hold {bad}, outside the model's {classes} outputs (0..{classes - 1}"
+            + (", or -100 where ignored" if ignore else "") + "); pass labels of this model's classes or vocabulary"
+        )
+
+
+def _class_names(model: nn.Module) -> list[str]:
+    return [cls.__name__ for cls in type(model).__mro__]
+
+
+def _causal_lm_class_names() -> set[str]:
+    """transformers' causal-LM classes (``AutoModelForCausalLM``'s table), by class name."""
+    try:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        return set()
+    names: set[str] = set()
+    for value in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values():
+        names.update([value] if isinstance(value, str) else value)
+    return names
+
+
+def _is_transformers_model(model: nn.Module) -> bool:
+    return any(cls.__module__.startswith("transformers.") for cls in type(model).__mro__)
+
+
+def _hf_loss_kind(model: nn.Module) -> str:
+    """``"token"`` for a transformers masked-LM or token classifier, ``"causal_lm"`` for a causal-LM class, else ""."""
+    if not _is_transformers_model(model):
+        return ""
+    names = _class_names(model)
+    if any(name.endswith(("ForMaskedLM", "ForTokenClassification")) for name in names):
+        return "token"
+    causal = _causal_lm_class_names()
+    if any(name in causal or name.endswith(("ForCausalLM", "LMHeadModel")) for name in names):
+        return "causal_lm"
+    return ""
+
+
+def causal_lm_problem(model: nn.Module) -> str:
+    """Why a next-token loss of ``model`` would be wrong ("" when nothing says so): its attention is bidirectional.
+
+    Read from the model's attention modules: transformers' attention layers carry ``is_causal`` (an encoder such
+    as BERT loaded as ``BertLMHeadModel`` without ``is_decoder=True`` has none that is True: every position sees
+    the tokens after it, so its next-token prediction reads the answer); without such flags, their ``is_decoder``
+    flags. A model with neither (a recurrent or state-space decoder, a plain module) is taken as it is.
+    """
+    flags = [m.is_causal for m in model.modules() if isinstance(getattr(m, "is_causal", None), bool)]
+    if not flags:
+        flags = [m.is_decoder for m in model.modules() if isinstance(getattr(m, "is_decoder", None), bool)]
+    if not flags or any(flags):
+        return ""
+    config = getattr(model, "config", None)
+    hint = " (an encoder: set config.is_decoder=True only if it was trained as a decoder)" \
+        if getattr(config, "is_decoder", None) is False else ""
+    return (f"{type(model).__name__} attends in both directions{hint}: every position sees the tokens after it, so "
+            "a next-token loss would score predictions that read the answer")
+
+
+def _resolve_task(model: nn.Module | None, task: str, logits: torch.Tensor) -> str:
+    """The loss ``task`` means for ``model`` and its logits: ``"auto"`` read from the model, refused when unclear.
+
+    2-D logits: a classifier. 3-D logits: a transformers masked-LM or token classifier scores each token as it is,
+    a transformers causal LM the next token; any other model must say which (``task=``): shifting the labels of a
+    token classifier, or not shifting those of a causal LM, would give a silently wrong q. A next-token loss of a
+    model whose attention is bidirectional is refused (:func:`causal_lm_problem`).
+    """
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+    if task == "auto":
+        if logits.ndim == 2:
+            return "classification"
+        if logits.ndim != 3:
+            raise CaptureError(f"cannot tell the task from logits of shape {tuple(logits.shape)}; pass task= or loss_fn=")
+        if model is None:  # per_example_loss without a model: the logits alone (its documented rule)
+            return "causal_lm"
+        kind = _hf_loss_kind(model)
+        if not kind:
+            raise CaptureError(
+                f"{type(model).__name__} returns per-token logits {tuple(logits.shape)} and is not a transformers "
+                "causal-LM, masked-LM or token-classification model, so whether its labels are next tokens is "
+                "unknown; pass task='causal_lm' (position t predicts token t+1) or task='token_classification' "
+                "(position t predicts its own label; also task='masked_lm')"
+            )
+        task = "masked_lm" if kind == "token" else "causal_lm"
+    if task == "causal_lm" and model is not None:
+        problem = causal_lm_problem(model)
+        if problem:
+            raise CaptureError(f"{problem}; capture it with task='masked_lm' and masked-LM labels, or use a causal LM")
+    return task
+
+
+def per_example_loss(output: Any, inputs: Any, targets: Any = None, task: str = "auto", *,
+                     model: nn.Module | None = None, logits_index: int | None = None) -> torch.Tensor:
+    """Per-example losses ``(batch,)`` from a model output.
+
+    * ``causal_lm`` (logits ``(b, T, V)``): mean next-token cross-entropy over each
+      example's target tokens. ``targets`` follow the transformers ``labels``
+      convention (aligned with the inputs, shifted here, ``-100`` ignored); the
+      default is the input ids. Positions with ``attention_mask == 0`` are ignored:
+      their labels, and the pairs that start at one (with left padding, the last pad
+      followed by the first real token).
+    * ``masked_lm`` or ``token_classification`` (logits ``(b, T, C)``, labels ``(b, T)``,
+      ``-100`` where ignored): mean cross-entropy of each position's own label, not
+      shifted, over the example's labelled non-padding positions.
+    * ``classification`` (logits ``(b, C)``): cross-entropy of each example's label
+      (class indices ``(b,)`` or class probabilities ``(b, C)``).
+
+    The loss is computed in the logits' precision (half precision in float32).
+    ``task="auto"``: 2-D logits are a classifier's; 3-D logits are read from ``model``
+    (a transformers causal LM, masked LM or token classifier; refused for others), or
+    taken as a causal LM's when no ``model`` is given. ``logits_index``: the position
+    of the logits in a model output that is a tuple of several tensors.
+    """
+    logits = _logits(output, logits_index)
+    task = _resolve_task(model, task, logits)
+    if task == "classification":
+        if targets is None:
+            raise CaptureError("a classifier needs targets (the labels of the batch) to define each example's loss")
+        logits = _at_least_float32(logits)
+        if isinstance(targets, torch.Tensor) and targets.is_floating_point():  # class probabilities
+            targets = targets.to(logits.dtype)
+        elif isinstance(targets, torch.Tensor) and logits.ndim == 2:
+            _check_label_range(targets, logits.shape[-1], "targets (class labels)", ignore=False)
+        return F.cross_entropy(logits, _as_long(targets), reduction="none")
+    if task in ("masked_lm", "token_classification"):
+        return _token_loss(logits, inputs, targets, task)
+    # causal LM
+    mask = inputs.get("attention_mask") if isinstance(inputs, Mapping) else None
+    if targets is None:
+        ids = inputs.get("input_ids") if isinstance(inputs, Mapping) else inputs
+        if not isinstance(ids, torch.Tensor) or ids.is_floating_point():
+            raise CaptureError("a causal LM needs integer input_ids (or explicit targets) to define next-token losses")
+        targets = ids
+    elif not isinstance(targets, torch.Tensor) or targets.is_floating_point() or targets.dtype == torch.bool:
+        raise CaptureError(
+            f"causal-LM targets (labels) must be an integer tensor of token ids, -100 where ignored; got {_describe(targets)}"
+        )
+    labels = _as_long(targets)
+    if mask is not None:
+        labels = labels.masked_fill(mask.to(labels.device) == 0, IGNORE_INDEX)
+    if logits.ndim == 3:
+        _check_label_range(labels, logits.shape[-1], "causal-LM labels", ignore=True)
+    if logits.ndim != 3 or labels.shape != logits.shape[:2]:
+        raise CaptureError(f"causal-LM targets of shape {tuple(labels.shape)} do not match logits {tuple(logits.shape)}")
+    # Position t is scored against token t + 1 and the last position against nothing (IGNORE_INDEX): the labels
+    # are shifted, not the logits. Cross-entropy then reads the (batch, T, V) logits as they are — no slice, so no
+    # copy of them forward and no zero-filled (batch, T, V) gradient for a slice backward — and an ignored position
+    # contributes exactly 0 to the loss and to the logits' gradient. Each scored token's loss and gradient are
+    # bit-identical to cross-entropy on the sliced logits[:, :-1].
+    shifted = torch.cat([labels[:, 1:], labels.new_full((labels.shape[0], 1), IGNORE_INDEX)], dim=1)
+    if mask is not None:  # a padding position predicts nothing (left padding: the last pad precedes a real token)
+        shifted = shifted.masked_fill(mask.to(shifted.device) == 0, IGNORE_INDEX)
+    token_loss = F.cross_entropy(
+        _at_least_float32(logits).flatten(0, 1), shifted.flatten(), ignore_index=IGNORE_INDEX, reduction="none",
+    ).view(shifted.shape)[:, :-1].contiguous()  # the T - 1 scored positions, summed below as before
+    counts = (shifted[:, :-1] != IGNORE_INDEX).sum(dim=1)
+    empty = torch.nonzero(counts == 0).flatten().tolist()
+    if empty:
+        raise CaptureError(
+            f"example(s) {empty[:10]} have no target token (fewer than 2 non-padding tokens), so their loss is undefined; "
+            "drop them"
+        )
+    return token_loss.sum(dim=1) / counts
+
+
+def _token_loss(logits: torch.Tensor, inputs: Any, targets: Any, task: str) -> torch.Tensor:
+    """Mean cross-entropy of each position's own label (masked LM, token classification): ``(b, T, C)`` → ``(b,)``."""
+    what = "masked-LM labels" if task == "masked_lm" else "token labels"
+    if not isinstance(targets, torch.Tensor) or targets.is_floating_point() or targets.dtype == torch.bool:
+        raise CaptureError(
+            f"{task} needs {what}: an integer tensor (batch, T) aligned with the inputs, -100 where a position is "
+            f"not scored (as transformers' labels); got {_describe(targets)}"
+        )
+    labels = _as_long(targets)
+    if logits.ndim != 3 or labels.shape != logits.shape[:2]:
+        raise CaptureError(f"{what} of shape {tuple(labels.shape)} do not match logits {tuple(logits.shape)}")
+    mask = inputs.get("attention_mask") if isinstance(inputs, Mapping) else None
+    if mask is not None:
+        labels = labels.masked_fill(mask.to(labels.device) == 0, IGNORE_INDEX)
+    _check_label_range(labels, logits.shape[-1], what, ignore=True)
+    token_loss = F.cross_entropy(
+        _at_least_float32(logits).flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="none",
+    ).view(labels.shape)
+    counts = (labels != IGNORE_INDEX).sum(dim=1)
+    empty = torch.nonzero(counts == 0).flatten().tolist()
+    if empty:
+        raise CaptureError(f"example(s) {empty[:10]} have no labelled non-padding position, so their loss is "
+                           "undefined; drop them")
+    return token_loss.sum(dim=1) / counts
+
+
+def _left_padded(inputs: Any) -> bool:
+    """True when some example of a token batch starts with padding (its attention mask starts with 0)."""
+    mask = inputs.get("attention_mask") if isinstance(inputs, Mapping) else None
+    if not isinstance(mask, torch.Tensor) or mask.ndim != 2 or mask.shape[1] < 2:
+        return False
+    real = mask != 0
+    return bool((~real[:, 0] & real.any(dim=1)).any())
+
+
+def _positions_for_left_padding(model: nn.Module, inputs: Any, task: str, loss_fn: Any) -> Any:
+    """A left-padded batch with the ``position_ids`` that place each example's tokens at 0, 1, 2, …
+
+    Without them a transformers model numbers the positions of the padded row from its first pad, so its tokens
+    sit at shifted positions (absolute position embeddings read other rows; the loss would not be the example's
+    own). This is what transformers' ``generate`` passes for a left-padded batch. Done for a causal LM's
+    next-token loss, the case left padding is made for; any other left-padded batch without ``position_ids`` is
+    refused (the model's own convention, e.g. RoBERTa's offset positions, is not known here). Right-padded
+    batches and batches that carry ``position_ids`` are returned as they are.
+    """
+    if not _left_padded(inputs) or inputs.get("position_ids") is not None:
+        return inputs
+    causal = loss_fn is None and (task == "causal_lm" or task == "auto" and _hf_loss_kind(model) == "causal_lm")
+    if not causal or "position_ids" not in _forward_params(model):
+        why = "takes no position_ids" if causal else "is not captured with a causal LM's next-token loss"
+        raise CaptureError(
+            f"the batch is left-padded (an attention_mask row starts with 0) and {type(model).__name__} {why}, so "
+            "its tokens would sit at shifted positions; pad on the right (tokenizer.padding_side = 'right'), or "
+            "pass position_ids in the batch"
+        )
+    real = (inputs["attention_mask"] != 0).long()
+    return {**inputs, "position_ids": (real.cumsum(dim=1) - 1).clamp(min=0)}
