@@ -17,7 +17,7 @@ from dalign_core.config import REPO_ROOT
 from dalign_core.experiments import claims as claims_experiment
 from dalign_core.experiments._runner import run_experiment
 from dalign_core.experiments.llama_width import Config as LlamaConfig
-from dalign_core.studies.interventions.report import FAMILY_NAMES
+from dalign_core.studies.interventions.draws import FAMILY_NAMES
 from dalign_core.report.describe import width_verdicts
 
 LABELS = {*trend.VOCABULARY, claims.NOT_RUN} - {"not run"}  # one vocabulary; "not run" reads "… at this profile"

@@ -1,7 +1,7 @@
 """Every claim of the paper beside our verdict, computed from one profile's results files.
 
 A claim is judged by the same code the chapters print their verdicts with
-(:func:`dalign_core.report.describe.width_verdicts`, :mod:`dalign_core.studies.interventions.report`), so
+(:func:`dalign_core.report.describe.width_verdicts`, :mod:`dalign_core.studies.interventions`), so
 the claims table and the chapters cannot disagree. Labels:
 
 * **reproduced / contradicted / inconclusive / not estimable** for the width claims, a slope test whose
@@ -33,12 +33,13 @@ import pandas as pd
 from scipy import stats
 
 from dalign_core.studies import growth
-from dalign_core.studies.interventions import report as intervention_report
-from dalign_core.studies.interventions.report import FAMILY_NAMES
+from dalign_core.studies import interventions as intervention_report
+from dalign_core.studies.interventions.draws import FAMILY_NAMES
 from dalign_core.geometry.misalignment import wilson_interval
 from dalign_core.report.describe import (PAPER_REGIMES, SCALE, at_this_scale, judged_geometry, late_steps, reference_text,
                                 sweep_records, width_verdicts)
-from dalign_core.sweep.trend import clock_window, estimability
+from dalign_core.sweep.clock import clock_window
+from dalign_core.sweep.trend import estimability
 from dalign_core.report.results import read_table
 
 __all__ = ["NOT_RUN", "RULES", "Row", "claims_table", "by_profile", "LLAMA_PAPER_D_ALIGN"]

@@ -1,7 +1,7 @@
 """Figures of the interventions chapter, drawn for the book's column with :func:`dalign_core.report.plots.style`.
 
 Each function takes ``interventions.csv`` (or a frame
-:mod:`dalign_core.studies.interventions.report` derives from it) and returns one Figure.
+:mod:`dalign_core.studies.interventions` derives from it) and returns one Figure.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from dalign_core.studies.interventions.report import FAMILY_NAMES, PAPER_RETENTION, Z_BINS, retention_curve
+from dalign_core.studies.interventions.draws import FAMILY_NAMES, PAPER_RETENTION, Z_BINS
+from dalign_core.studies.interventions.retention import retention_curve
 from dalign_core.report.figure_style import COLUMN_WIDTH, empty, legend_below, log_ticks
 
 __all__ = ["retention_curves", "conditional_by_step", "curvature_check", "sign_by_size",
@@ -183,7 +184,7 @@ def rates_beside_certificates(frame: pd.DataFrame) -> plt.Figure:
 
 
 def out_of_sample_curves(curve: pd.DataFrame, low: float = -0.5, high: float = 1.5) -> plt.Figure:
-    """Retention out of sample against δ (an :func:`~dalign_core.studies.interventions.report.out_of_sample_retention`
+    """Retention out of sample against δ (an :func:`~dalign_core.studies.interventions.retention.out_of_sample_retention`
     frame), one panel per family: ΔL_E over the prediction from g_K (solid, with its interval over models) and from
     μ_M (dotted) beside ΔL_K over the prediction from g_K (dashed: the same-sample curve, Taylor's theorem). Steps
     stated as fractions of one optimizer step are the open markers, at their median δ. Shared-bias steps; the
