@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from dalign_core.sweep import trend
+from dalign_core.sweep.clock import clock_diagnostics, clock_free_summaries, simulate_clock_labels
 from dalign_core.config import REPO_ROOT
 from dalign_core.experiments import llama_width, pythia_width, resnet_width
 from dalign_core.report.results import read_table
@@ -174,7 +175,7 @@ def _panel(widths=(32, 64, 128), seeds=4, steps=(100, 200, 300, 400), slope=0.3,
 
 def test_the_clock_free_slope_is_least_squares_with_a_fixed_effect_per_step():
     rows = _panel()
-    summaries = trend.clock_free_summaries(rows, "d_align", 100)
+    summaries = clock_free_summaries(rows, "d_align", 100)
     fitted = trend.slope_test(summaries)
     steps = pd.get_dummies(rows.step, dtype=float).to_numpy()
     design = np.column_stack([np.log(rows.width.to_numpy(dtype=float)), steps])
@@ -183,9 +184,9 @@ def test_the_clock_free_slope_is_least_squares_with_a_fixed_effect_per_step():
     assert set(summaries.checkpoints) == {4} and len(summaries) == 12
     # a checkpoint some run lacks leaves the window (it stays balanced); a d_align of 0 is left out, not floored
     gap = rows.drop(rows[(rows.width == 32) & (rows.seed == 0) & (rows.step == 300)].index)
-    assert set(trend.clock_free_summaries(gap, "d_align", 100).checkpoints) == {3}
+    assert set(clock_free_summaries(gap, "d_align", 100).checkpoints) == {3}
     zero = rows.assign(d_align=rows.d_align.where(rows.step != 200, 0.0))
-    assert set(trend.clock_free_summaries(zero, "d_align", 100).checkpoints) == {3}
+    assert set(clock_free_summaries(zero, "d_align", 100).checkpoints) == {3}
 
 
 def test_estimability_counts_checkpoints_whose_mean_is_not_resolved():
@@ -219,15 +220,15 @@ def test_the_clock_free_test_is_calibrated_where_wider_runs_train_faster(family,
     plan says the design detects built in beside the clock, at least 80%."""
     rows = _judged_rows(family, regime)
     reference = PAPER_SLOPE if family == "llama" else trend.SIGN
-    null = trend.simulate_clock_labels(rows, 0.0, reference=reference, direction=1, trials=1000, seed=11)
+    null = simulate_clock_labels(rows, 0.0, reference=reference, direction=1, trials=1000, seed=11)
     assert null.loc["clock_free", "reproduced"] <= 0.05, null
     detectable = max(PAPER_SLOPE, config.power_plan()["detectable"])
-    effect = trend.simulate_clock_labels(rows, detectable, reference=reference, direction=1, trials=1000, seed=12)
+    effect = simulate_clock_labels(rows, detectable, reference=reference, direction=1, trials=1000, seed=12)
     assert effect.loc["clock_free", "reproduced"] >= 0.8, effect
     assert effect.loc["clock_free", "contradicted"] <= 0.05, effect
     if family == "pythia":  # the plain crossing reads the clock as width: it "reproduces" a rise that is not there
         assert null.loc["matched_loss", "reproduced"] >= 0.3, null
-        clock = trend.clock_diagnostics(rows)
+        clock = clock_diagnostics(rows)
         assert clock["crossing_hi"] < 0 and clock["time_slope"] < 0 and clock["predicted"] > 0
 
 

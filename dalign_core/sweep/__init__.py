@@ -12,7 +12,9 @@
 * :mod:`~dalign_core.sweep.run`: the sweep itself (the steps in order, run as the grid of jobs) and its tables,
   the trend table among them.
 * :mod:`~dalign_core.sweep.projection`: the dry run: each width timed, the whole sweep's time projected.
-* :mod:`~dalign_core.sweep.trend`: width against d_align with a seed bootstrap, and the verdicts' tests.
+* :mod:`~dalign_core.sweep.trend`: the slope of a quantity on log width (one summary per run, a t interval over
+  runs), its labels, power and calibration, and the verdicts' sentences.
+* :mod:`~dalign_core.sweep.clock`: the matched-loss slope with the training clock removed, and its calibration.
 
 May import: :mod:`dalign_core.training`, :mod:`dalign_core.capture`, :mod:`dalign_core.geometry`,
 :mod:`dalign_core.data` and the top-level helpers.
