@@ -1,5 +1,5 @@
-"""The certificates-track rule (dalign_core.claims.table.tracking_interval / tracking_label), simulated at the committed
-cpu design: the LLaMA models and budgets whose certificates are informative."""
+"""The certificates-track rule (dalign_core.claims.certificates.tracking_interval / tracking_label), simulated at the
+committed cpu design: the LLaMA models and budgets whose certificates are informative."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dalign_core.claims import table as claims
+from dalign_core.claims import certificates as claims
 from dalign_core.config import REPO_ROOT
 
 

@@ -9,7 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from dalign_core.claims import rows as claim_rows
 from dalign_core.claims import table as claims
+from dalign_core.claims import width as width_claims
 from dalign_core.studies import growth
 from dalign_core.report import describe as report
 from dalign_core.sweep import trend
@@ -180,11 +182,12 @@ def test_tables_of_an_earlier_design_are_not_judged(tmp_path):
     assert (resnet.verdict == "not run at this profile").all() and (resnet.ours == STALE).all()
     current = resnet_width.Config.for_profile("smoke")
     write_table(trend, folder, "resnet_trend", current, 1.0)
-    assert not claims._stale(folder, "resnet_trend") and claims._stale(folder, "resnet_misalignment")
-    assert claims._read(folder, "resnet_trend") is not None and claims._read(folder, "resnet_misalignment") is None
+    assert not claim_rows.is_stale(folder, "resnet_trend") and claim_rows.is_stale(folder, "resnet_misalignment")
+    assert claim_rows.read_current(folder, "resnet_trend") is not None
+    assert claim_rows.read_current(folder, "resnet_misalignment") is None
 
 
-WIDTH_CLAIMS = [claim for claim, _, _ in claims._WIDTH_CLAIMS]
+WIDTH_CLAIMS = [claim for claim, _, _ in width_claims._WIDTH_CLAIMS]
 
 
 @pytest.mark.skipif(not (CPU / "llama_trend.csv").exists(), reason="the committed cpu results are not present")
@@ -244,7 +247,7 @@ def test_no_width_verdict_depends_on_the_floor_under_the_log(monkeypatch):
     labels = {}
     for floor in (1e-5, 1e-8):
         monkeypatch.setattr(trend, "FLOOR", floor)
-        table = claims._width_rows(CPU)
+        table = width_claims.width_rows(CPU)
         labels[floor] = {(row.claim, row.scope): (row.verdict, f"{row.slope:.12g}") for row in table
                          if row.verdict != claims.NOT_RUN}
     assert labels[1e-5] == labels[1e-8]
@@ -318,7 +321,7 @@ def test_the_context_study_gives_one_row_per_context_with_its_regime(tmp_path):
 def test_a_regime_whose_runs_failed_is_not_estimable_and_says_why():
     import pandas as pd
 
-    from dalign_core.claims.table import _untrained
+    from dalign_core.claims.width import _untrained
 
     runs = pd.DataFrame(dict(width=[32, 32, 64, 64], trained_ok=[False, False, True, False]))
     assert "1 of 4 runs beat the bigram baseline (widths with a trained run: N = 64)" in _untrained(runs)
