@@ -210,6 +210,37 @@ def test_several_reductions_from_one_backward_pass_match_separate_captures():
         accumulate_geometry(model, "all", batches, reduction=["full", "mean"])
 
 
+@pytest.mark.parametrize("family", ["pythia", "resnet"])
+def test_one_capture_for_both_sweep_reductions_is_bit_identical_to_one_per_reduction(family):
+    """The sweep's families with two reductions (Pythia and ResNet-20, ``("full", "shared")``): one capture pass per
+    batch for both gives each reduction's accumulated rows and Gram bit for bit as a capture per reduction (the old
+    sweep), with the determinism check on the first batch as at the sweep's first capture of a model."""
+    if family == "pythia":
+        model = _small_pythia()
+        batches = [lm_batch(seed=s, b=4)[0] for s in range(3)]
+    else:
+        model = tiny_resnet()
+        generator = torch.Generator().manual_seed(7)
+        batches = [(torch.randn(4, 3, 16, 16, generator=generator), torch.randint(0, 10, (4,), generator=generator))
+                   for _ in range(3)]
+    reductions = ("full", "shared")
+    sizes = []
+    handle = model.register_forward_pre_hook(lambda module, args, kwargs: sizes.append(
+        (kwargs.get("input_ids") if "input_ids" in kwargs else args[0]).shape[0]), with_kwargs=True)
+    together = accumulate_geometry(model, "all", batches, reduction=list(reductions))
+    handle.remove()
+    assert sizes == [4, 1, 4, 4]  # one pass per batch for both reductions, and example 0 once for the check
+    assert list(together) == list(reductions)
+    for reduction in reductions:
+        alone = accumulate_geometry(model, "all", batches, reduction=reduction)
+        assert list(together[reduction]) == list(alone) and len(alone) >= 2
+        for name, accumulator in together[reduction].items():
+            assert accumulator.n == alone[name].n == 12
+            assert torch.equal(accumulator.rows(), alone[name].rows()), (reduction, name)
+            assert torch.equal(accumulator.gram(), alone[name].gram()), (reduction, name)
+            assert accumulator.result().to_row() == alone[name].result().to_row()
+
+
 def test_resnet_blocks_are_insertion_points():
     model = tiny_resnet()
     assert insertion_points(model) == residual_block_names(model)
