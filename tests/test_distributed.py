@@ -1,4 +1,4 @@
-"""Several ranks, one experiment: the job grid, data-parallel training and sharded q pools (dalign_core.training.distributed, .sharded).
+"""Several ranks, one experiment: job grid, data-parallel training, sharded q pools (training.distributed, .sharded).
 
 The end-to-end tests start ``torchrun --nproc_per_node=2`` (as ``python -m
 torch.distributed.run``) on the CPU with the gloo backend, running

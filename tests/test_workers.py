@@ -310,8 +310,10 @@ def test_workers_exit_when_their_parent_is_killed(tmp_path, monkeypatch, pdeaths
     The second case disables prctl (as on a platform without it): the watchdog thread alone must end them."""
     import subprocess
 
+    importing = "from dalign_core.training import workers"
+    assert importing in _ORPHAN_SCRIPT  # the watchdog case below patches the module the script imports
     script = _ORPHAN_SCRIPT if pdeathsig else _ORPHAN_SCRIPT.replace(
-        "from dalign_core.training import workers", "from dalign_core.training import workers\nworkers.PR_SET_PDEATHSIG = -1")
+        importing, f"{importing}\nworkers.PR_SET_PDEATHSIG = -1")
     parent = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], cwd=tmp_path,
                               env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     try:

@@ -14,9 +14,9 @@ and ``data``, a tensor (or tuple of tensors) whose first dimension indexes examp
   ``s*B .. s*B+B-1`` of the concatenated epochs.  The data position is therefore the
   step number, and resuming needs no sampler state.
 * Checkpoints in ``checkpoint_dir/step_XXXXXXX/`` (:mod:`dalign_core.training.checkpoints`):
-  ``model.safetensors`` (weights) and, for resume points, ``state.pt`` (optimizer state, the step, global RNG states, the
-  loss history, the config), saved with plain tensors and Python scalars so it loads
-  with ``torch.load(weights_only=True)``.  A checkpoint folder is written under a
+  ``model.safetensors`` (weights) and, for resume points, ``state.pt`` (optimizer state,
+  the step, global RNG states, the loss history, the config), saved with plain tensors
+  and Python scalars so it loads with ``torch.load(weights_only=True)``.  A checkpoint folder is written under a
   temporary name and renamed, so a crash never leaves a half-written checkpoint.
   Resume points are every ``checkpoint_every`` steps and the final step; older resume
   points are pruned (keeping ``keep_resume``).  Requested analysis checkpoints
