@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from dalign_core.studies.interventions import compute as intervention
-from dalign_core.capture.hooks import CaptureError, activation_gradients
+from dalign_core.capture.hooks import activation_gradients
+from dalign_core.capture.refusals import CaptureError
 from dalign_core.studies.interventions.compute import residual_block_step, shared_bias_step, train_decrease_steps
 from dalign_core.models.llama import LlamaWidthSpec, build_llama
 from dalign_core.models.resnet import resnet20

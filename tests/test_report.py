@@ -175,7 +175,7 @@ def test_width_verdicts_from_geometry_take_the_clock_out_of_matched_loss():
     text = report.describe_clock(report.judged_geometry(geometry, _trend(-0.2, 0.2), "L"))
     assert "wider runs are read earlier" in text and "disagree here" in text
     # the plain crossing of the same runs would have read the clock as a rise with width
-    from dalign_core.sweep.trend import clock_diagnostics
+    from dalign_core.sweep.clock import clock_diagnostics
 
     assert clock_diagnostics(geometry)["matched_lo"] > 0
     rises = report.width_verdicts(_trend(-0.2, 0.2), "L", geometry=_clock_geometry(0.5, 1.0), family="pythia")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import pandas as pd
 
 from dalign_core.sweep.rates import lr_check
-
 from dalign_core.report.describe.text import DASH
 
 __all__ = ["by_regime", "sweep_records", "judged_only", "describe_accuracy", "describe_runs", "RATE_TIE", "trials",

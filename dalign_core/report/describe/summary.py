@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 from dalign_core.report.results import read_table
-
 from dalign_core.report.describe.runs import by_regime, describe_learning_rates, describe_runs, sweep_records
 from dalign_core.report.describe.verdicts import SCALE, at_this_scale, width_verdicts
 

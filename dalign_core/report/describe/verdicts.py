@@ -9,9 +9,9 @@ import math
 
 import pandas as pd
 
-from dalign_core.sweep.trend import (PAPER_SLOPE, SIGN, Verdict, clock_diagnostics, clock_free_test, estimability,
-                               label_for, not_estimable, run_summaries, slope_test, verdict)
-
+from dalign_core.sweep.clock import clock_diagnostics, clock_free_test
+from dalign_core.sweep.trend import (PAPER_SLOPE, SIGN, Verdict, estimability, label_for, not_estimable, run_summaries,
+                                     slope_test, verdict)
 from dalign_core.report.describe.text import DASH, D_ALIGN_HTML, number, trained_rows
 
 __all__ = ["WIDTH_CLAIMS", "PAPER_REGIMES", "SCALE", "at_this_scale", "scale_for", "family_reference",
@@ -128,7 +128,7 @@ def width_verdicts(trend: pd.DataFrame, layer: str | None = None, pool: str = "h
 
     * d_align rises with width at matched steps (each run's late-window mean of log d_align);
     * d_align rises with width at matched held-out loss with the training clock removed
-      (:func:`dalign_core.sweep.trend.clock_free_test`: runs compared at the same steps over the window where every
+      (:func:`dalign_core.sweep.clock.clock_free_test`: runs compared at the same steps over the window where every
       width's loss passes the common level);
     * the misalignment probability falls with width at the judged (M, K) (logit p̂, same-law setting).
 
