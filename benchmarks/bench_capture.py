@@ -39,6 +39,11 @@ Besides the table it prints, per width, capture time over the floor (a forward a
 backward down to the insertion point) for ``capture`` and ``capture_unchecked``, and saves
 them as ``capture_over_floor`` in the JSON (``ratio_vs_floor`` in the CSV).
 
+First of all it prints the capture ratio of the issue's setup: capture plus estimation of one
+batch of 32 sequences x 128 tokens at one layer of a 4-layer LLaMA of width 256, with the
+determinism self-check on, over a bare forward and backward of that batch (target
+<= 1.05x; ``--quick``: 8 x 64 tokens at width 128). It is saved as ``capture_ratio`` in the JSON.
+
 Writes ``DIR/bench_capture.csv`` and ``DIR/bench_capture.json`` atomically.
 """
 
@@ -61,6 +66,11 @@ if str(REPO) not in sys.path:
 
 METHODS = ("bare", "floor", "capture", "capture_unchecked", "capture_all", "loop", "vmap")
 TARGET_RATIO = 1.15
+CAPTURE_RATIO_CASE = {"width": 256, "layers": 4, "batches": 1, "batch_size": 32, "seq_len": 128}
+"""The setup of the capture ratio: one batch of 32 x 128 tokens at one layer of a 4-layer LLaMA of width 256."""
+CAPTURE_RATIO_QUICK = {"width": 128, "layers": 4, "batches": 1, "batch_size": 8, "seq_len": 64}
+CAPTURE_RATIO_TARGET = 1.05
+"""Capture plus estimation of that batch, determinism self-check on, at most this times a bare forward+backward."""
 
 
 # ---------------------------------------------------------------------------
@@ -124,7 +134,7 @@ def _setup(args):
     import torch
     import torch.nn.functional as F
 
-    from dalign_core.geometry.estimators import GeometryAccumulator
+    from dalign_core.geometry.accumulator import GeometryAccumulator
     from dalign_core.capture.hooks import accumulate_geometry, activation_gradients
 
     if args.threads:
@@ -300,6 +310,36 @@ def _run_in_child(fn, case):
     return result
 
 
+def capture_ratio(args) -> dict:
+    """The capture ratio of :data:`CAPTURE_RATIO_CASE` (``--quick``: :data:`CAPTURE_RATIO_QUICK`), timed in a fresh
+    process: best-of-``--repeats`` wall times of ``bare``, ``capture`` (self-check on) and ``capture_unchecked``, and
+    capture over bare with and without the check."""
+    setup = CAPTURE_RATIO_QUICK if args.quick else CAPTURE_RATIO_CASE
+    case = argparse.Namespace(**{**vars(args), **setup, "methods": ["bare", "capture", "capture_unchecked"]})
+    status, result = _run_in_child(time_width, case)
+    if status != "ok":
+        return {**setup, "status": "failed", "error": result}
+    wall = {r["method"]: r["wall_s"] for r in result}
+    failed = [f"{r['method']}: {r['error']}" for r in result if r["status"] != "ok"]
+    return {**setup, "status": "failed" if failed else "ok", "error": "; ".join(failed),
+            "bare_s": wall["bare"], "capture_s": wall["capture"], "capture_unchecked_s": wall["capture_unchecked"],
+            "ratio": wall["capture"] / wall["bare"], "ratio_unchecked": wall["capture_unchecked"] / wall["bare"],
+            "check_share": 1 - wall["capture_unchecked"] / wall["capture"], "target": CAPTURE_RATIO_TARGET,
+            "meets_target": bool(wall["capture"] / wall["bare"] <= CAPTURE_RATIO_TARGET)}
+
+
+def _capture_ratio_line(ratio: dict) -> str:
+    setup = (f"one batch of {ratio['batch_size']} x {ratio['seq_len']} tokens at one layer of a {ratio['layers']}-layer "
+             f"LLaMA of width {ratio['width']}")
+    if ratio["status"] != "ok":
+        return f"capture ratio ({setup}): failed ({ratio['error']})"
+    return (f"capture ratio ({setup}; capture + estimation over a bare forward+backward): {ratio['ratio']:.2f}x with "
+            f"the determinism self-check ({'meets' if ratio['meets_target'] else 'MISSES'} the target of <= "
+            f"{ratio['target']}x), {ratio['ratio_unchecked']:.2f}x without it; bare {ratio['bare_s']:.3f} s, capture "
+            f"{ratio['capture_s']:.3f} s, unchecked {ratio['capture_unchecked_s']:.3f} s "
+            f"(the check: {100 * ratio['check_share']:+.1f}% of a capture)")
+
+
 def _atomic_write(path: Path, text: str) -> None:
     from dalign_core.atomic import atomic_write_text
 
@@ -340,6 +380,8 @@ def main(argv=None) -> int:
     import dalign_core.capture.hooks  # noqa: F401
     records = []
     started = time.perf_counter()
+    ratio = capture_ratio(args)
+    print(_capture_ratio_line(ratio), flush=True)
     for width in widths:
         t0 = time.perf_counter()
         case = argparse.Namespace(**{**vars(args), "width": width})
@@ -416,8 +458,10 @@ def main(argv=None) -> int:
             }
     if floor_ratios:
         print("\ncapture time / (forward + backward down to the insertion point) (without the determinism check):")
-        for width, ratio in floor_ratios.items():
-            print(f"  width {width:5d}: {_fmt(ratio['capture'], '.2f')}x ({_fmt(ratio['capture_unchecked'], '.2f')}x)")
+        for width, by_floor in floor_ratios.items():
+            print(f"  width {width:5d}: {_fmt(by_floor['capture'], '.2f')}x "
+                  f"({_fmt(by_floor['capture_unchecked'], '.2f')}x)")
+    print("\n" + _capture_ratio_line(ratio))
 
     import pandas as pd
 
@@ -430,7 +474,8 @@ def main(argv=None) -> int:
         "widths": widths, "memory_method": mem_method, "platform": platform.platform(),
         "cpu_count": os.cpu_count(), "loadavg_end": os.getloadavg(), "total_wall_s": round(time.perf_counter() - started, 1),
         "written_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "capture_over_floor": {str(width): ratio for width, ratio in floor_ratios.items()},
+        "capture_over_floor": {str(width): by_floor for width, by_floor in floor_ratios.items()},
+        "capture_ratio": ratio,
         "records": records, "table": table,
     }
     _atomic_write(args.out / "bench_capture.json", json.dumps(meta, indent=2, default=str) + "\n")
