@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from dalign_core.studies import growth
 from dalign_core.studies.interventions.draws import FAMILY_NAMES
-from dalign_core.report.describe import SCALE, at_this_scale
+from dalign_core.report.describe import SCALE
 from dalign_core.report.results import read_table
 
 __all__ = ["NOT_RUN", "Row", "STALE", "is_current", "load_current", "read_current", "is_stale", "regimes_of",

@@ -38,7 +38,7 @@ from dalign_core.claims.rows import NOT_RUN, STALE, Row
 from dalign_core.claims.studies import growth_rows, intervention_rows
 from dalign_core.claims.width import LLAMA_PAPER_D_ALIGN, NUMBER_TOLERANCE, llama_numbers, width_rows
 
-__all__ = ["NOT_RUN", "RULES", "Row", "claims_table", "by_profile", "LLAMA_PAPER_D_ALIGN"]
+__all__ = ["NOT_RUN", "STALE", "RULES", "Row", "claims_table", "by_profile", "LLAMA_PAPER_D_ALIGN"]
 
 
 RULES = {
