@@ -31,7 +31,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from dalign_core.geometry import estimators  # noqa: E402
+from dalign_core.geometry import rows  # noqa: E402
 from dalign_core.config import ExperimentConfig  # noqa: E402
 from dalign_core.geometry.estimators import estimate_geometry, plugin_geometry  # noqa: E402
 from dalign_core.report.results import write_table  # noqa: E402
@@ -81,7 +81,7 @@ def plugin_bytes(n: int, d: int) -> int:
 
 def u_statistic_bytes(n: int) -> int:
     """Memory the U-statistics need beside Q: the Gram matrix and three n x n temporaries, two float64 column slices."""
-    return 4 * 8 * n * n + 2 * 8 * estimators._COLUMN_ELEMENTS
+    return 4 * 8 * n * n + 2 * 8 * rows._COLUMN_ELEMENTS
 
 
 def available_bytes(device: str) -> int:

@@ -22,9 +22,9 @@ from typing import Any
 _LAZY = {
     **dict.fromkeys(("EffectiveDims", "alignment_mean", "alignment_variance", "b_align", "b_exact",
                      "effective_dims", "n_eff"), "geometry.bounds"),
-    **dict.fromkeys(("Geometry", "GeometryAccumulator", "estimate_geometry", "plugin_geometry"),
-                    "geometry.estimators"),
-    **dict.fromkeys(("activation_gradients", "accumulate_geometry", "CaptureError"), "capture.hooks"),
+    **dict.fromkeys(("estimate_geometry", "plugin_geometry"), "geometry.estimators"),
+    "Geometry": "geometry.ustatistics", "GeometryAccumulator": "geometry.accumulator",
+    **dict.fromkeys(("activation_gradients", "accumulate_geometry"), "capture.hooks"), "CaptureError": "capture.refusals",
 }
 
 

@@ -28,12 +28,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from test_sweep import ToyConfig, ToyFamily  # noqa: E402
 
-from dalign_core.training import distributed  # noqa: E402
+from dalign_core.training import distributed, sharded  # noqa: E402
 from dalign_core.geometry.estimators import estimate_geometry  # noqa: E402
 from dalign_core.experiments._runner import run_experiment  # noqa: E402
 from dalign_core.geometry.misalignment import cross_gram, misalignment_probability  # noqa: E402
-from dalign_core.sweep.run import jobs_dir, run_sweep, tables_of  # noqa: E402
-from dalign_core.training.loop import TrainConfig, list_checkpoints, lm_loss, load_weights, train  # noqa: E402
+from dalign_core.sweep.plan import jobs_dir  # noqa: E402
+from dalign_core.sweep.run import run_sweep, tables_of  # noqa: E402
+from dalign_core.training.checkpoints import list_checkpoints, load_weights  # noqa: E402
+from dalign_core.training.evaluation import lm_loss  # noqa: E402
+from dalign_core.training.loop import TrainConfig, train  # noqa: E402
 
 CONFIG = ToyConfig(widths=(8, 16, 24), seeds=2)
 
@@ -132,7 +135,7 @@ def check_sharded_gram() -> None:
     Q = torch.randn(41, 9, generator=generator, dtype=torch.float64) + 0.3
     test = torch.randn(30, 9, generator=generator, dtype=torch.float64) + 0.3
     mine = Q[:25] if rank == 0 else Q[25:]
-    got, want = distributed.sharded_geometry(mine), estimate_geometry(Q)
+    got, want = sharded.sharded_geometry(mine), estimate_geometry(Q)
     for name in ("n", "d", "mean_sq", "mean_sq_sq", "directional", "cov_energy", "d_par", "d_2", "d_align"):
         a, b = getattr(got, name), getattr(want, name)
         if abs(a - b) > 1e-10 * max(abs(b), 1e-12):
@@ -142,9 +145,9 @@ def check_sharded_gram() -> None:
         if abs(other.se - interval.se) > 1e-9 * max(abs(interval.se), 1e-12):
             raise AssertionError(f"jackknife se of {name}: {other.se!r} != {interval.se!r}")
     test_mine = test[:10] if rank == 0 else test[10:]
-    C = distributed.sharded_cross_gram(mine, test_mine)
+    C = sharded.sharded_cross_gram(mine, test_mine)
     _close(C, cross_gram(Q, test), "cross-Gram", rtol=1e-12, atol=1e-12)
-    _close(distributed.sharded_cross_gram(mine), cross_gram(Q), "Gram", rtol=1e-12, atol=1e-12)
+    _close(sharded.sharded_cross_gram(mine), cross_gram(Q), "Gram", rtol=1e-12, atol=1e-12)
     a = misalignment_probability(None, C=C, one_pool=False, M=4, K=4, trials=2000, seed=3)
     b = misalignment_probability(Q, test, M=4, K=4, trials=2000, seed=3)
     if a.p_misalign != b.p_misalign or abs(a.mean - b.mean) > 1e-12 * max(abs(b.mean), 1.0):

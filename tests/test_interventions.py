@@ -9,8 +9,10 @@ import pandas as pd
 import pytest
 import torch
 
-from dalign_core.studies.interventions import report
+from dalign_core.studies import interventions as report
 from dalign_core.sweep import run as sweep
+from dalign_core.sweep.pools import Pools, prepare
+from dalign_core.sweep.trained import trained_model
 from dalign_core.experiments import interventions
 from dalign_core.experiments._runner import run_experiment
 from dalign_core.geometry.misalignment import wilson_interval
@@ -95,7 +97,7 @@ def test_the_evaluation_set_is_disjoint_from_the_draws(toy_source):
     """E is the sweep's evaluation examples: test indices outside the held-out pool, which every K (and the M of
     heldout/heldout) is drawn from; the M of train/heldout come from the train split."""
     sweep_config = ToyConfig(beatable=True)
-    splits, _, pools = sweep.prepare(sweep_config, FAMILY)
+    splits, _, pools = prepare(sweep_config, FAMILY)
     evaluation, index = interventions.evaluation_set(splits, pools, None)
     assert len(index) == sweep_config.eval_examples
     assert not set(index.tolist()) & set(pools.heldout.tolist())
@@ -109,7 +111,7 @@ def test_the_evaluation_set_is_disjoint_from_the_draws(toy_source):
             assert not set(pools.heldout[train_idx].tolist()) & (heldout_examples | set(index.tolist()))
     limited = interventions.evaluation_set(splits, pools, 10)[1]
     assert torch.equal(limited, index[:10])
-    overlapping = sweep.Pools(train=pools.train, heldout=pools.heldout, evaluation=pools.heldout[:4],
+    overlapping = Pools(train=pools.train, heldout=pools.heldout, evaluation=pools.heldout[:4],
                               validation=pools.validation)
     with pytest.raises(RuntimeError, match="shares 4 examples"):
         interventions.evaluation_set(splits, overlapping, None)
@@ -124,8 +126,8 @@ def test_eval_observed_is_the_change_of_the_loss_on_the_evaluation_set(toy_sourc
                 & (table.setting == "train/heldout") & (table.M == 4) & (table["resample"] == 1)
                 & (table.train_decrease == 1e-1) & (table.optimizer_steps == 0)].iloc[0]
     sweep_config = ToyConfig(beatable=True)
-    splits, _, pools = sweep.prepare(sweep_config, FAMILY)
-    model = sweep.trained_model(sweep_config, FAMILY, splits, int(row.width), int(row.seed), float(row.lr))
+    splits, _, pools = prepare(sweep_config, FAMILY)
+    model = trained_model(sweep_config, FAMILY, splits, int(row.width), int(row.seed), float(row.lr))
     train_idx, _, _ = interventions._draw("train/heldout", len(pools.train), len(pools.heldout), 4, 4,
                                           (config.seed, "train/heldout", 4, 4, 1))
     x_m, y_m = splits.train[0][pools.train[train_idx]], splits.train[1][pools.train[train_idx]]

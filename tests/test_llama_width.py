@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 import torch
 
-from dalign_core.sweep import run as sweep
+from dalign_core.sweep.pools import check_supply
+from dalign_core.sweep.trained import checkpoint_root
 from dalign_core.data.text import TextCorpus
 from dalign_core.experiments import llama_width
 from dalign_core.models.llama import build_llama
@@ -82,11 +83,11 @@ def test_rerun_skips_and_force_measures_the_same_models_again(tiny_run, caplog):
 
 def test_checkpoints_are_keyed_by_what_determines_the_weights():
     config = llama_width.Config.for_profile("smoke")
-    root = sweep.checkpoint_root(config, llama_width.FAMILY)
+    root = checkpoint_root(config, llama_width.FAMILY)
     measured_differently = llama_width.Config.for_profile("smoke", resamples=7, pool_size=9, lr_candidates=(1.0,))
-    assert sweep.checkpoint_root(measured_differently, llama_width.FAMILY) == root
-    assert sweep.checkpoint_root(llama_width.Config.for_profile("smoke", depth=3), llama_width.FAMILY) != root
-    assert sweep.checkpoint_root(llama_width.Config.for_profile("cpu"), llama_width.FAMILY).parent.parent.name == "cpu"
+    assert checkpoint_root(measured_differently, llama_width.FAMILY) == root
+    assert checkpoint_root(llama_width.Config.for_profile("smoke", depth=3), llama_width.FAMILY) != root
+    assert checkpoint_root(llama_width.Config.for_profile("cpu"), llama_width.FAMILY).parent.parent.name == "cpu"
 
 
 def test_the_token_unit_is_each_tokens_own_loss():
@@ -139,13 +140,13 @@ def test_the_large_profiles_pass_the_data_checks_only_with_a_corpus_that_suffice
 
     config = llama_width.Config.for_profile(profile)
     enough = config.steps * config.batch_size  # one epoch of training text
-    facts = sweep.check_supply(config, _splits_of_size(config, enough, 600, 1600))
+    facts = check_supply(config, _splits_of_size(config, enough, 600, 1600))
     assert facts["epochs"] == pytest.approx(1.0)
     # Shakespeare at the paper's context and vocabulary: 897 held-out sequences of 256 tokens
     with pytest.raises(DataSupplyError, match=r"held-out split has 897 sequences of \d+ tokens; pool_size \+ "):
-        sweep.check_supply(config, _splits_of_size(config, enough, 600, 897))
+        check_supply(config, _splits_of_size(config, enough, 600, 897))
     with pytest.warns(RepeatedDataWarning):
-        sweep.check_supply(config, _splits_of_size(config, enough // 5, 600, 1600))  # 5 epochs
+        check_supply(config, _splits_of_size(config, enough // 5, 600, 1600))  # 5 epochs
 
 
 def test_the_command_line_dry_run_prints_a_projection(tiny_env, capsys):

@@ -23,7 +23,7 @@ PROJECT = PYPROJECT["project"]
 # Import names whose distribution is named otherwise.
 DISTRIBUTION = {"yaml": "pyyaml", "sklearn": "scikit-learn", "PIL": "pillow"}
 # Modules that draw the book's figures: they need the `book` extra as a whole.
-PLOT_MODULES = {"plots.py", "intervention_plots.py"}
+PLOT_MODULES = {"plots.py", "intervention_plots.py", "figure_style.py"}
 
 
 def _requirement_name(requirement: str) -> str:

@@ -243,7 +243,7 @@ def test_checkpoints_go_under_out_unless_told_otherwise(tmp_path, monkeypatch):
 def test_a_sweeps_checkpoint_root_lies_under_out(tmp_path, monkeypatch):
     """With --out (and no --checkpoints or $DALIGN_CHECKPOINTS) a sweep's checkpoint root lies under --out, and
     nothing is written to the working folder."""
-    from dalign_core.sweep import run as sweep
+    from dalign_core.sweep import trained as sweep
 
     monkeypatch.delenv(_runner.CHECKPOINTS_VARIABLE, raising=False)
     work = tmp_path / "work"
@@ -424,7 +424,7 @@ def test_a_truncated_checkpoint_file_is_named(tmp_path, name):
     import safetensors.torch
     import torch
 
-    from dalign_core.training import loop as training
+    from dalign_core.training import checkpoints as training
 
     folder = tmp_path / "step_5"
     folder.mkdir()
@@ -458,7 +458,7 @@ def test_a_sweep_with_out_writes_nothing_in_the_working_folder(tmp_path, monkeyp
     """A real (tiny) sweep with --out: its tables and checkpoints land under --out, its data in the cache, and
     neither the working folder nor the repository's checkpoints/ gain anything (a weight decay of its own keys its
     checkpoints apart from any other run's)."""
-    from dalign_core.sweep import run as sweep
+    from dalign_core.sweep import trained as sweep
 
     work, out = tmp_path / "work", tmp_path / "o"
     work.mkdir()

@@ -29,7 +29,8 @@ import pandas as pd
 from dalign_core.config import ExperimentConfig
 from dalign_core.training.distributed import Job, context, remove_jobs, run_jobs
 from dalign_core.sweep.family import Family, SweepConfig
-from dalign_core.sweep.run import _train_config, prepare
+from dalign_core.sweep.pools import prepare
+from dalign_core.sweep.trained import _train_config
 
 __all__ = ["TrainedModel", "in_regime", "chosen_runs", "checkpoints_present", "trained_models", "jobs_folder",
            "recorded_sweep_hash", "sweep_changed", "earlier_results", "run_model_jobs", "remove_model_jobs"]

@@ -50,18 +50,19 @@ from typing import Any, Callable, Mapping
 
 import pandas as pd
 
-from dalign_core.training import distributed
-from dalign_core.training import workers
 from dalign_core._env import env_flag
 from dalign_core.atomic import atomic_write_text, require_writable
 from dalign_core.config import PROFILES, ExperimentConfig, default_results_dir, parse_overrides
 from dalign_core.report.results import results_current, write_tables
+from dalign_core.training import device as processes
+from dalign_core.training import distributed, workers
 
 __all__ = ["run_experiment", "main", "results_dir_for", "experiment_name", "check_results_folder", "config_yaml",
            "CHECKPOINTS_VARIABLE"]
 
 CHECKPOINTS_VARIABLE = "DALIGN_CHECKPOINTS"
-"""Where trained models' checkpoints go (:func:`dalign_core.sweep.run.checkpoint_root`); ``--checkpoints`` sets it."""
+"""Where trained models' checkpoints go (:func:`dalign_core.sweep.trained.checkpoint_root`); ``--checkpoints``
+sets it."""
 
 log = logging.getLogger("dalign")
 
@@ -75,7 +76,7 @@ def run_experiment(name: str, tables: tuple[str, ...], config: ExperimentConfig,
     ``compute(config, out_dir)`` returns ``(tables by name, provenance extras)``; every
     name in ``tables`` must be present (an empty DataFrame is fine: it is written as
     such). ``out_dir`` is where the tables will go; a long computation may keep its
-    finished parts there (see :func:`dalign_core.sweep.run.jobs_dir`). ``sharded``: ``compute``
+    finished parts there (see :func:`dalign_core.sweep.plan.jobs_dir`). ``sharded``: ``compute``
     spreads its work over torchrun's ranks and returns the tables on rank 0 only (see the
     module docstring).
     """
@@ -85,7 +86,7 @@ def run_experiment(name: str, tables: tuple[str, ...], config: ExperimentConfig,
         log.info("%s: runs on rank 0 alone; rank %d has nothing to do", name, ctx.rank)
         return out_dir
     shared = ctx.distributed and sharded
-    workers.configure(getattr(config, "device", "auto"))  # on the CPU: one thread, before any model is built
+    processes.configure(getattr(config, "device", "auto"))  # on the CPU: one thread, before any model is built
     workers.reset()
     if shared:
         distributed.init(getattr(config, "device", "auto"))
@@ -103,6 +104,8 @@ def run_experiment(name: str, tables: tuple[str, ...], config: ExperimentConfig,
     frames, extra = compute(config, out_dir)
     ranks = distributed.hardware() if shared else None  # collective: every rank answers
     if not ctx.is_main:
+        if shared:
+            distributed.barrier()  # return once rank 0 has written the tables: the caller may read them next
         return out_dir
     extra = {**extra, "world_size": ctx.world_size if shared else 1, **({"ranks": ranks} if ranks else {})}
     missing = sorted(set(tables) - set(frames))
@@ -110,6 +113,8 @@ def run_experiment(name: str, tables: tuple[str, ...], config: ExperimentConfig,
         raise RuntimeError(f"{name}: compute returned no table(s) {missing}")
     wall = time.perf_counter() - started
     write_tables({table: frames[table] for table in tables}, out_dir, config, wall, **extra)  # all or nothing
+    if shared:
+        distributed.barrier()  # the other ranks wait here for the tables (a study reads its sweep's next)
     log.info("%s: wrote %s in %.0f s", name, ", ".join(tables), wall)
     return out_dir
 
@@ -320,7 +325,7 @@ def main(config_cls: type[ExperimentConfig], run: Callable, description: str | N
         os.environ[CHECKPOINTS_VARIABLE] = str((args.out.expanduser() / "checkpoints").resolve())
     name = experiment_name(config)
     try:
-        workers.configure(getattr(config, "device", "auto"))  # on the CPU: one thread, before any torch work
+        processes.configure(getattr(config, "device", "auto"))  # on the CPU: one thread, before any torch work
         if dry_run is not None and args.dry_run:
             if ctx.is_main:
                 print(dry_run(config))

@@ -5,11 +5,11 @@ sweep trained (the first ``runs_per_width`` trained seeds of every width, loaded
 sweep's checkpoints) and, at every insertion point (each block output; at most
 ``max_points`` of them, evenly spaced, first and last included):
 
-1. reads the predictors of :func:`dalign_core.studies.growth.compute.predictors` before growing: d_align,
+1. reads the predictors of :func:`dalign_core.studies.growth.predictors` before growing: d_align,
    d_∥, d_2 and ‖μ‖² of the family's judged q on ``examples`` held-out pool examples;
    μ_Mᵀg_K and B_align at the budgets ``budgets``; the norm of the zero-output block's
    gradient on as many train-pool examples; a random ranking;
-2. grows there (:func:`dalign_core.studies.growth.compute.grow`): a zero-output residual block, only its
+2. grows there (:func:`dalign_core.studies.growth.grow`): a zero-output residual block, only its
    parameters trained with Adam for ``steps`` steps (read after each budget), at the rate of
    ``rates`` with the largest validation gain at the model's middle point, ``repeats``
    times (W₁ and the batches drawn anew, the same draws at every point: paired);
@@ -17,8 +17,8 @@ sweep's checkpoints) and, at every insertion point (each block output; at most
    disjoint from the q pool, before minus after) with a t interval over the repeats.
 
 One table, ``growth``: one row per (model, insertion point, budget_steps). The chapter
-(``notebooks/08_growth.ipynb``) scores the rankings with :func:`dalign_core.studies.growth.compute.score`
-and judges the claim with :func:`dalign_core.studies.growth.compute.verdict`.
+(``notebooks/08_growth.ipynb``) scores the rankings with :func:`dalign_core.studies.growth.score`
+and judges the claim with :func:`dalign_core.studies.growth.verdict`.
 
 A family whose sweep has no current results at the profile is reported ``not run`` in
 the provenance (its sweep is the long part: see its chapter), except where
@@ -40,8 +40,9 @@ from typing import Any
 import pandas as pd
 import torch
 
-from dalign_core.studies.growth import compute as growth
-from dalign_core._tensor import derived_seed, resolve_device
+from dalign_core.studies import growth
+from dalign_core._tensor import derived_seed
+from dalign_core.training.device import resolve_device
 from dalign_core.config import ExperimentConfig, default_results_dir
 from dalign_core.experiments._models import (TrainedModel, checkpoints_present, earlier_results, remove_model_jobs,
                                              run_model_jobs, sweep_changed, trained_models)
@@ -49,7 +50,7 @@ from dalign_core.experiments._runner import main, run_experiment
 from dalign_core.experiments.interventions import SOURCES
 from dalign_core.sweep.family import Family, SweepConfig, count, take
 from dalign_core.report.results import results_current
-from dalign_core.sweep.run import trained_model
+from dalign_core.sweep.trained import trained_model
 
 __all__ = ["Config", "TABLES", "COLUMNS", "run", "compute", "model_rows", "choose_points", "sweep_status"]
 
@@ -120,7 +121,7 @@ class Config(ExperimentConfig):
 
 
 COLUMNS = ["family", "model", "width", "seed", "layer"]
-"""The leading columns of the table; then the predictors (:func:`dalign_core.studies.growth.compute.predictor_names`), then
+"""The leading columns of the table; then the predictors (:func:`dalign_core.studies.growth.predictor_names`), then
 ``budget_steps, gain, gain_lo, gain_hi`` and the rest (layer_index, lr, repeats, loss_before, d_align_lo, ...)."""
 
 

@@ -16,7 +16,7 @@ family, width and layer. Two studies, one table (``interventions``):
   (``optimizer_decrease`` per step). Every step is measured on the K examples that formed
   g_K (``observed``: first order there is Taylor's theorem, the same-sample check) and on
   the evaluation set E (``eval_observed``, ``eval_n``): the sweep's evaluation examples
-  (:attr:`dalign_core.sweep.run.Pools.evaluation`, at most ``eval_examples`` of them), test
+  (:attr:`dalign_core.sweep.pools.Pools.evaluation`, at most ``eval_examples`` of them), test
   examples disjoint from the held-out pool the K (and, in ``heldout/heldout``, the M)
   examples come from, and from the train split. In the ``train/heldout`` setting the M
   examples come from the sweep's train pool (the question a growth method faces); in
@@ -59,7 +59,8 @@ from typing import Any, Callable
 import pandas as pd
 import torch
 
-from dalign_core._tensor import derived_seed, resolve_device
+from dalign_core._tensor import derived_seed
+from dalign_core.training.device import resolve_device
 from dalign_core.config import ExperimentConfig, default_results_dir, measurement_only
 from dalign_core.experiments import llama_width, pythia_width, resnet_width
 from dalign_core.experiments._models import (TrainedModel, chosen_runs, earlier_results, in_regime, remove_model_jobs,
@@ -67,7 +68,7 @@ from dalign_core.experiments._models import (TrainedModel, chosen_runs, earlier_
 from dalign_core.experiments._runner import main, run_experiment
 from dalign_core.sweep.family import Family, SweepConfig, count, take
 from dalign_core.studies.interventions.compute import optimizer_step_decrease, train_decrease_draws
-from dalign_core.sweep.run import trained_model
+from dalign_core.sweep.trained import trained_model
 
 __all__ = ["Config", "Source", "SOURCES", "TABLES", "run", "SETTINGS", "model_rows", "evaluation_set"]
 

@@ -39,7 +39,7 @@ from scipy import stats
 from dalign_core.experiments._runner import main, run_experiment
 from dalign_core.experiments.llama_width import Config as LlamaConfig
 from dalign_core.experiments.llama_width import LlamaFamily
-from dalign_core.sweep.run import dry_run as sweep_dry_run
+from dalign_core.sweep.projection import dry_run as sweep_dry_run
 from dalign_core.sweep.run import run_sweeps, tables_of
 
 
@@ -329,11 +329,11 @@ def context_figure(late: pd.DataFrame, band: tuple[float, float] = PAPER_BAND):
     import matplotlib.pyplot as plt  # noqa: PLC0415  (plotting is optional: the plots extra)
     from matplotlib.ticker import FuncFormatter  # noqa: PLC0415
 
-    from dalign_core.report import plots  # noqa: PLC0415
+    from dalign_core.report import figure_style as plots  # noqa: PLC0415
 
     fig, ax = plt.subplots(figsize=(plots.COLUMN_WIDTH, 3.6))
     ax.axhspan(*band, color="0.85", zorder=0, label="the paper's range")
-    colours = plots._palette(late.width) if len(late) else {}
+    colours = plots.palette(late.width) if len(late) else {}
     for width, runs in late.groupby("width"):
         ok = runs[np.isfinite(runs.d_align) & (runs.d_align > 0)]
         ax.scatter(ok.context, ok.d_align, color=colours[width], s=14, alpha=0.6)
@@ -346,7 +346,7 @@ def context_figure(late: pd.DataFrame, band: tuple[float, float] = PAPER_BAND):
     ax.yaxis.set_major_formatter(FuncFormatter(plots.tick_label))
     ax.set_xlabel("context $T$ (tokens per sample)")
     ax.set_ylabel(plots.LABELS["d_align"] + " (last quarter)")
-    plots._legend(ax, ncols=4)
+    plots.legend(ax, ncols=4)
     return fig
 
 
@@ -354,7 +354,7 @@ def slope_figure(trend: pd.DataFrame):
     """The judged width slope of each context with its 95% interval, beside 0 and the paper's +0.50. Returns the Figure."""
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    from dalign_core.report import plots  # noqa: PLC0415
+    from dalign_core.report import figure_style as plots  # noqa: PLC0415
     from dalign_core.sweep.trend import PAPER_SLOPE  # noqa: PLC0415
 
     judged = judged_slopes(trend)
@@ -367,7 +367,7 @@ def slope_figure(trend: pd.DataFrame):
                     fmt="o", capsize=4, color="C0", label="ours, 95% interval")
         ax.set_xticks(x, [f"$T = {int(t)}$" for t in judged.context])
     ax.set_ylabel(r"slope of $\log d_{\mathrm{align}}$ on $\log N$")
-    plots._legend(ax, ncols=2)
+    plots.legend(ax, ncols=2)
     return fig
 
 

@@ -36,11 +36,13 @@ from dalign_core.config import added_field, measurement_only
 from dalign_core.geometry.estimators import estimate_geometry
 from dalign_core.experiments._runner import main, run_experiment
 from dalign_core.sweep.family import Splits
-from dalign_core.capture.hooks import IGNORE_INDEX, activation_gradients
+from dalign_core.capture.hooks import activation_gradients
+from dalign_core.capture.losses import IGNORE_INDEX
 from dalign_core.sweep.lm_family import CausalLMFamily, LMSweepConfig
 from dalign_core.models.llama import LlamaWidthSpec, build_llama
-from dalign_core.sweep.run import dry_run as sweep_dry_run
-from dalign_core.sweep.run import jobs_dir, run_sweep, tables_of
+from dalign_core.sweep.projection import dry_run as sweep_dry_run
+from dalign_core.sweep.plan import jobs_dir
+from dalign_core.sweep.run import run_sweep, tables_of
 
 
 @dataclass(frozen=True)

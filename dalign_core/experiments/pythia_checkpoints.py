@@ -57,7 +57,7 @@ from dalign_core.capture.hooks import accumulate_geometry
 from dalign_core.cli.loading import (LoadError, ModelSource, _hub_cache, _hub_reachable, load_model, load_tokenizer,
                                  resolve_model_source)
 from dalign_core.models.pythia import build_pythia, pythia_width_variant
-from dalign_core.training.loop import evaluate_lm_loss
+from dalign_core.training.evaluation import evaluate_lm_loss
 
 TABLES = ("pythia_released",)
 COLUMNS = ["model", "width", "depth", "revision", "step", "layer", "relative_depth", "n", "d", "mean_sq", "d_par",

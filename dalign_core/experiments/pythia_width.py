@@ -41,7 +41,7 @@ from dalign_core.experiments._runner import main, run_experiment
 from dalign_core.sweep.family import Splits
 from dalign_core.sweep.lm_family import CausalLMFamily, LMSweepConfig
 from dalign_core.models.pythia import build_pythia, pythia_width_variant
-from dalign_core.sweep.run import dry_run as sweep_dry_run
+from dalign_core.sweep.projection import dry_run as sweep_dry_run
 from dalign_core.sweep.run import run_sweeps, tables_of
 
 

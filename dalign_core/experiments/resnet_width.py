@@ -40,9 +40,9 @@ from dalign_core.data.images import load_images
 from dalign_core.experiments._runner import main, run_experiment
 from dalign_core.sweep.family import Family, Splits, SweepConfig, count
 from dalign_core.models.resnet import resnet20, residual_block_names
-from dalign_core.sweep.run import dry_run as sweep_dry_run
+from dalign_core.sweep.projection import dry_run as sweep_dry_run
 from dalign_core.sweep.run import run_sweeps, tables_of
-from dalign_core.training.loop import eval_mode
+from dalign_core.training.evaluation import eval_mode
 
 STAGE_WIDTH = 16
 """Channels of the first stage at k = 1: a run's width is ``STAGE_WIDTH * k``."""

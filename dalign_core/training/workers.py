@@ -62,7 +62,6 @@ from typing import Any, Callable, Sequence
 import torch
 
 from dalign_core.training.device import THREADS_VARIABLE, _positive, configured, threads
-from dalign_core.training.device import configure  # noqa: F401  (the experiment runner calls workers.configure)
 
 __all__ = ["WORKERS_VARIABLE", "WorkerError", "GridProgress", "cores", "count", "settings", "reset", "run_pool"]
 
