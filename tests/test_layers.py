@@ -105,3 +105,9 @@ def test_every_module_imports(path):
             importlib.import_module(target)
         except ModuleNotFoundError:
             assert hasattr(importlib.import_module(head), leaf), f"{module.__name__} line {line}: no {target}"
+
+
+def test_a_reader_takes_in_each_module_at_once():
+    """No module past about 500 lines: a longer one holds two concepts, which belong in two modules."""
+    long = {str(p.relative_to(PACKAGE)): n for p in _modules() if (n := len(p.read_text().splitlines())) > 520}
+    assert not long, f"modules past ~500 lines: {long}"
