@@ -24,7 +24,6 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from dalign_core.atomic import atomic_write_text
 from dalign_core.config import REPO_ROOT, ExperimentConfig
 
 __all__ = ["provenance", "write_table", "write_tables", "read_table", "results_current"]

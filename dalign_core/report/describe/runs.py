@@ -33,10 +33,6 @@ def judged_only(tables: dict[str, pd.DataFrame], reduction: str) -> dict[str, pd
     return {**tables, "geometry": judged, "geometry_all": geometry}
 
 
-def _widths(frame: pd.DataFrame) -> str:
-    return ", ".join(f"N={w}" for w in sorted(frame.width.unique()))
-
-
 def _reason(failure) -> str:
     return failure if isinstance(failure, str) and failure else "diverged"
 
