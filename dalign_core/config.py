@@ -399,6 +399,10 @@ def require_items(config: Any, name: str, least: float, *, whole: bool = True, p
     require(config, name, bool(values) and all(fine(v) for v in values), allowed)
 
 
+_FLOAT_TYPES = ("float32", "float64", "float16", "bfloat16")
+_AUTOCAST_TYPES = ("float16", "bfloat16")
+
+
 @dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
     """Base class of every experiment's config dataclass.
@@ -410,12 +414,60 @@ class ExperimentConfig:
 
     PROFILES: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
 
+    def __init_subclass__(cls, **kwargs):
+        """Every subclass's ``__post_init__`` is followed by the shared checks (:meth:`_check_shared`), also one that
+        does not call ``super().__post_init__()``: a config is never built with a negative seed or a NaN."""
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("__post_init__")
+        if own is None or getattr(own, "_then_shared_checks", False):
+            return
+
+        def __post_init__(self, _own=own):
+            _own(self)
+            ExperimentConfig._check_shared(self)
+
+        __post_init__._then_shared_checks = True
+        __post_init__.__doc__ = own.__doc__
+        cls.__post_init__ = __post_init__
+
     def __post_init__(self):
         """Check the fields every config shares (a subclass checks its own and calls this)."""
+        self._check_shared()
+
+    def _check_shared(self) -> None:
+        """The checks of fields any experiment may have: ``seed``; no NaN in any float field (or tuple of floats);
+        ``device`` a device name; ``dtype``, ``autocast_dtype`` a float type; ``hidden`` at least 1; each of
+        ``budgets`` and ``retention_budget`` (numbers or (M, K) pairs) a whole number of at least 1."""
+        import math
+
         seed = getattr(self, "seed", None)
         if seed is not None:
             require(self, "seed", _whole(seed) and 0 <= seed <= MAX_SEED,
                     f"it must be a whole number from 0 to {MAX_SEED}")
+
+        def numbers(value):
+            if isinstance(value, (tuple, list)):
+                return [number for item in value for number in numbers(item)]
+            return [value]
+
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if any(isinstance(v, float) and math.isnan(v) for v in numbers(value)):
+                require(self, field.name, False, "NaN is not a value of this field; give a number")
+        device = getattr(self, "device", None)
+        if isinstance(device, str):
+            require(self, "device", re.fullmatch(r"auto|cpu|mps|(cuda|xpu)(:\d+)?", device) is not None,
+                    "it must be auto, cpu, cuda, cuda:N or mps")
+        for name, allowed in (("dtype", _FLOAT_TYPES), ("autocast_dtype", _AUTOCAST_TYPES)):
+            value = getattr(self, name, None)
+            if isinstance(value, str):
+                require(self, name, value in allowed, f"it must be one of {', '.join(allowed)}")
+        require_at_least(self, {"hidden": 1})
+        for name in ("budgets", "retention_budget"):
+            value = getattr(self, name, None)
+            if isinstance(value, (tuple, list)):
+                require(self, name, bool(value) and all(_whole(v) and v >= 1 for v in numbers(value)),
+                        "each budget must be a whole number of at least 1 (pairs as MxK, e.g. 4x4,16x16)")
 
     @classmethod
     def for_profile(cls, profile: str = "cpu", **overrides):

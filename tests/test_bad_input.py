@@ -677,3 +677,75 @@ def test_a_full_disk_while_writing_out_is_one_sentence_and_keeps_the_old_csv(roo
     assert len(err) == 1 and err[0].startswith("dalign: error: ") and "No space left on device" in err[0], err
     assert str(out) in err[0]  # the table was printed; the file it could not write is named
     assert out.read_text() == "old results\n" and [p.name for p in tmp_path.iterdir()] == ["geometry.csv"]
+
+
+# ---------------------------------------------------------------------------
+# Found by scripts/user_trial.py: each a refusal in one line, where it used to pass or end in a traceback
+
+
+def test_arch_data_that_does_not_fit_the_model_is_one_sentence(tmp_path, capsys):
+    from torchvision.ops import MLP
+
+    torch.manual_seed(0)
+    torch.save(MLP(4, [8, 3]).state_dict(), tmp_path / "w.pt")
+    torch.save({"inputs": torch.randn(12, 5), "targets": torch.zeros(12, dtype=torch.long)}, tmp_path / "d.pt")
+    arch = ["--arch", "torchvision.ops:MLP", "--arch-kwargs", '{"in_channels": 4, "hidden_channels": [8, 3]}',
+            "--model", str(tmp_path / "w.pt"), "--data", str(tmp_path / "d.pt"), "--layer", "0,1"]
+    for argv in (["estimate", *arch, "--examples", "12", "--redundancy-examples", "0", "--quiet"],
+                 ["rank", *arch, "--examples", "12", "--redundancy-examples", "0"]):
+        _fails(capsys, argv, "raised RuntimeError on the --data examples", "mat1 and mat2")
+
+
+def test_targets_of_another_length_than_the_inputs_are_refused():
+    from dalign_core.capture.hooks import activation_gradients
+    from dalign_core.capture.refusals import CaptureError
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 3))
+    with pytest.raises(CaptureError, match="targets hold 7 example"):
+        activation_gradients(model, "0", torch.randn(10, 4), torch.zeros(7, dtype=torch.long))
+
+
+@pytest.mark.parametrize("module, field, value, needle", [
+    ("interventions", "seed", -1, "seed=-1"),  # a __post_init__ of its own no longer skips the shared checks
+    ("growth", "seed", -1, "seed=-1"),
+    ("pythia_checkpoints", "seed", -1, "seed=-1"),
+    ("llama_width", "lr_candidates", (float("nan"),), "lr_candidates=(nan,)"),
+    ("llama_width", "run_sd", float("nan"), "run_sd=nan"),
+    ("llama_width", "run_sd", -1.0, "run_sd=-1.0"),
+    ("llama_width", "unit_contexts", (-1,), "unit_contexts=(-1,)"),
+    ("resnet_width", "milestones", (0.5, float("nan")), "milestones"),
+    ("llama_width", "device", "tpu9", "device='tpu9'"),
+    ("llama_width", "autocast_dtype", "float8", "autocast_dtype='float8'"),
+    ("pythia_checkpoints", "dtype", "int3", "dtype='int3'"),
+    ("interventions", "hidden", -1, "hidden=-1"),
+    ("growth", "hidden", 0, "hidden=0"),
+    ("interventions", "budgets", ((0, 0),), "budgets"),
+    ("interventions", "retention_budget", (0, 4), "retention_budget"),
+])
+def test_experiment_configs_refuse_bad_shared_fields_where_they_are_built(module, field, value, needle):
+    import importlib
+
+    config_cls = importlib.import_module(f"dalign_core.experiments.{module}").Config
+    with pytest.raises(ValueError, match="is not allowed") as caught:
+        config_cls.for_profile("smoke", **{field: value})
+    assert needle in str(caught.value)
+    config_cls.for_profile("smoke")  # the profile's own values still build
+
+
+@pytest.mark.parametrize("field, value", [("dataset", "no_such_set"), ("more_datasets", ("cifar100", "no_such_set"))])
+def test_an_unknown_image_set_is_refused_before_any_sweep_trains(field, value):
+    from dalign_core.experiments import resnet_width
+
+    with pytest.raises(ValueError, match="unknown image set.*no_such_set"):
+        resnet_width.Config.for_profile("smoke", **{field: value})
+
+
+def test_a_bad_shared_field_on_the_command_line_is_one_line(capsys):
+    from dalign_core.experiments import interventions
+    from dalign_core.experiments._runner import main as experiment_main
+
+    with pytest.raises(SystemExit) as exit_:
+        experiment_main(interventions.Config, interventions.run, argv=["--seed", "-1", "--print-config"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "seed=-1 is not allowed" in err and "Traceback" not in err

@@ -71,6 +71,10 @@ def _check_batch(model: nn.Module, inputs: Any, targets: Any, loss_fn: LossFn | 
     if isinstance(first, torch.Tensor) and (first.ndim == 0 or first.shape[0] == 0):
         raise CaptureError(f"the batch holds no examples (inputs of shape {tuple(first.shape)}); pass a batch of at "
                            "least one example, its first axis the examples")
+    if (loss_fn is None and isinstance(first, torch.Tensor) and isinstance(targets, torch.Tensor)
+            and targets.ndim >= 1 and targets.shape[0] != first.shape[0]):
+        raise CaptureError(f"targets hold {targets.shape[0]} example(s) but the inputs {first.shape[0]}; give one "
+                           "target per example (the first axis of both is the examples)")
     if isinstance(inputs, Mapping):
         _check_token_batch(model, inputs)
 

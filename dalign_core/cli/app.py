@@ -20,6 +20,7 @@ import argparse
 import re
 import sys
 
+from dalign_core._env import env_flag
 from dalign_core.cli.estimate import estimate
 from dalign_core.cli.layers import _layers
 from dalign_core.cli.options import (MAX_HIDDEN, _add_arch_options, _add_data_options, _check_common, _hidden_width,
@@ -148,6 +149,14 @@ def _run(args: argparse.Namespace) -> int:
     except (LoadError, CaptureError, ValueError, OSError) as err:
         one_line = re.sub(r"\s*\n\s*", " ", str(err).strip())  # a message quoted from a library may span lines
         print(f"dalign: error: {one_line}", file=sys.stderr)
+        return EXIT_ERROR
+    except RuntimeError as err:  # an --arch model that cannot run on --data (shapes, dtypes): its own error, one line
+        if getattr(args, "arch", None) is None or env_flag("DALIGN_DEBUG"):
+            raise
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        print(f"dalign: error: the model --arch {args.arch} builds raised {type(err).__name__} on the --data examples "
+              f"({first}); check that --data fits the model (--arch-kwargs, --image-size; DALIGN_DEBUG=1 shows "
+              "where)", file=sys.stderr)
         return EXIT_ERROR
     return EXIT_OK
 

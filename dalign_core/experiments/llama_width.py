@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from dalign_core.config import added_field, measurement_only
+from dalign_core.config import added_field, measurement_only, require_items
 from dalign_core.geometry.estimators import estimate_geometry
 from dalign_core.experiments._runner import main, run_experiment
 from dalign_core.sweep.family import Splits
@@ -137,6 +137,7 @@ class Config(LMSweepConfig):
         super().__post_init__()
         if not 0 <= self.insertion_layer < self.depth:
             raise ValueError(f"insertion_layer {self.insertion_layer} is not a layer of a depth-{self.depth} model")
+        require_items(self, "unit_contexts", 2)
         if max(self.unit_contexts) > self.context:
             raise ValueError(f"unit_contexts {self.unit_contexts} exceed the context {self.context}")
 

@@ -148,6 +148,12 @@ class Config(SweepConfig):
             raise ValueError(f"widths {bad} are not channel counts; a width is the first stage's channels, 16k")
         if not 0 <= self.min_test_accuracy < 1:
             raise ValueError(f"min_test_accuracy must be in [0, 1), got {self.min_test_accuracy}")
+        from dalign_core.data.images import IMAGE_SETS
+
+        unknown = [name for name in (self.dataset, *self.more_datasets) if name not in IMAGE_SETS]
+        if unknown:  # here, not after the first data set's sweep has trained
+            raise ValueError(f"unknown image set(s) {unknown} in dataset/more_datasets; choose from "
+                             f"{', '.join(IMAGE_SETS)}")
 
     def sweeps(self) -> list["Config"]:
         """One sweep per data set (``dataset``, then ``more_datasets``)."""

@@ -160,6 +160,8 @@ class SweepConfig(ExperimentConfig):
         require(self, "weight_decay", self.weight_decay >= 0, "it must be at least 0")
         require(self, "warmup_steps", self.warmup_steps <= self.steps, f"it must be at most steps={self.steps}")
         require(self, "max_epochs", self.max_epochs > 0, "it must be a positive number of passes")
+        require(self, "run_sd", self.run_sd is None or self.run_sd > 0,
+                "it must be a positive standard deviation (of a run summary within a width), or none")
         if self.seeds < 1:
             raise ValueError(f"seeds must be >= 1, got {self.seeds}")
         if not self.lr_candidates or min(self.lr_candidates) <= 0:
