@@ -732,12 +732,17 @@ def test_experiment_configs_refuse_bad_shared_fields_where_they_are_built(module
     config_cls.for_profile("smoke")  # the profile's own values still build
 
 
-@pytest.mark.parametrize("field, value", [("dataset", "no_such_set"), ("more_datasets", ("cifar100", "no_such_set"))])
-def test_an_unknown_image_set_is_refused_before_any_sweep_trains(field, value):
+@pytest.mark.parametrize("field, value, needle", [("dataset", "no_such_set", "unknown image set"),
+                                                  ("more_datasets", ("cifar100", "no_such_set"), "unknown image set"),
+                                                  ("insertion_block", "layer4.0", "not a residual block")])
+def test_an_unknown_image_set_or_block_is_refused_before_any_sweep_trains(field, value, needle):
     from dalign_core.experiments import resnet_width
 
-    with pytest.raises(ValueError, match="unknown image set.*no_such_set"):
+    with pytest.raises(ValueError, match=needle):
         resnet_width.Config.for_profile("smoke", **{field: value})
+    from dalign_core.models.resnet import residual_block_names, resnet20
+
+    assert resnet_width.Config.for_profile("smoke").insertion_block in residual_block_names(resnet20(16))
 
 
 def test_a_bad_shared_field_on_the_command_line_is_one_line(capsys):

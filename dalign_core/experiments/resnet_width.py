@@ -154,6 +154,10 @@ class Config(SweepConfig):
         if unknown:  # here, not after the first data set's sweep has trained
             raise ValueError(f"unknown image set(s) {unknown} in dataset/more_datasets; choose from "
                              f"{', '.join(IMAGE_SETS)}")
+        blocks = [f"layer{stage}.{block}" for stage in (1, 2, 3) for block in (0, 1, 2)]  # ResNet-20's
+        if self.insertion_block not in blocks:
+            raise ValueError(f"insertion_block {self.insertion_block!r} is not a residual block of ResNet-20; choose "
+                             f"one of {', '.join(blocks)}")
 
     def sweeps(self) -> list["Config"]:
         """One sweep per data set (``dataset``, then ``more_datasets``)."""
