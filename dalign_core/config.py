@@ -26,6 +26,7 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import math
 import os
 import re
 import shlex
@@ -378,8 +379,6 @@ def require_items(config: Any, name: str, least: float, *, whole: bool = True, p
                   most: float | None = None) -> None:
     """Check the tuple field ``name`` is non-empty and each item (each number of each pair, with ``pairs``) is a
     finite number from ``least`` (to ``most``), whole where ``whole``."""
-    import math
-
     items = getattr(config, name)
     kind = "whole numbers" if whole else "numbers"
     span = f"at least {least:g}" if most is None else f"from {least:g} to {most:g}"
@@ -397,10 +396,6 @@ def require_items(config: Any, name: str, least: float, *, whole: bool = True, p
         return number and (not whole or _whole(v)) and v >= least and (most is None or v <= most)
 
     require(config, name, bool(values) and all(fine(v) for v in values), allowed)
-
-
-_FLOAT_TYPES = ("float32", "float64", "float16", "bfloat16")
-_AUTOCAST_TYPES = ("float16", "bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -425,7 +420,6 @@ class ExperimentConfig:
         def __post_init__(self, _own=own):
             _own(self)
             ExperimentConfig._check_shared(self)
-
         __post_init__._then_shared_checks = True
         __post_init__.__doc__ = own.__doc__
         cls.__post_init__ = __post_init__
@@ -438,8 +432,6 @@ class ExperimentConfig:
         """The checks of fields any experiment may have: ``seed``; no NaN in any float field (or tuple of floats);
         ``device`` a device name; ``dtype``, ``autocast_dtype`` a float type; ``hidden`` at least 1; each of
         ``budgets`` and ``retention_budget`` (numbers or (M, K) pairs) a whole number of at least 1."""
-        import math
-
         seed = getattr(self, "seed", None)
         if seed is not None:
             require(self, "seed", _whole(seed) and 0 <= seed <= MAX_SEED,
@@ -458,7 +450,8 @@ class ExperimentConfig:
         if isinstance(device, str):
             require(self, "device", re.fullmatch(r"auto|cpu|mps|(cuda|xpu)(:\d+)?", device) is not None,
                     "it must be auto, cpu, cuda, cuda:N or mps")
-        for name, allowed in (("dtype", _FLOAT_TYPES), ("autocast_dtype", _AUTOCAST_TYPES)):
+        for name, allowed in (("dtype", ("float32", "float64", "float16", "bfloat16")),
+                              ("autocast_dtype", ("float16", "bfloat16"))):
             value = getattr(self, name, None)
             if isinstance(value, str):
                 require(self, name, value in allowed, f"it must be one of {', '.join(allowed)}")
