@@ -182,15 +182,19 @@ def _token_targets(sequences: torch.Tensor, seed: int) -> torch.Tensor:
 def sample_unit_rows(config: Config, model, layer: str, sequences: torch.Tensor, run: dict) -> list[dict]:
     """d_align at ``layer`` for each (sample unit, context, reduction) on ``(n, T)`` sequences; see the module docstring."""
     rows = []
+    checked = False  # the determinism self-check once per model: at its first capture
     for context in config.unit_contexts:
         truncated = sequences[:, :context]
         labels = _token_targets(truncated, run["seed"])
         full, token = [], []
         for start in range(0, len(truncated), config.capture_batch):
             batch = truncated[start:start + config.capture_batch]
-            full.append(activation_gradients(model, layer, {"input_ids": batch}, reduction="full"))
+            full.append(activation_gradients(model, layer, {"input_ids": batch}, reduction="full",
+                                             check_determinism=not checked))
+            checked = True
             token.append(activation_gradients(model, layer, {"input_ids": batch},
-                                              labels[start:start + config.capture_batch], reduction="shared"))
+                                              labels[start:start + config.capture_batch], reduction="shared",
+                                              check_determinism=False))
         full = torch.cat(full)  # (n, context * N): the sequence loss's gradient at every position
         variants = {("sequence", "shared"): full.reshape(len(full), context, -1).sum(dim=1),
                     ("sequence", "full"): full, ("token", "shared"): torch.cat(token)}
