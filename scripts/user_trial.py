@@ -1095,15 +1095,16 @@ def exp_run_cases(trial: Trial, prior: Path) -> list[Case]:
                       ["--profile", "smoke", "--out", str(folder), "--set", "trials=0", "--force"], module="theory",
                       prepare=keep(folder), protect=[folder], timeout=120))
     folder = trial.outs / "run_corpus"
-    cases.append(Case(fam, "llama_width corpus=dir:/nonexistent", "exp", "refuse",
-                      ["--profile", "smoke", "--out", str(folder), "--set", "corpus=dir:/nonexistent/corpus"],
+    missing = Path(trial.path("no_such_folder"))  # inside the trial's folder: the trial writes nowhere else
+    cases.append(Case(fam, "llama_width corpus=dir:<a missing folder>", "exp", "refuse",
+                      ["--profile", "smoke", "--out", str(folder), "--set", f"corpus=dir:{missing / 'corpus'}"],
                       module="llama_width", timeout=180))
     cases.append(Case(fam, "llama_width corpus=hf: offline", "exp", "refuse",
                       ["--profile", "smoke", "--out", str(trial.outs / "run_hf"), "--set",
                        "corpus=hf:nobody-here/no-such-dataset"], module="llama_width", timeout=180))
-    cases.append(Case(fam, "resnet_width data_root=/nonexistent with CIFAR-10, offline", "exp", "refuse",
+    cases.append(Case(fam, "resnet_width data_root=<a missing folder> with CIFAR-10, offline", "exp", "refuse",
                       ["--profile", "smoke", "--out", str(trial.outs / "run_root"), "--set", "dataset=cifar10",
-                       "--set", "data_root=/nonexistent/data"], module="resnet_width", timeout=180))
+                       "--set", f"data_root={missing / 'data'}"], module="resnet_width", timeout=180))
     cases.append(Case(fam, "pythia_checkpoints models_dir is a file", "exp", "refuse",
                       ["--profile", "smoke", "--out", str(trial.outs / "run_models_dir"), "--set",
                        f"models_dir={trial.path('notes.md')}"], module="pythia_checkpoints", timeout=180))
