@@ -409,29 +409,11 @@ class ExperimentConfig:
 
     PROFILES: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
 
-    def __init_subclass__(cls, **kwargs):
-        """Every subclass's ``__post_init__`` is followed by the shared checks (:meth:`_check_shared`), also one that
-        does not call ``super().__post_init__()``: a config is never built with a negative seed or a NaN."""
-        super().__init_subclass__(**kwargs)
-        own = cls.__dict__.get("__post_init__")
-        if own is None or getattr(own, "_then_shared_checks", False):
-            return
-
-        def __post_init__(self, _own=own):
-            _own(self)
-            ExperimentConfig._check_shared(self)
-        __post_init__._then_shared_checks = True
-        __post_init__.__doc__ = own.__doc__
-        cls.__post_init__ = __post_init__
-
     def __post_init__(self):
-        """Check the fields every config shares (a subclass checks its own and calls this)."""
-        self._check_shared()
-
-    def _check_shared(self) -> None:
-        """The checks of fields any experiment may have: ``seed``; no NaN in any float field (or tuple of floats);
-        ``device`` a device name; ``dtype``, ``autocast_dtype`` a float type; ``hidden`` at least 1; each of
-        ``budgets`` and ``retention_budget`` (numbers or (M, K) pairs) a whole number of at least 1."""
+        """Check the fields every config may share (a subclass checks its own and calls this): ``seed``; no NaN in
+        any float field (or tuple of floats); ``device`` a device name; ``dtype``, ``autocast_dtype`` a float type;
+        ``hidden`` at least 1; each of ``budgets`` and ``retention_budget`` (numbers or (M, K) pairs) a whole
+        number of at least 1. ``tests/test_bad_input.py`` checks that every experiment's config calls it."""
         seed = getattr(self, "seed", None)
         if seed is not None:
             require(self, "seed", _whole(seed) and 0 <= seed <= MAX_SEED,

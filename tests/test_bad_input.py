@@ -732,6 +732,22 @@ def test_experiment_configs_refuse_bad_shared_fields_where_they_are_built(module
     config_cls.for_profile("smoke")  # the profile's own values still build
 
 
+def test_every_experiment_config_runs_the_shared_checks():
+    """A config whose __post_init__ forgets super().__post_init__() would build with a negative seed."""
+    import importlib
+    import pkgutil
+
+    import dalign_core.experiments
+
+    names = [m.name for m in pkgutil.iter_modules(dalign_core.experiments.__path__) if not m.name.startswith("_")]
+    configs = [c for c in (getattr(importlib.import_module(f"dalign_core.experiments.{n}"), "Config", None)
+                           for n in names) if c is not None]
+    assert len(configs) >= 9
+    for config_cls in configs:
+        with pytest.raises(ValueError, match="seed=-1 is not allowed"):
+            config_cls.for_profile("smoke", seed=-1)
+
+
 @pytest.mark.parametrize("field, value, needle", [("dataset", "no_such_set", "unknown image set"),
                                                   ("more_datasets", ("cifar100", "no_such_set"), "unknown image set"),
                                                   ("insertion_block", "layer4.0", "not a residual block")])

@@ -107,6 +107,7 @@ class Config(ExperimentConfig):
     }
 
     def __post_init__(self):
+        super().__post_init__()  # the checks every config shares (seed, NaN, device, ...)
         unknown = sorted(set(self.families) - set(SOURCES))
         if unknown or not self.families:
             raise ValueError(f"families {self.families} must be a non-empty selection of {sorted(SOURCES)}")

@@ -108,6 +108,7 @@ class Config(ExperimentConfig):
     }
 
     def __post_init__(self):
+        super().__post_init__()  # the checks every config shares (seed, NaN, device, ...)
         if not self.names or not self.revisions or not self.layer_fractions:
             raise ValueError("names, revisions and layer_fractions must each hold at least one entry")
         if not all(0 < f <= 1 for f in self.layer_fractions):
