@@ -149,7 +149,8 @@ def _parse_scalar(kind: type, text: str) -> Any:
         except ValueError:
             raise ValueError(f"{word!r} is not a float") from None
     if kind is str:
-        return text
+        quoted = len(word) >= 2 and word[0] == word[-1] and word[0] in "'\""
+        return word[1:-1] if quoted else text  # "llama" as Python writes a string: the quotes are not the name
     raise ValueError(f"values of type {_type_name(kind)} cannot be given as text")
 
 
@@ -182,6 +183,8 @@ def _split_items(text: str) -> list[str]:
             current += char
     items.append(current)
     items = [item.strip() for item in items]
+    if len(items) > 1 and items[-1] == "":  # a trailing comma, as Python writes a one-item tuple: ("llama",)
+        items = items[:-1]
     return [] if items == [""] else items
 
 

@@ -179,3 +179,19 @@ def test_steps_stated_against_training_are_fractions_of_one_optimizer_step():
         train_decrease_steps(model, "model.layers.0", train, heldout, (1e-4,), step_fractions=(0.1,))
     with pytest.raises(ValueError, match="optimizer"):
         intervention.optimizer_step_decrease("lion", 0.1)
+
+
+def test_only_the_chosen_grid_steps_are_measured_on_the_evaluation_set():
+    """``eval_decreases`` picks the grid's δ measured on E (the others' ΔL_E is NaN); every step fraction is measured,
+    the measured rows equal those of a run that measures every δ, and a δ off the grid is refused."""
+    model, train, heldout = _lm()
+    common = dict(kinds=("bias",), curvature=False, eval_batches=heldout, step_fractions=(0.3,),
+                  step_scale=intervention.optimizer_step_decrease("adamw", 1e-3))
+    every = train_decrease_steps(model, "model.layers.0", train, heldout, (1e-4, 1e-2), **common)
+    chosen = train_decrease_steps(model, "model.layers.0", train, heldout, (1e-4, 1e-2), eval_decreases=(1e-2,),
+                                  **common)
+    assert math.isnan(chosen[0].eval_observed) and chosen[0].observed == every[0].observed
+    assert chosen[1].eval_observed == every[1].eval_observed and math.isfinite(chosen[1].eval_observed)
+    assert chosen[2].eval_observed == every[2].eval_observed and chosen[2].step_fraction == 0.3
+    with pytest.raises(ValueError, match="eval_decreases"):
+        train_decrease_steps(model, "model.layers.0", train, heldout, (1e-4,), eval_decreases=(1e-3,), **common)

@@ -239,6 +239,8 @@ def test_a_bad_config_is_refused():
         interventions.Config(sign_step=0.5)
     with pytest.raises(ValueError, match="optimizer_steps"):
         interventions.Config(optimizer_steps=(0,))
+    with pytest.raises(ValueError, match="retention_eval_steps"):
+        interventions.Config(retention_eval_steps=(5e-4,))
     assert interventions.Config.PROFILES["lab"] == interventions.Config.PROFILES["smoke"]
 
 

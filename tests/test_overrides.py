@@ -47,6 +47,9 @@ def test_values_are_parsed_by_the_fields_type():
         budgets=((4, 4), (16, 16)), all_layer_steps=None, checkpoint_steps=(0, 10, 20), widths=(8, 16))
     assert parse_overrides(resnet_width.Config, "augment=true more_datasets=cifar100") == dict(
         augment=True, more_datasets=("cifar100",))
+    # as Python writes them: a one-item tuple's trailing comma, a quoted string
+    assert parse_overrides(resnet_width.Config, ['more_datasets=("cifar100",)', "dataset='cifar10'"]) == dict(
+        more_datasets=("cifar100",), dataset="cifar10")
     assert parse_overrides(theory.Config, "") == {} and parse_overrides(theory.Config, None, seed=3) == {"seed": 3}
 
 

@@ -90,6 +90,12 @@ class Source:
     """A sweep config → the family that trained its models."""
     sweeps: Callable[[Any], list[SweepConfig]] = lambda config: [config]
     """The sibling sweeps of one experiment config (depth regimes, data sets)."""
+    tables: str | None = None
+    """The prefix of the sweep's tables (``<tables>_runs`` ...; None: the family's key in the study)."""
+
+    def runs_table(self, name: str) -> str:
+        """The name of the sweep's runs table when the study calls the family ``name``."""
+        return f"{self.tables or name}_runs"
 
 
 SOURCES: dict[str, Source] = {
@@ -146,6 +152,10 @@ class Config(ExperimentConfig):
     it: on, the retention study costs a float64 pass over E per step and kind (see the chapter's projection)."""
     retention_step_fractions: tuple[float, ...] = measurement_only((), neutral=())
     """Fractions of one optimizer step of the trained model at which the retention study also steps."""
+    retention_eval_steps: tuple[float, ...] | None = measurement_only(None, neutral=None)
+    """The δ of ``retention_steps`` whose steps are also measured on E (None: every one). Out of sample the
+    first-order prediction's ratio to ΔL_E does not depend on δ while first order holds, so a few δ (one where it
+    holds, the steps stated against training) answer the question at a fraction of the float64 passes over E."""
     hidden: int | None = None
     """Width of the zero-output block (None: the insertion point's width)."""
     confidence: float = 0.95
@@ -174,6 +184,9 @@ class Config(ExperimentConfig):
         if any(n < 1 for n in self.optimizer_steps) or self.optimizer_resamples < 0:
             raise ValueError(f"optimizer_steps {self.optimizer_steps} must be positive counts and "
                              f"optimizer_resamples {self.optimizer_resamples} not negative")
+        if self.retention_eval_steps is not None and not set(self.retention_eval_steps) <= set(self.retention_steps):
+            raise ValueError(f"retention_eval_steps {self.retention_eval_steps} must be among retention_steps "
+                             f"{self.retention_steps} (or None: every one)")
         if any(not f > 0 for f in self.retention_step_fractions):
             raise ValueError(f"retention_step_fractions {self.retention_step_fractions} must be positive fractions "
                              "of one optimizer step")
@@ -225,6 +238,7 @@ def model_rows(config: Config, sweep_config: SweepConfig, family: Family, model,
                                     config.retention_steps, hidden=config.hidden, seed=block_seed,
                                     eval_batches=evaluation if config.retention_on_evaluation else None,
                                     step_fractions=config.retention_step_fractions,
+                                    eval_decreases=config.retention_eval_steps,
                                     step_scale=optimizer_step_decrease(optimizer, float(base["lr"])))
     for r, steps in enumerate(retained):
         rows += _rows(steps, base, study="retention", setting="train/heldout", layer=primary, M=M, K=K, resample=r)
@@ -279,7 +293,7 @@ def _models(config: Config, out_dir: Path) -> tuple[list[TrainedModel], dict]:
     for name in config.families:
         source = SOURCES[name]
         experiment_config = source.config(config.profile)  # its sweep ran in run(), on every rank
-        runs = pd.read_csv(out_dir / f"{name}_runs.csv")
+        runs = pd.read_csv(out_dir / f"{source.runs_table(name)}.csv")
         mine = trained_models(name, experiment_config, source.sweeps, source.family, runs, config.runs_per_width)
         sets = {tuple(m.family.columns(m.sweep_config).items()): m for m in mine}
         provenance[name] = {

@@ -238,10 +238,11 @@ class _Insertions:
 
 def _steps(insertions: _Insertions, train_batches, heldout_batches, kinds, etas_of, curvature: bool = True,
            eval_batches=None, optimizer_steps: tuple[int, ...] = (), optimizer_decrease: float | None = None,
-           step_fractions: tuple[float, ...] = (), step_scale: Callable[[torch.Tensor], float] | None = None
-           ) -> list[Intervention]:
+           step_fractions: tuple[float, ...] = (), step_scale: Callable[[torch.Tensor], float] | None = None,
+           eval_decreases: frozenset[float] | None = None) -> list[Intervention]:
     """Each kind's steps ``−η G_M``, (η, δ) from ``etas_of(‖G_M‖²)``: predicted, observed, curvature; with
-    ``eval_batches`` the change on E too; with ``optimizer_steps`` gradient descent on the inserted parameter alone
+    ``eval_batches`` the change on E too (of the grid's steps only those of δ in ``eval_decreases``, when given:
+    every step fraction and optimizer step is measured on E); with ``optimizer_steps`` gradient descent on the inserted parameter alone
     (η from ``optimizer_decrease``), read after each count of steps; with ``step_fractions`` the steps of δ = each
     fraction of ``step_scale(G_M)`` (one optimizer step's first-order decrease)."""
     train = insertions.gradients(train_batches, kinds)
@@ -254,7 +255,9 @@ def _steps(insertions: _Insertions, train_batches, heldout_batches, kinds, etas_
     def record(kind, eta, decrease, parameter, alignment, second_order, steps, fraction=math.nan):
         observed = insertions.loss(heldout_batches, kind, parameter) - base
         extra = {}
-        if eval_batches is not None:
+        on_grid = not steps and math.isnan(fraction)
+        if eval_batches is not None and not (on_grid and eval_decreases is not None
+                                             and float(decrease) not in eval_decreases):
             change, float64, tie = insertions.eval_change(eval_batches, kind, parameter)
             extra = dict(eval_observed=change, eval_n=eval_n, eval_float64=float64, eval_tie=tie,
                          eval_predicted=-float(eta) * float((train[kind] * evaluation[kind]).sum()) if not steps
@@ -327,8 +330,8 @@ def train_decrease_steps(model: nn.Module, layer: str, train_batches: list, held
                          decreases: Iterable[float], kinds: Iterable[str] = KINDS, hidden: int | None = None,
                          seed: int = 0, curvature: bool = True, eval_batches: list | None = None,
                          optimizer_steps: Iterable[int] = (), optimizer_decrease: float = 1e-2,
-                         step_fractions: Iterable[float] = (), step_scale: Callable[[torch.Tensor], float] | None = None
-                         ) -> list[Intervention]:
+                         step_fractions: Iterable[float] = (), step_scale: Callable[[torch.Tensor], float] | None = None,
+                         eval_decreases: Iterable[float] | None = None) -> list[Intervention]:
     """Both insertions on the same examples, each step sized by the train loss it removes at first order.
 
     For each kind and each δ in ``decreases`` (nats), ``η = δ / ‖G_M‖²``, so the step
@@ -345,6 +348,8 @@ def train_decrease_steps(model: nn.Module, layer: str, train_batches: list, held
     the first step lowers the M examples' loss by that much at first order), one more row.
     ``step_fractions``: steps of δ = each fraction times ``step_scale(G_M)``, the first-order decrease one optimizer
     step of the trained model would bring (a function of the float64 train gradient; see the module docstring).
+    ``eval_decreases``: the δ of ``decreases`` whose steps are measured on E (None: all of them); the others'
+    ``eval_observed`` is NaN. Each E measurement is a pass over E, the retention study's main cost.
 
     Returns:
         Per kind (in the order given): one :class:`Intervention` per δ, one per step fraction, then one per
@@ -353,15 +358,16 @@ def train_decrease_steps(model: nn.Module, layer: str, train_batches: list, held
     return next(train_decrease_draws(model, layer, [(train_batches, heldout_batches)], decreases, kinds=kinds,
                                      hidden=hidden, seed=seed, curvature=curvature, eval_batches=eval_batches,
                                      optimizer_steps=optimizer_steps, optimizer_decrease=optimizer_decrease,
-                                     step_fractions=step_fractions, step_scale=step_scale))
+                                     step_fractions=step_fractions, step_scale=step_scale,
+                                     eval_decreases=eval_decreases))
 
 
 def train_decrease_draws(model: nn.Module, layer: str, draws: Iterable[tuple[list, list]],
                          decreases: Iterable[float], kinds: Iterable[str] = KINDS, hidden: int | None = None,
                          seed: int = 0, curvature: bool = True, eval_batches: list | None = None,
                          optimizer_steps: Iterable[int] = (), optimizer_decrease: float = 1e-2,
-                         step_fractions: Iterable[float] = (), step_scale: Callable[[torch.Tensor], float] | None = None
-                         ) -> Iterator[list[Intervention]]:
+                         step_fractions: Iterable[float] = (), step_scale: Callable[[torch.Tensor], float] | None = None,
+                         eval_decreases: Iterable[float] | None = None) -> Iterator[list[Intervention]]:
     """:func:`train_decrease_steps` for each ``(train_batches, heldout_batches)`` of ``draws``, in order.
 
     The insertion point is resolved, the model checked and the block's ``W₁`` drawn once
@@ -386,9 +392,14 @@ def train_decrease_draws(model: nn.Module, layer: str, draws: Iterable[tuple[lis
     if step_fractions and (step_scale is None or min(step_fractions) <= 0):
         raise ValueError(f"step_fractions {step_fractions} must be positive and come with a step_scale (the "
                          "first-order decrease of one optimizer step, a function of the train gradient)")
+    if eval_decreases is not None:
+        eval_decreases = frozenset(float(d) for d in eval_decreases)
+        if not eval_decreases <= set(decreases):
+            raise ValueError(f"eval_decreases {sorted(eval_decreases)} must be among decreases {decreases}")
     return _each_draw(model, layer, draws, kinds, hidden, seed, curvature,
                       lambda norm_sq: [(d / norm_sq if norm_sq > 0 else 0.0, d) for d in decreases],
-                      eval_batches, optimizer_steps, float(optimizer_decrease), step_fractions, step_scale)
+                      eval_batches, optimizer_steps, float(optimizer_decrease), step_fractions, step_scale,
+                      eval_decreases)
 
 
 def optimizer_step_decrease(optimizer: str, lr: float) -> Callable[[torch.Tensor], float]:
@@ -402,7 +413,7 @@ def optimizer_step_decrease(optimizer: str, lr: float) -> Callable[[torch.Tensor
 
 
 def _each_draw(model, layer, draws, kinds, hidden, seed, curvature, etas_of, eval_batches=None,
-               optimizer_steps=(), optimizer_decrease=None, step_fractions=(), step_scale=None
+               optimizer_steps=(), optimizer_decrease=None, step_fractions=(), step_scale=None, eval_decreases=None
                ) -> Iterator[list[Intervention]]:
     insertions = None
     for train_batches, heldout_batches in draws:
@@ -410,4 +421,5 @@ def _each_draw(model, layer, draws, kinds, hidden, seed, curvature, etas_of, eva
             insertions = _Insertions(model, layer, heldout_batches[0], hidden, seed)
         yield _steps(insertions, train_batches, heldout_batches, kinds, etas_of, curvature=curvature,
                      eval_batches=eval_batches, optimizer_steps=optimizer_steps,
-                     optimizer_decrease=optimizer_decrease, step_fractions=step_fractions, step_scale=step_scale)
+                     optimizer_decrease=optimizer_decrease, step_fractions=step_fractions, step_scale=step_scale,
+                     eval_decreases=eval_decreases)
