@@ -945,8 +945,8 @@ def _arch_check(trial: Trial, out: Path, layer: str, n: int) -> str | None:
 
 # -- experiments ----------------------------------------------------------------------------------------------
 
-EXPERIMENTS = ("theory", "llama_width", "pythia_width", "resnet_width", "llama_context", "pythia_checkpoints",
-               "interventions", "growth", "claims")
+EXPERIMENTS = ("theory", "llama_width", "pythia_width", "resnet_width", "llama_context", "llama_depth",
+               "pythia_checkpoints", "interventions", "growth", "claims")
 SHARED_SWEEP = "llama_width"  # the sweep fields every width family shares are tried once, on this one
 
 LEGITIMATE = {
@@ -957,6 +957,8 @@ LEGITIMATE = {
     ("optimizer_steps", ""),  # no optimizer-step readings (their check takes an empty list by design)
     ("matched_loss_offsets", ""),  # no matched-loss levels: the matched-loss readings are skipped
     ("retention_steps", ""),  # no fixed retention steps (retention_step_fractions may still give some)
+    ("retention_eval_steps", ""),  # no grid step measured on E (the steps stated against training still are)
+    ("retention_eval_kinds", ""),  # no kind measured on E: in-sample retention only
 }
 """Judged from the code that reads each field (not run at scale): an empty list skips one measurement."""
 
@@ -1008,7 +1010,7 @@ def exp_cases(trial: Trial) -> list[Case]:
         if name == SHARED_SWEEP:
             shared = {f.name for f in fields}
         for field in fields:
-            if name in ("pythia_width", "resnet_width", "llama_context") and field.name in shared:
+            if name in ("pythia_width", "resnet_width", "llama_context", "llama_depth") and field.name in shared:
                 continue
             kind = hints[field.name]
             if (name, field.name) in RUN_FIELDS:

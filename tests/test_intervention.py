@@ -183,7 +183,8 @@ def test_steps_stated_against_training_are_fractions_of_one_optimizer_step():
 
 def test_only_the_chosen_grid_steps_are_measured_on_the_evaluation_set():
     """``eval_decreases`` picks the grid's δ measured on E (the others' ΔL_E is NaN); every step fraction is measured,
-    the measured rows equal those of a run that measures every δ, and a δ off the grid is refused."""
+    the measured rows equal those of a run that measures every δ, and a δ off the grid is refused; ``eval_kinds``
+    likewise picks the kinds."""
     model, train, heldout = _lm()
     common = dict(kinds=("bias",), curvature=False, eval_batches=heldout, step_fractions=(0.3,),
                   step_scale=intervention.optimizer_step_decrease("adamw", 1e-3))
@@ -195,3 +196,10 @@ def test_only_the_chosen_grid_steps_are_measured_on_the_evaluation_set():
     assert chosen[2].eval_observed == every[2].eval_observed and chosen[2].step_fraction == 0.3
     with pytest.raises(ValueError, match="eval_decreases"):
         train_decrease_steps(model, "model.layers.0", train, heldout, (1e-4,), eval_decreases=(1e-3,), **common)
+    both = dict(common, kinds=("bias", "block"))
+    bias_only = train_decrease_steps(model, "model.layers.0", train, heldout, (1e-2,), eval_kinds=("bias",), **both)
+    assert [s.kind for s in bias_only] == ["bias", "bias", "block", "block"]
+    assert all(math.isfinite(s.eval_observed) for s in bias_only[:2])
+    assert all(math.isnan(s.eval_observed) for s in bias_only[2:])
+    with pytest.raises(ValueError, match="eval_kinds"):
+        train_decrease_steps(model, "model.layers.0", train, heldout, (1e-4,), eval_kinds=("gate",), **common)

@@ -241,6 +241,8 @@ def test_a_bad_config_is_refused():
         interventions.Config(optimizer_steps=(0,))
     with pytest.raises(ValueError, match="retention_eval_steps"):
         interventions.Config(retention_eval_steps=(5e-4,))
+    with pytest.raises(ValueError, match="retention_eval_kinds"):
+        interventions.Config(retention_eval_kinds=("gate",))
     assert interventions.Config.PROFILES["lab"] == interventions.Config.PROFILES["smoke"]
 
 
@@ -475,20 +477,22 @@ def test_out_of_sample_retention_is_judged_where_first_order_holds_on_k():
 
 
 def test_the_out_of_sample_retention_rule_is_simulated_at_the_committed_design():
-    """At the committed cpu design (each family's models and their train/held-out draws predicting a decrease at the
-    judged step): when ΔL_E keeps the whole prediction from g_K (draws off by ±0.05, models by ±0.05) "reproduced"
-    comes out most of the time; when it keeps half or none of it, never. With draws as noisy as ±0.3 (the committed
-    ratios spread far more) the rule rarely reproduces: at this design it can contradict, not confirm, a retention
-    near 1 (at ±0.1 ResNet-20's 39 draws reproduce 75% of the time)."""
+    """At the committed cpu design (each family's models and the draws the verdict reads: the retention study's
+    float64 steps on E where it measured them, at the judged δ, predicting a decrease): when ΔL_E keeps the whole
+    prediction from g_K (draws off by ±0.05, models by ±0.05) "reproduced" comes out most of the time; when it keeps
+    half or none of it, never. With draws as noisy as ±0.3 the rule rarely reproduces: at this design it can
+    contradict, not confirm, a retention near 1."""
     from dalign_core.config import REPO_ROOT
 
     table, provenance = read_table(REPO_ROOT / "results" / "cpu", "interventions")
     steps = report.out_of_sample_steps(table)
-    judged = steps[(steps.study == "sign") & (steps.setting == "train/heldout")
-                   & np.isclose(steps.train_decrease, provenance["config"]["sign_step"])]
-    for family, part in judged.groupby("family"):
-        draws = part.groupby("model").size().tolist()
-        assert len(draws) >= 4 and sum(draws) >= 30, (family, draws)
+    verdicts = report.out_of_sample_verdict(report.out_of_sample_retention(table))
+    source = "retention" if (steps.study == "retention").any() else "sign"
+    for family, part in steps[(steps.study == source) & (steps.setting == "train/heldout")
+                              & steps.step_fraction.isna()].groupby("family"):
+        delta = verdicts[family].get("row", {}).get("train_decrease", provenance["config"]["sign_step"])
+        draws = part[np.isclose(part.train_decrease, delta)].groupby("model").size().tolist()
+        assert len(draws) >= 4 and sum(draws) >= 16, (family, draws)
         effect = report.simulate_out_of_sample_verdict(draws, 1.0, draw_sd=0.05, trials=40)
         assert effect.get("reproduced", 0) >= 0.8, (family, effect)
         for retention in (0.5, 0.0):

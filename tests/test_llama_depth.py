@@ -21,17 +21,19 @@ def test_only_the_depth_and_the_measurement_differ_from_the_width_sweep():
     for name in deep.SHARED_TRAINING_FIELDS + llama_depth.FAMILY.training_fields:
         if name not in fit:
             assert getattr(deep, name) == getattr(wide, name), name
-    assert deep.depth >= MIN_POINTS and set(deep.widths) <= set(wide.widths)
+    assert deep.depth >= MIN_POINTS and max(deep.widths) <= max(wide.widths)
     assert checkpoint_root(deep, llama_depth.FAMILY) != checkpoint_root(wide, llama_width.FAMILY)
 
 
 def test_each_width_trains_at_the_rate_the_width_sweep_chose():
-    """The committed width sweep's rate at each width (its first seed) is the rate the depth-4 models train at."""
+    """The committed width sweep's rate at each width it trained is the rate the depth-4 models train at there, and
+    a width between (96) takes the sweep's N = 32 rate carried as 1/N, as the sweep's fit kept it up to 128."""
     deep = llama_depth.Config.for_profile("cpu")
     chosen = pd.read_csv(CPU / "llama_runs.csv").groupby("width").lr.first()
     runs, _ = read_table(CPU, "llama_depth_runs")
     for width, lr in runs.groupby("width").lr.first().items():
-        assert lr == pytest.approx(chosen[width]), width
+        expected = chosen[width] if width in chosen else chosen[32] * 32 / width
+        assert lr == pytest.approx(expected, rel=5e-3), width  # a scaled rate is kept to 3 significant digits
     assert sorted(runs.width.unique()) == list(deep.widths) and (runs.depth == deep.depth).all()
 
 

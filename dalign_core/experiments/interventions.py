@@ -148,14 +148,17 @@ class Config(ExperimentConfig):
     eval_examples: int | None = None
     """At most this many of the sweep's evaluation examples form E (None: all of them)."""
     retention_on_evaluation: bool = measurement_only(False, neutral=False)
-    """Measure every retention step on E too (out-of-sample retention). Off at cpu, whose committed table predates
-    it: on, the retention study costs a float64 pass over E per step and kind (see the chapter's projection)."""
+    """Measure the retention steps on E too (out-of-sample retention): a float64 pass over E per step, kind and
+    draw (``retention_eval_steps`` chooses the grid's steps so measured)."""
     retention_step_fractions: tuple[float, ...] = measurement_only((), neutral=())
     """Fractions of one optimizer step of the trained model at which the retention study also steps."""
     retention_eval_steps: tuple[float, ...] | None = measurement_only(None, neutral=None)
     """The δ of ``retention_steps`` whose steps are also measured on E (None: every one). Out of sample the
     first-order prediction's ratio to ΔL_E does not depend on δ while first order holds, so a few δ (one where it
     holds, the steps stated against training) answer the question at a fraction of the float64 passes over E."""
+    retention_eval_kinds: tuple[str, ...] | None = measurement_only(None, neutral=None)
+    """The kinds (``bias``, ``block``) whose retention steps are also measured on E (None: both). The out-of-sample
+    verdict reads the shared bias, the statistic the paper's certificate is about."""
     hidden: int | None = None
     """Width of the zero-output block (None: the insertion point's width)."""
     confidence: float = 0.95
@@ -187,6 +190,9 @@ class Config(ExperimentConfig):
         if self.retention_eval_steps is not None and not set(self.retention_eval_steps) <= set(self.retention_steps):
             raise ValueError(f"retention_eval_steps {self.retention_eval_steps} must be among retention_steps "
                              f"{self.retention_steps} (or None: every one)")
+        if self.retention_eval_kinds is not None and not set(self.retention_eval_kinds) <= {"bias", "block"}:
+            raise ValueError(f"retention_eval_kinds {self.retention_eval_kinds} must be among ('bias', 'block') "
+                             "(or None: both)")
         if any(not f > 0 for f in self.retention_step_fractions):
             raise ValueError(f"retention_step_fractions {self.retention_step_fractions} must be positive fractions "
                              "of one optimizer step")
@@ -239,6 +245,7 @@ def model_rows(config: Config, sweep_config: SweepConfig, family: Family, model,
                                     eval_batches=evaluation if config.retention_on_evaluation else None,
                                     step_fractions=config.retention_step_fractions,
                                     eval_decreases=config.retention_eval_steps,
+                                    eval_kinds=config.retention_eval_kinds,
                                     step_scale=optimizer_step_decrease(optimizer, float(base["lr"])))
     for r, steps in enumerate(retained):
         rows += _rows(steps, base, study="retention", setting="train/heldout", layer=primary, M=M, K=K, resample=r)

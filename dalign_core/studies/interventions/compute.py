@@ -239,10 +239,11 @@ class _Insertions:
 def _steps(insertions: _Insertions, train_batches, heldout_batches, kinds, etas_of, curvature: bool = True,
            eval_batches=None, optimizer_steps: tuple[int, ...] = (), optimizer_decrease: float | None = None,
            step_fractions: tuple[float, ...] = (), step_scale: Callable[[torch.Tensor], float] | None = None,
-           eval_decreases: frozenset[float] | None = None) -> list[Intervention]:
+           eval_decreases: frozenset[float] | None = None, eval_kinds: frozenset[str] | None = None
+           ) -> list[Intervention]:
     """Each kind's steps ``−η G_M``, (η, δ) from ``etas_of(‖G_M‖²)``: predicted, observed, curvature; with
     ``eval_batches`` the change on E too (of the grid's steps only those of δ in ``eval_decreases``, when given:
-    every step fraction and optimizer step is measured on E); with ``optimizer_steps`` gradient descent on the inserted parameter alone
+    every step fraction and optimizer step is measured on E; of the kinds only ``eval_kinds``, when given); with ``optimizer_steps`` gradient descent on the inserted parameter alone
     (η from ``optimizer_decrease``), read after each count of steps; with ``step_fractions`` the steps of δ = each
     fraction of ``step_scale(G_M)`` (one optimizer step's first-order decrease)."""
     train = insertions.gradients(train_batches, kinds)
@@ -256,8 +257,8 @@ def _steps(insertions: _Insertions, train_batches, heldout_batches, kinds, etas_
         observed = insertions.loss(heldout_batches, kind, parameter) - base
         extra = {}
         on_grid = not steps and math.isnan(fraction)
-        if eval_batches is not None and not (on_grid and eval_decreases is not None
-                                             and float(decrease) not in eval_decreases):
+        if eval_batches is not None and (eval_kinds is None or kind in eval_kinds) and not (
+                on_grid and eval_decreases is not None and float(decrease) not in eval_decreases):
             change, float64, tie = insertions.eval_change(eval_batches, kind, parameter)
             extra = dict(eval_observed=change, eval_n=eval_n, eval_float64=float64, eval_tie=tie,
                          eval_predicted=-float(eta) * float((train[kind] * evaluation[kind]).sum()) if not steps
@@ -331,7 +332,8 @@ def train_decrease_steps(model: nn.Module, layer: str, train_batches: list, held
                          seed: int = 0, curvature: bool = True, eval_batches: list | None = None,
                          optimizer_steps: Iterable[int] = (), optimizer_decrease: float = 1e-2,
                          step_fractions: Iterable[float] = (), step_scale: Callable[[torch.Tensor], float] | None = None,
-                         eval_decreases: Iterable[float] | None = None) -> list[Intervention]:
+                         eval_decreases: Iterable[float] | None = None, eval_kinds: Iterable[str] | None = None
+                         ) -> list[Intervention]:
     """Both insertions on the same examples, each step sized by the train loss it removes at first order.
 
     For each kind and each δ in ``decreases`` (nats), ``η = δ / ‖G_M‖²``, so the step
@@ -349,7 +351,8 @@ def train_decrease_steps(model: nn.Module, layer: str, train_batches: list, held
     ``step_fractions``: steps of δ = each fraction times ``step_scale(G_M)``, the first-order decrease one optimizer
     step of the trained model would bring (a function of the float64 train gradient; see the module docstring).
     ``eval_decreases``: the δ of ``decreases`` whose steps are measured on E (None: all of them); the others'
-    ``eval_observed`` is NaN. Each E measurement is a pass over E, the retention study's main cost.
+    ``eval_observed`` is NaN; ``eval_kinds`` likewise the kinds measured on E. Each E measurement is a pass over E,
+    the retention study's main cost.
 
     Returns:
         Per kind (in the order given): one :class:`Intervention` per δ, one per step fraction, then one per
@@ -359,7 +362,7 @@ def train_decrease_steps(model: nn.Module, layer: str, train_batches: list, held
                                      hidden=hidden, seed=seed, curvature=curvature, eval_batches=eval_batches,
                                      optimizer_steps=optimizer_steps, optimizer_decrease=optimizer_decrease,
                                      step_fractions=step_fractions, step_scale=step_scale,
-                                     eval_decreases=eval_decreases))
+                                     eval_decreases=eval_decreases, eval_kinds=eval_kinds))
 
 
 def train_decrease_draws(model: nn.Module, layer: str, draws: Iterable[tuple[list, list]],
@@ -367,7 +370,8 @@ def train_decrease_draws(model: nn.Module, layer: str, draws: Iterable[tuple[lis
                          seed: int = 0, curvature: bool = True, eval_batches: list | None = None,
                          optimizer_steps: Iterable[int] = (), optimizer_decrease: float = 1e-2,
                          step_fractions: Iterable[float] = (), step_scale: Callable[[torch.Tensor], float] | None = None,
-                         eval_decreases: Iterable[float] | None = None) -> Iterator[list[Intervention]]:
+                         eval_decreases: Iterable[float] | None = None, eval_kinds: Iterable[str] | None = None
+                         ) -> Iterator[list[Intervention]]:
     """:func:`train_decrease_steps` for each ``(train_batches, heldout_batches)`` of ``draws``, in order.
 
     The insertion point is resolved, the model checked and the block's ``W₁`` drawn once
@@ -396,10 +400,14 @@ def train_decrease_draws(model: nn.Module, layer: str, draws: Iterable[tuple[lis
         eval_decreases = frozenset(float(d) for d in eval_decreases)
         if not eval_decreases <= set(decreases):
             raise ValueError(f"eval_decreases {sorted(eval_decreases)} must be among decreases {decreases}")
+    if eval_kinds is not None:
+        eval_kinds = frozenset(eval_kinds)
+        if not eval_kinds <= set(kinds):
+            raise ValueError(f"eval_kinds {sorted(eval_kinds)} must be among kinds {kinds}")
     return _each_draw(model, layer, draws, kinds, hidden, seed, curvature,
                       lambda norm_sq: [(d / norm_sq if norm_sq > 0 else 0.0, d) for d in decreases],
                       eval_batches, optimizer_steps, float(optimizer_decrease), step_fractions, step_scale,
-                      eval_decreases)
+                      eval_decreases, eval_kinds)
 
 
 def optimizer_step_decrease(optimizer: str, lr: float) -> Callable[[torch.Tensor], float]:
@@ -413,8 +421,8 @@ def optimizer_step_decrease(optimizer: str, lr: float) -> Callable[[torch.Tensor
 
 
 def _each_draw(model, layer, draws, kinds, hidden, seed, curvature, etas_of, eval_batches=None,
-               optimizer_steps=(), optimizer_decrease=None, step_fractions=(), step_scale=None, eval_decreases=None
-               ) -> Iterator[list[Intervention]]:
+               optimizer_steps=(), optimizer_decrease=None, step_fractions=(), step_scale=None, eval_decreases=None,
+               eval_kinds=None) -> Iterator[list[Intervention]]:
     insertions = None
     for train_batches, heldout_batches in draws:
         if insertions is None:  # the block's width is the insertion point's, known from the first forward pass
@@ -422,4 +430,4 @@ def _each_draw(model, layer, draws, kinds, hidden, seed, curvature, etas_of, eva
         yield _steps(insertions, train_batches, heldout_batches, kinds, etas_of, curvature=curvature,
                      eval_batches=eval_batches, optimizer_steps=optimizer_steps,
                      optimizer_decrease=optimizer_decrease, step_fractions=step_fractions, step_scale=step_scale,
-                     eval_decreases=eval_decreases)
+                     eval_decreases=eval_decreases, eval_kinds=eval_kinds)
