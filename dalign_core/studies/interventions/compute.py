@@ -243,9 +243,10 @@ def _steps(insertions: _Insertions, train_batches, heldout_batches, kinds, etas_
            ) -> list[Intervention]:
     """Each kind's steps ``−η G_M``, (η, δ) from ``etas_of(‖G_M‖²)``: predicted, observed, curvature; with
     ``eval_batches`` the change on E too (of the grid's steps only those of δ in ``eval_decreases``, when given:
-    every step fraction and optimizer step is measured on E; of the kinds only ``eval_kinds``, when given); with ``optimizer_steps`` gradient descent on the inserted parameter alone
-    (η from ``optimizer_decrease``), read after each count of steps; with ``step_fractions`` the steps of δ = each
-    fraction of ``step_scale(G_M)`` (one optimizer step's first-order decrease)."""
+    every step fraction and optimizer step is measured on E; of the kinds only ``eval_kinds``, when given); with
+    ``optimizer_steps`` gradient descent on the inserted parameter alone (η from ``optimizer_decrease``), read after
+    each count of steps; with ``step_fractions`` the steps of δ = each fraction of ``step_scale(G_M)`` (one optimizer
+    step's first-order decrease)."""
     train = insertions.gradients(train_batches, kinds)
     heldout = insertions.gradients(heldout_batches, kinds)
     base = insertions.loss(heldout_batches)
