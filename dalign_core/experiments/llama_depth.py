@@ -32,11 +32,6 @@ from dalign_core.sweep.run import run_sweep, tables_of
 
 __all__ = ["Config", "LlamaDepthFamily", "FAMILY", "TABLES", "run", "dry_run"]
 
-LIGHT = dict(checkpoint_steps=(0, 600), all_layer_steps=(600,), train_pool_steps=None, checkpoint_pool_size=None,
-             redundancy_examples=0, resamples=2_000)
-"""The measurement of a model the growth study will measure again: two checkpoints, the held-out pool only."""
-
-
 @dataclass(frozen=True)
 class Config(LlamaConfig):
     """LLaMA at depth 4 (defaults: the ``cpu`` profile; see ``PROFILES`` for the others)."""
@@ -54,25 +49,24 @@ class Config(LlamaConfig):
     lr_fit: str = "each_width"
     lr_extend: int = 0
     lr_trial_fraction: float = 1.0
-    checkpoint_steps: tuple[int, ...] = LIGHT["checkpoint_steps"]
-    all_layer_steps: tuple[int, ...] | None = LIGHT["all_layer_steps"]
-    train_pool_steps: tuple[int, ...] | None = LIGHT["train_pool_steps"]
-    redundancy_examples: int = LIGHT["redundancy_examples"]
-    resamples: int = LIGHT["resamples"]
+    # A light measurement (the growth study measures these models again): two checkpoints, the held-out pool only.
+    checkpoint_steps: tuple[int, ...] = (0, 600)
+    all_layer_steps: tuple[int, ...] | None = (600,)
+    train_pool_steps: tuple[int, ...] | None = None
+    redundancy_examples: int = 0
+    resamples: int = 2_000
     insertion_layer: int = 1
 
     PROFILES = {
-        "smoke": dict(LlamaConfig.PROFILES["smoke"], depth=4, seeds=2, lr_candidates=(3e-2,), lr_fit="each_width",
-                      lr_extend=0, checkpoint_steps=(0, 20), all_layer_steps=(20,), insertion_layer=1,
-                      redundancy_examples=0, resamples=200),
+        "smoke": dict(LlamaConfig.PROFILES["smoke"], seeds=2, lr_candidates=(3e-2,), checkpoint_steps=(0, 20),
+                      all_layer_steps=(20,), resamples=200),
         "lab": dict(widths=(32, 64), pool_size=256, eval_examples=256, validation_examples=256,
                     budgets=((4, 4), (16, 16), (32, 32))),
         "cpu": {},
-        "gpu": dict(LlamaConfig.PROFILES["gpu"], lr_candidates=(6e-4,), lr_fit="each_width", lr_extend=0,
-                    prune_candidates=False, seeds=2, checkpoint_steps=(0, 300), all_layer_steps=(300,),
-                    train_pool_steps=None, redundancy_examples=0, resamples=2_000),
+        "gpu": dict(LlamaConfig.PROFILES["gpu"], lr_candidates=(6e-4,), prune_candidates=False, seeds=2,
+                    checkpoint_steps=(0, 300), all_layer_steps=(300,), train_pool_steps=None, resamples=2_000),
         "paper": dict(LlamaConfig.PROFILES["paper"], seeds=2, checkpoint_steps=(0, 5000), all_layer_steps=(5000,),
-                      train_pool_steps=None, redundancy_examples=0),
+                      train_pool_steps=None),
     }
 
 
