@@ -67,7 +67,7 @@ from dalign_core.experiments._models import (TrainedModel, chosen_runs, earlier_
                                              run_model_jobs, sweep_changed, trained_models)
 from dalign_core.experiments._runner import main, run_experiment
 from dalign_core.sweep.family import Family, SweepConfig, count, take
-from dalign_core.studies.interventions.compute import optimizer_step_decrease, train_decrease_draws
+from dalign_core.studies.interventions.compute import KINDS, optimizer_step_decrease, train_decrease_draws
 from dalign_core.sweep.trained import trained_model
 
 __all__ = ["Config", "Source", "SOURCES", "TABLES", "run", "SETTINGS", "model_rows", "evaluation_set"]
@@ -190,9 +190,8 @@ class Config(ExperimentConfig):
         if self.retention_eval_steps is not None and not set(self.retention_eval_steps) <= set(self.retention_steps):
             raise ValueError(f"retention_eval_steps {self.retention_eval_steps} must be among retention_steps "
                              f"{self.retention_steps} (or None: every one)")
-        if self.retention_eval_kinds is not None and not set(self.retention_eval_kinds) <= {"bias", "block"}:
-            raise ValueError(f"retention_eval_kinds {self.retention_eval_kinds} must be among ('bias', 'block') "
-                             "(or None: both)")
+        if self.retention_eval_kinds is not None and not set(self.retention_eval_kinds) <= set(KINDS):
+            raise ValueError(f"retention_eval_kinds {self.retention_eval_kinds} must be among {KINDS} (or None: both)")
         if any(not f > 0 for f in self.retention_step_fractions):
             raise ValueError(f"retention_step_fractions {self.retention_step_fractions} must be positive fractions "
                              "of one optimizer step")
