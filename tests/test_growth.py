@@ -290,22 +290,41 @@ def test_the_decision_reads_regret_against_random_and_the_gradient_norm():
 
 
 def test_the_decision_is_calibrated_at_the_committed_cpu_design():
-    """At the committed Pythia design (its models and points), with gains measured above their noise: gains that
-    follow d_align give "reproduced" most of the time; gains unrelated to d_align, or that only run against the
-    gradient norm (a baseline worse than random), at most 5% of the time."""
+    """At each family's committed design (its models, points and repeats), with gains measured above their noise:
+    gains that follow d_align give "reproduced" most of the time; gains unrelated to d_align, or that only run
+    against the gradient norm (a baseline worse than random), at most 5% of the time."""
     from pathlib import Path
 
     from dalign_core.report.results import read_table
 
     table, _ = read_table(Path(__file__).resolve().parents[1] / "results" / "cpu", "growth")
     one = table[table.budget_steps == table.budget_steps.max()]
-    points = one.groupby(["family", "model", "seed", "depth"], dropna=False).layer.nunique()
-    pythia = points["pythia"].tolist()
-    assert len(pythia) >= 10 and min(pythia) >= growth.MIN_POINTS
-    effect = growth.simulate_decision(pythia, 0.8, trials=100)
-    assert effect.get("reproduced", 0) >= 0.8, effect
-    for kwargs in (dict(effect=0.0), dict(effect=0.0, backwards=0.8)):
-        found = growth.simulate_decision(pythia, trials=100, seed=1, **kwargs)
-        assert found.get("reproduced", 0) <= 0.05, (kwargs, found)
-    # below the noise gate the rule cannot say reproduced, whatever the effect
-    assert growth.simulate_decision(pythia, 0.8, ratio=0.8, trials=20).get("reproduced", 0) == 0
+    for family, part in one.groupby("family"):
+        points = part.groupby(["model", "seed", "depth"], dropna=False).layer.nunique().tolist()
+        repeats = int(part.repeats.iloc[0])
+        assert len(points) >= 12 and min(points) >= growth.MIN_POINTS and repeats >= 10, (family, points, repeats)
+        effect = growth.simulate_decision(points, 0.8, repeats=repeats, trials=100)
+        assert effect.get("reproduced", 0) >= 0.8, (family, effect)
+        for kwargs in (dict(effect=0.0), dict(effect=0.0, backwards=0.8)):
+            found = growth.simulate_decision(points, repeats=repeats, trials=100, seed=1, **kwargs)
+            assert found.get("reproduced", 0) <= 0.05, (family, kwargs, found)
+        # below the noise gate the rule cannot say reproduced, whatever the effect
+        assert growth.simulate_decision(points, 0.8, ratio=0.8, repeats=repeats, trials=20).get("reproduced", 0) == 0
+
+
+def test_llamas_grown_models_come_from_the_depth_4_sweep(tmp_path, monkeypatch):
+    """LLaMA's width sweep has 2 decoder layers, too few to rank: growth grows the depth-4 models, one point per
+    layer, every seed the config asks for; the other families' models come from their width sweeps."""
+    monkeypatch.setenv("DALIGN_CHECKPOINTS", str(tmp_path / "checkpoints"))
+    from dalign_core.experiments import interventions, llama_depth
+
+    assert experiment.SOURCES["llama"].runs_table("llama") == "llama_depth_runs"
+    assert experiment.SOURCES["pythia"] is interventions.SOURCES["pythia"]
+    config = experiment.Config.for_profile("smoke", families=("llama",), runs_by_family=(("llama", 1),))
+    tables, facts = experiment.compute(config, tmp_path)
+    grown = tables["growth"]
+    assert set(grown.depth) == {4} and grown.groupby("model").layer.nunique().min() == growth.MIN_POINTS
+    assert set(grown.seed) == {0} and (tmp_path / "llama_depth_runs.csv").is_file()
+    assert len(grown.model.unique()) == len(llama_depth.Config.for_profile("smoke").widths)
+    with pytest.raises(ValueError, match="runs_by_family"):
+        experiment.Config(runs_by_family=(("gpt", 2),))

@@ -1,8 +1,10 @@
 """Where to grow: do d_align and B_align rank the insertion points of a trained model by the held-out gain?
 
-For each family (LLaMA, Pythia at both depths, ResNet-20) this takes the models its width
-sweep trained (the first ``runs_per_width`` trained seeds of every width, loaded from the
-sweep's checkpoints) and, at every insertion point (each block output; at most
+For each family (LLaMA at depth 4, Pythia at both depths, ResNet-20) this takes the models
+its sweep trained (:data:`SOURCES`: the width sweeps', LLaMA's from
+:mod:`dalign_core.experiments.llama_depth`; the first ``runs_per_width`` trained seeds of
+every width, ``runs_by_family`` where a family needs more models; loaded from the sweep's
+checkpoints) and, at every insertion point (each block output; at most
 ``max_points`` of them, evenly spaced, first and last included):
 
 1. reads the predictors of :func:`dalign_core.studies.growth.predictors` before growing: d_align,
@@ -47,27 +49,43 @@ from dalign_core.config import ExperimentConfig, default_results_dir
 from dalign_core.experiments._models import (TrainedModel, checkpoints_present, earlier_results, remove_model_jobs,
                                              run_model_jobs, sweep_changed, trained_models)
 from dalign_core.experiments._runner import main, run_experiment
-from dalign_core.experiments.interventions import SOURCES
+from dalign_core.experiments import llama_depth
+from dalign_core.experiments.interventions import SOURCES as SWEEP_SOURCES
+from dalign_core.experiments.interventions import Source
 from dalign_core.sweep.family import Family, SweepConfig, count, take
 from dalign_core.report.results import results_current
 from dalign_core.sweep.trained import trained_model
 
-__all__ = ["Config", "TABLES", "COLUMNS", "run", "compute", "model_rows", "choose_points", "sweep_status"]
+__all__ = ["Config", "SOURCES", "TABLES", "COLUMNS", "run", "compute", "model_rows", "choose_points", "sweep_status"]
 
 log = logging.getLogger("dalign")
 
 TABLES = ("growth",)
 
+SOURCES: dict[str, Source] = {
+    **SWEEP_SOURCES,
+    "llama": Source(llama_depth.Config.for_profile, llama_depth.run, lambda c: llama_depth.FAMILY,
+                    tables="llama_depth"),
+}
+"""Where each family's grown models come from: the width sweeps' (:data:`~dalign_core.experiments.interventions.
+SOURCES`) but LLaMA's, whose width sweep has two decoder layers; a ranking needs at least four insertion points
+(:data:`dalign_core.studies.growth.MIN_POINTS`), so LLaMA's models come from :mod:`~dalign_core.experiments.
+llama_depth` (depth 4)."""
+
 
 @dataclass(frozen=True)
 class Config(ExperimentConfig):
-    """The growth study (defaults: the ``cpu`` profile, sized for at most 30 minutes on 2 cores)."""
+    """The growth study (defaults: the ``cpu`` profile: about an hour on 2 cores, see the README's timings)."""
 
     profile: str = "cpu"
     seed: int = 0
     families: tuple[str, ...] = ("llama", "pythia", "resnet")
     runs_per_width: int = 2
-    """Trained seeds per width that are grown (the first ones)."""
+    """Trained seeds per width that are grown (the first ones), where ``runs_by_family`` does not say otherwise."""
+    runs_by_family: tuple[tuple[str, int], ...] = (("llama", 3), ("resnet", 3))
+    """(family, seeds per width) for the families whose decision needs more models than ``runs_per_width`` gives:
+    simulated at 10 repeats (:func:`dalign_core.studies.growth.simulate_decision`), a strong effect is reproduced
+    95% of the time by 12 models of 4 points, 35% by 6; 67% by 8 models of 6 points (Pythia's 12: 98%)."""
     run_sweeps: bool = False
     """Run a family's sweep first where its results are missing (False: report the family "not run")."""
     failed_runs: bool = False
@@ -85,8 +103,11 @@ class Config(ExperimentConfig):
     """Training examples per step of the inserted block."""
     rates: tuple[float, ...] = (3e-3, 1e-2)
     """Adam rates tried at each model's middle point; the largest validation gain after the longest budget wins."""
-    repeats: int = 2
-    """Growth runs per point (W₁ and batches drawn anew); the gain's interval is a t interval over them."""
+    repeats: int = 10
+    """Growth runs per point (W₁ and batches drawn anew); the gain's interval is a t interval over them. At 2 (the
+    design before) one point's standard error matched the spread of the gains across points (median ratio about 1);
+    a pilot on a depth-4 LLaMA model (N = 32, 6 repeats) read ratios of 2.2, 2.0, 0.5 and 1.5 after 20, 100, 300 and
+    1,000 steps: a longer budget does not spread the points further, more repeats shrink the error as 1/√R."""
     eval_examples: int = 256
     """Examples of the sweep's evaluation pool (and of its validation pool, for the rate) that score a gain."""
     hidden: int | None = None
@@ -95,15 +116,15 @@ class Config(ExperimentConfig):
     device: str = "auto"
 
     PROFILES = {
-        "smoke": dict(run_sweeps=True, failed_runs=True, max_points=None, examples=32, budgets=(4, 8), steps=(3, 8), batch_size=8,
-                      rates=(1e-3, 1e-2), repeats=2, eval_examples=32),
-        "lab": dict(run_sweeps=True, failed_runs=True, max_points=None, examples=32, budgets=(4, 8), steps=(5, 15), batch_size=8,
-                    rates=(1e-3, 1e-2), repeats=2, eval_examples=32),
+        "smoke": dict(run_sweeps=True, failed_runs=True, max_points=None, examples=32, budgets=(4, 8), steps=(3, 8),
+                      batch_size=8, rates=(1e-3, 1e-2), repeats=2, eval_examples=32, runs_by_family=()),
+        "lab": dict(run_sweeps=True, failed_runs=True, max_points=None, examples=32, budgets=(4, 8), steps=(5, 15),
+                    batch_size=8, rates=(1e-3, 1e-2), repeats=2, eval_examples=32, runs_by_family=()),
         "cpu": {},
         "gpu": dict(max_points=None, examples=512, budgets=(16, 64), steps=(50, 300), batch_size=16,
-                    rates=(1e-3, 3e-3, 1e-2), repeats=3, eval_examples=1024),
-        "paper": dict(runs_per_width=3, max_points=None, examples=1024, budgets=(16, 64), steps=(50, 300),
-                      batch_size=32, rates=(1e-3, 3e-3, 1e-2), repeats=5, eval_examples=2048),
+                    rates=(1e-3, 3e-3, 1e-2), repeats=10, eval_examples=1024, runs_by_family=()),
+        "paper": dict(runs_per_width=3, runs_by_family=(), max_points=None, examples=1024, budgets=(16, 64),
+                      steps=(50, 300), batch_size=32, rates=(1e-3, 3e-3, 1e-2), repeats=10, eval_examples=2048),
     }
 
     def __post_init__(self):
@@ -113,12 +134,19 @@ class Config(ExperimentConfig):
             raise ValueError(f"families {self.families} must be a non-empty selection of {sorted(SOURCES)}")
         if self.runs_per_width < 1 or self.repeats < 1 or self.batch_size < 1:
             raise ValueError("runs_per_width, repeats and batch_size must be at least 1")
+        if any(name not in SOURCES or n < 1 for name, n in self.runs_by_family):
+            raise ValueError(f"runs_by_family {self.runs_by_family} must pair families of {sorted(SOURCES)} with "
+                             "counts of at least 1")
         if not self.steps or min(self.steps) < 1 or not self.rates or min(self.rates) <= 0:
             raise ValueError(f"steps {self.steps} must be positive step counts and rates {self.rates} positive")
         if not self.budgets or min(self.budgets) < 2 or max(self.budgets) > self.examples:
             raise ValueError(f"budgets {self.budgets} must lie in [2, examples={self.examples}]")
         if self.max_points is not None and self.max_points < 2:
             raise ValueError("max_points must be at least 2 (a ranking needs two points) or None")
+
+    def runs_of(self, family: str) -> int:
+        """Trained seeds per width grown in ``family`` (``runs_by_family``, else ``runs_per_width``)."""
+        return dict(self.runs_by_family).get(family, self.runs_per_width)
 
 
 COLUMNS = ["family", "model", "width", "seed", "layer"]
@@ -187,10 +215,10 @@ def sweep_status(config: Config, name: str, out_dir: Path) -> tuple[Any, str]:
     if config.run_sweeps:
         source.run(experiment_config, out_dir=out_dir)  # skipped when its tables are current
         return experiment_config, ""
-    if not results_current(out_dir, (f"{name}_runs",), experiment_config):
+    if not results_current(out_dir, (source.runs_table(name),), experiment_config):
         return experiment_config, (f"the {name} sweep has no current results in {out_dir} at profile "
-                                   f"{config.profile!r}; run its chapter (or python -m dalign_core.experiments."
-                                   f"{'resnet' if name == 'resnet' else name}_width --profile {config.profile}) first")
+                                   f"{config.profile!r}; run python -m {source.run.__module__} --profile "
+                                   f"{config.profile} first")
     return experiment_config, ""
 
 
@@ -213,9 +241,9 @@ def compute(config: Config, out_dir: Path,
             continue
         facts.update(status="run", models=[])
         source = SOURCES[name]
-        runs = pd.read_csv(out_dir / f"{name}_runs.csv")
+        runs = pd.read_csv(out_dir / f"{source.runs_table(name)}.csv")
         candidates += trained_models(name, experiment_config, source.sweeps, source.family, runs,
-                                     config.runs_per_width, failed_runs=config.failed_runs)
+                                     config.runs_of(name), failed_runs=config.failed_runs)
 
     # A model whose rows the existing table holds needs no checkpoint; one that must be grown needs its checkpoints
     # (or run_sweeps, which trains it again).
@@ -277,7 +305,8 @@ def _sweeps_changed(config: Config, out_dir: Path) -> bool:
         experiment_config = SOURCES[name].config(config.profile)
         if sweep_changed("growth", name, used, experiment_config):
             return True
-        if used.get("status") == "not run" and results_current(out_dir, (f"{name}_runs",), experiment_config):
+        if used.get("status") == "not run" and results_current(out_dir, (SOURCES[name].runs_table(name),),
+                                                                experiment_config):
             log.info("growth: the %s sweep has results now; recomputing", name)
             return True
     return False

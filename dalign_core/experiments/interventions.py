@@ -167,7 +167,10 @@ class Config(ExperimentConfig):
     PROFILES = {
         "smoke": SMOKE,
         "lab": SMOKE,  # the classroom profile: smoke-sized, minutes on a laptop on top of the lab sweeps
-        "cpu": {},
+        # Retention on E of the shared bias (the verdict's kind) at δ = 1e-5 (where first order holds on K), at the
+        # sign study's δ and at 0.1, 0.3 and 1 optimizer step: each a float64 pass over E per draw (every δ and kind
+        # of the grid would be 28 such passes per draw, and more than double the study).
+        "cpu": dict(OUT_OF_SAMPLE, retention_eval_steps=(1e-5, 1e-3), retention_eval_kinds=("bias",)),
         "gpu": dict(runs_per_width=3, retention_budget=(64, 64), retention_draws=16, budgets=((16, 16), (64, 64)),
                     resamples=200, optimizer_resamples=50, **OUT_OF_SAMPLE),
         "paper": dict(runs_per_width=3, retention_budget=(128, 128), retention_draws=32,
