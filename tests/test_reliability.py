@@ -347,6 +347,17 @@ def test_the_slurm_script_starts_one_torchrun_per_node_with_a_resolvable_command
     assert f"corpus: dir:{corpus}" in printed and "profile: paper" in printed
 
 
+def test_the_slurm_script_reads_the_head_node_of_a_long_node_list(tmp_path):
+    """A node list longer than a pipe's buffer: a ``scontrol ... | head -n 1`` under pipefail ends the job with
+    SIGPIPE (exit 141) here every time, where a two-node list did so only when ``head`` won a race."""
+    env = _fake_slurm(tmp_path)
+    (tmp_path / "bin" / "scontrol").write_text("#!/bin/bash\nprintf 'node-a\\n'\nseq -f 'node-%g' 1 50000\n")
+    done = subprocess.run(["bash", str(SBATCH)], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 0, (done.returncode, done.stderr)
+    args = (tmp_path / "args").read_text().splitlines()
+    assert f"--rdzv-endpoint=node-a:{20000 + 123456 % 10000}" in args
+
+
 # ---------------------------------------------------------------------------
 # torchrun with a --ranks-per-job that does not fit: one line from rank 0, nothing from the others
 
