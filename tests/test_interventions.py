@@ -246,6 +246,27 @@ def test_a_bad_config_is_refused():
     assert interventions.Config.PROFILES["lab"] == interventions.Config.PROFILES["smoke"]
 
 
+def test_retention_draws_by_family_sets_a_familys_draws_and_keeps_the_others_draws(toy_source, tmp_path):
+    """A family's own count adds draws after the common ones: draw r is seeded by its index, so the first draws (and
+    every sign row) are the same numbers at either count."""
+    light = dict(TOY, budgets=((4, 4),), resamples=1, optimizer_resamples=0, retention_steps=(1e-4, 1e-2))
+    tables = {}
+    for draws in (None, 5):
+        config = interventions.Config(**light, retention_draws_by_family=(("toy", draws),) if draws else ())
+        assert config.retention_draws_of("toy") == (draws or TOY["retention_draws"])
+        out = interventions.run(config, out_dir=tmp_path / f"draws-{draws}")
+        tables[draws] = read_table(out, "interventions")[0]
+    common, more = tables[None], tables[5]
+    retention = more[more.study == "retention"]
+    assert set(retention["resample"]) == set(range(5))
+    first = retention[retention["resample"] < TOY["retention_draws"]].reset_index(drop=True)
+    pd.testing.assert_frame_equal(first, common[common.study == "retention"].reset_index(drop=True))
+    pd.testing.assert_frame_equal(more[more.study == "sign"].reset_index(drop=True),
+                                  common[common.study == "sign"].reset_index(drop=True))
+    with pytest.raises(ValueError, match="retention_draws_by_family"):
+        interventions.Config(**light, retention_draws_by_family=(("toy", 0),))
+
+
 def _sign_rows(alignment, observed, kind="bias", family="f", eval_observed=None, tie=None, step=1e-3):
     n = len(alignment)
     eval_observed = observed if eval_observed is None else eval_observed
