@@ -32,7 +32,7 @@ from dalign_core.sweep.family import Family, SweepConfig
 from dalign_core.sweep.pools import prepare
 from dalign_core.sweep.trained import _train_config
 
-__all__ = ["TrainedModel", "in_regime", "chosen_runs", "checkpoints_present", "trained_models", "jobs_folder",
+__all__ = ["TrainedModel", "count_by_family", "check_counts_by_family", "in_regime", "chosen_runs", "checkpoints_present", "trained_models", "jobs_folder",
            "recorded_sweep_hash", "sweep_changed", "earlier_results", "run_model_jobs", "remove_model_jobs"]
 
 log = logging.getLogger(__name__)
@@ -54,6 +54,17 @@ class TrainedModel:
     """The models hash of the family's sweep experiment (:meth:`~dalign_core.config.ExperimentConfig.models_hash`:
     its config but the fields that change only what the sweep measures), which a study's provenance records per
     family as ``sweep_models_hash``."""
+
+
+def count_by_family(counts: tuple[tuple[str, int], ...], family: str, default: int) -> int:
+    """The count ``counts`` pairs with ``family`` (``(family, count)`` pairs), else ``default``."""
+    return dict(counts).get(family, default)
+
+
+def check_counts_by_family(field: str, counts: tuple[tuple[str, int], ...], families) -> None:
+    """Raise ``ValueError`` unless every ``(family, count)`` pair names one of ``families`` with a count of 1 or more."""
+    if any(name not in families or n < 1 for name, n in counts):
+        raise ValueError(f"{field} {counts} must pair families of {sorted(families)} with counts of at least 1")
 
 
 def in_regime(runs: pd.DataFrame, columns: dict) -> pd.DataFrame:

@@ -46,8 +46,9 @@ from dalign_core.studies import growth
 from dalign_core._tensor import derived_seed
 from dalign_core.training.device import resolve_device
 from dalign_core.config import ExperimentConfig, default_results_dir
-from dalign_core.experiments._models import (TrainedModel, checkpoints_present, earlier_results, remove_model_jobs,
-                                             run_model_jobs, sweep_changed, trained_models)
+from dalign_core.experiments._models import (TrainedModel, check_counts_by_family, checkpoints_present,
+                                             count_by_family, earlier_results, remove_model_jobs, run_model_jobs,
+                                             sweep_changed, trained_models)
 from dalign_core.experiments._runner import main, run_experiment
 from dalign_core.experiments import llama_depth
 from dalign_core.experiments.interventions import SOURCES as SWEEP_SOURCES
@@ -134,9 +135,7 @@ class Config(ExperimentConfig):
             raise ValueError(f"families {self.families} must be a non-empty selection of {sorted(SOURCES)}")
         if self.runs_per_width < 1 or self.repeats < 1 or self.batch_size < 1:
             raise ValueError("runs_per_width, repeats and batch_size must be at least 1")
-        if any(name not in SOURCES or n < 1 for name, n in self.runs_by_family):
-            raise ValueError(f"runs_by_family {self.runs_by_family} must pair families of {sorted(SOURCES)} with "
-                             "counts of at least 1")
+        check_counts_by_family("runs_by_family", self.runs_by_family, SOURCES)
         if not self.steps or min(self.steps) < 1 or not self.rates or min(self.rates) <= 0:
             raise ValueError(f"steps {self.steps} must be positive step counts and rates {self.rates} positive")
         if not self.budgets or min(self.budgets) < 2 or max(self.budgets) > self.examples:
@@ -146,7 +145,7 @@ class Config(ExperimentConfig):
 
     def runs_of(self, family: str) -> int:
         """Trained seeds per width grown in ``family`` (``runs_by_family``, else ``runs_per_width``)."""
-        return dict(self.runs_by_family).get(family, self.runs_per_width)
+        return count_by_family(self.runs_by_family, family, self.runs_per_width)
 
 
 COLUMNS = ["family", "model", "width", "seed", "layer"]

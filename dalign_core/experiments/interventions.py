@@ -63,8 +63,9 @@ from dalign_core._tensor import derived_seed
 from dalign_core.training.device import resolve_device
 from dalign_core.config import ExperimentConfig, default_results_dir, measurement_only
 from dalign_core.experiments import llama_width, pythia_width, resnet_width
-from dalign_core.experiments._models import (TrainedModel, chosen_runs, earlier_results, in_regime, remove_model_jobs,
-                                             run_model_jobs, sweep_changed, trained_models)
+from dalign_core.experiments._models import (TrainedModel, check_counts_by_family, chosen_runs, count_by_family,
+                                             earlier_results, in_regime, remove_model_jobs, run_model_jobs,
+                                             sweep_changed, trained_models)
 from dalign_core.experiments._runner import main, run_experiment
 from dalign_core.sweep.family import Family, SweepConfig, count, take
 from dalign_core.studies.interventions.compute import KINDS, optimizer_step_decrease, train_decrease_draws
@@ -192,9 +193,7 @@ class Config(ExperimentConfig):
             raise ValueError(f"families {self.families} must be a non-empty selection of {sorted(SOURCES)}")
         if self.runs_per_width < 1 or self.resamples < 1 or self.retention_draws < 1:
             raise ValueError("runs_per_width, resamples and retention_draws must be at least 1")
-        if any(name not in SOURCES or n < 1 for name, n in self.retention_draws_by_family):
-            raise ValueError(f"retention_draws_by_family {self.retention_draws_by_family} must pair families of "
-                             f"{sorted(SOURCES)} with counts of at least 1")
+        check_counts_by_family("retention_draws_by_family", self.retention_draws_by_family, SOURCES)
         if self.sign_step not in self.sign_steps:
             raise ValueError(f"sign_step {self.sign_step} must be one of sign_steps {self.sign_steps}")
         if any(n < 1 for n in self.optimizer_steps) or self.optimizer_resamples < 0:
@@ -213,7 +212,7 @@ class Config(ExperimentConfig):
 
     def retention_draws_of(self, family: str) -> int:
         """Retention draws per model in ``family`` (``retention_draws_by_family``, else ``retention_draws``)."""
-        return dict(self.retention_draws_by_family).get(family, self.retention_draws)
+        return count_by_family(self.retention_draws_by_family, family, self.retention_draws)
 
 
 def _draw(setting: str, n_train: int, n_heldout: int, M: int, K: int, key) -> tuple[torch.Tensor, torch.Tensor, str]:
