@@ -175,9 +175,12 @@ def test_an_interrupted_study_resumes_from_its_finished_models(toy_source, monke
     assert len(kept) == 1 and computed[0] in kept[0].name
     again = []
     monkeypatch.setattr(interventions, "model_rows", lambda *a, **k: again.append(a[-1]["model"]) or real(*a, **k))
-    resumed, _ = read_table(interventions.run(config, out_dir=toy_source), "interventions")
+    resumed, record = read_table(interventions.run(config, out_dir=toy_source), "interventions")
     assert computed[0] not in again and len(again) == whole.model.nunique() - 1
     pd.testing.assert_frame_equal(whole, resumed)
+    # the provenance says the wall time covers only the rest (the toy sweep's own jobs are not counted)
+    assert record["resumed"] == {"jobs_reused": 1, "jobs": whole.model.nunique()}
+    assert "resumed" not in read_table(toy_source / "whole", "interventions")[1]
     assert not (toy_source / "partial").exists()  # the jobs are gone once the table holds them
 
 
@@ -346,6 +349,7 @@ def test_retention_is_read_only_on_draws_that_predict_a_decrease():
     assert v["label"] == "reproduced" and v["band"] == [1e-3] and v["breaks_at"] == 1e-2 and v["draws"] == 2
     text = report.describe_retention(rows)
     assert "2 of 3 retention draws" in text and "at δ = 0.001 nats" in text and "breaks" in text
+    assert "Taylor's theorem's check of the computation: reproduced" in text and "**reproduced**" not in text
     only_negative = _retention_rows([[1.0] * 5], [-1.0])
     assert report.retention_verdict(only_negative)["a"]["label"] == "inconclusive"
     assert "no retention to read" in report.describe_retention(only_negative)

@@ -124,12 +124,28 @@ def test_rerun_box_says_when_the_shown_run_loaded_trained_models():
     provenance = {"wall_time_s": 1131.0, "device": "cpu", "hardware": {"workers": 2, "threads_per_process": 1},
                   "sweeps": [{"runs": {"count": 12, "training_loaded": 12}}, {"runs": {"count": 4, "training_loaded": 4}}]}
     box = rerun_box("04_resnet_width", "resnet_width", "cpu", provenance)
-    assert "took 19 min on cpu (2 worker process(es) of 1 thread(s))" in box
+    assert "took 18.9 min on cpu (2 worker process(es) of 1 thread(s))." in box
     assert "loaded 16 of its 16 measured models from the checkpoints of an earlier one" in box
     fresh = rerun_box("04_resnet_width", "resnet_width", "cpu", {**provenance, "sweeps": [{"runs": {"count": 16}}]})
     assert "loaded" not in fresh and "python -m dalign_core.experiments.resnet_width --profile cpu --force" in fresh
     one_sweep = {"wall_time_s": 600.0, "device": "cpu", "runs": {"count": 24, "training_loaded": 6}}  # LLaMA's shape
     assert "loaded 6 of its 24 measured models" in rerun_box("02_llama_width", "llama_width", "cpu", one_sweep)
+
+
+def test_the_time_results_took_says_when_their_run_resumed_an_interrupted_one():
+    from dalign_core.report.describe import results_took
+
+    hardware = {"workers": 2, "threads_per_process": 1}
+    models = {"families": {"a": {"models": [{"seconds": 1500.0}, {"seconds": 900.0}, {"seconds": 7000.0,
+                                                                                       "reused_from": "earlier"}]}}}
+    fresh = {"wall_time_s": 1300.0, "device": "cpu", "hardware": hardware, **models}  # 2,400 worker-s on 2 workers
+    assert results_took(fresh) == "21.7 min on cpu (2 worker process(es) of 1 thread(s))"
+    short = {**fresh, "wall_time_s": 600.0}  # 2,400 worker-s cannot fit in 600 s on 2 workers
+    assert results_took(short).endswith("its 2 models' jobs took 40.0 min of worker time in all, more than that "
+                                        "wall time holds, so part of them ran in an earlier, interrupted sitting")
+    resumed = {**short, "resumed": {"jobs_reused": 1, "jobs": 2}}
+    assert ", resuming an interrupted run: 1 of its 2 jobs had finished before it started;" in results_took(resumed)
+    assert "earlier, interrupted sitting" not in results_took(resumed)
 
 
 def test_summarize_reads_each_regime_of_a_family_apart():

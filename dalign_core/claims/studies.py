@@ -31,8 +31,8 @@ def intervention_rows(results: Path) -> list[Row]:
                         f"on fresh examples at δ = {step:g}, {r.models} models: P(fall | μ_Mᵀg_K > 0) {r.p_pos:.1%} "
                         f"[{r.p_pos_lo:.1%}, {r.p_pos_hi:.1%}] of {r.n_pos}; P(fall | ≤ 0) {r.p_nonpos:.1%} of "
                         f"{r.n_nonpos}; difference {r.difference:+.2f} [{r.difference_lo:+.2f}, "
-                        f"{r.difference_hi:+.2f}]; AUC {r.auc:.2f} [{r.auc_lo:.2f}, {r.auc_hi:.2f}]; {r.ties} ties "
-                        f"left out; {r.reason}", r.label, chapter))
+                        f"{r.difference_hi:+.2f}]; {intervention_report.auc_text(r.auc, r.auc_lo, r.auc_hi)}; "
+                        f"{r.ties} ties left out; {r.reason}", r.label, chapter))
     curve = intervention_report.out_of_sample_retention(table)
     for family, v in intervention_report.out_of_sample_verdict(curve).items():
         r = v.get("row")

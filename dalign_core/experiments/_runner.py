@@ -80,6 +80,15 @@ def run_experiment(name: str, tables: tuple[str, ...], config: ExperimentConfig,
     spreads its work over torchrun's ranks and returns the tables on rank 0 only (see the
     module docstring).
     """
+    outer = workers.recorded()  # a sweep run inside a study: its workers and reused jobs are not the study's
+    try:
+        return _run_experiment(name, tables, config, compute, out_dir, force, sharded)
+    finally:
+        workers.restore(outer)
+
+
+def _run_experiment(name: str, tables: tuple[str, ...], config: ExperimentConfig, compute: Compute,
+                    out_dir: str | Path | None, force: bool, sharded: bool) -> Path:
     out_dir = results_dir_for(config, out_dir)
     ctx = distributed.context()
     if ctx.distributed and not sharded and not ctx.is_main:
@@ -107,7 +116,9 @@ def run_experiment(name: str, tables: tuple[str, ...], config: ExperimentConfig,
         if shared:
             distributed.barrier()  # return once rank 0 has written the tables: the caller may read them next
         return out_dir
-    extra = {**extra, "world_size": ctx.world_size if shared else 1, **({"ranks": ranks} if ranks else {})}
+    resumed = workers.reused()  # an interrupted run's finished jobs: the wall time below covers only the rest
+    extra = {**extra, "world_size": ctx.world_size if shared else 1, **({"ranks": ranks} if ranks else {}),
+             **({"resumed": resumed} if resumed else {})}
     missing = sorted(set(tables) - set(frames))
     if missing:
         raise RuntimeError(f"{name}: compute returned no table(s) {missing}")

@@ -439,6 +439,7 @@ def run_jobs(folder: str | os.PathLike | None, jobs: Sequence[Job], compute: Cal
             done = store.names()
             todo = [job for job in jobs if job.name not in done]
             if 1 < len(todo):
+                _workers.record_reused(len(jobs) - len(todo), len(jobs))
                 if len(todo) < len(jobs):
                     log.info("reusing %d finished job(s) of %d", len(jobs) - len(todo), len(jobs))
                 single = [dataclasses.replace(job, ranks=1) for job in todo]  # a worker is one rank
@@ -450,6 +451,7 @@ def run_jobs(folder: str | os.PathLike | None, jobs: Sequence[Job], compute: Cal
                 return results
         results = {}
         kept = {job.name: store.get(job.name) for job in jobs}
+        _workers.record_reused(sum(v is not None for v in kept.values()), len(jobs))
         progress = _workers.GridProgress([job for job in jobs if kept[job.name] is None])
         for job in jobs:
             done = kept[job.name]
@@ -465,6 +467,7 @@ def run_jobs(folder: str | os.PathLike | None, jobs: Sequence[Job], compute: Cal
     check_shared(store.folder)
     done = broadcast(sorted(store.names()) if ctx.is_main else None)
     todo = [job for job in jobs if job.name not in set(done)]
+    _workers.record_reused(len(jobs) - len(todo), len(jobs))
     if ctx.is_main and len(todo) < len(jobs):
         log.info("reusing %d finished job(s) of %d", len(jobs) - len(todo), len(jobs))
     assignments = plan(todo, ctx.world_size, speedup)

@@ -63,14 +63,15 @@ import torch
 
 from dalign_core.training.device import THREADS_VARIABLE, _positive, configured, threads
 
-__all__ = ["WORKERS_VARIABLE", "WorkerError", "GridProgress", "cores", "count", "settings", "reset", "run_pool"]
+__all__ = ["WORKERS_VARIABLE", "WorkerError", "GridProgress", "cores", "count", "settings", "reset", "recorded",
+           "restore", "record_reused", "reused", "run_pool"]
 
 log = logging.getLogger(__name__)
 
 WORKERS_VARIABLE = "DALIGN_WORKERS"
 INTERRUPTED = "interrupted; rerun the same command to resume"
 
-_state: dict[str, Any] = {"workers": 1, "in_worker": False}
+_state: dict[str, Any] = {"workers": 1, "in_worker": False, "reused": [0, 0]}
 
 
 class WorkerError(RuntimeError):
@@ -127,7 +128,30 @@ def count() -> int:
 
 def reset() -> None:
     """Forget the workers recorded so far (the runner calls it before an experiment computes)."""
-    _state["workers"] = 1
+    _state["workers"], _state["reused"] = 1, [0, 0]
+
+
+def recorded() -> dict[str, Any]:
+    """What this experiment has recorded so far (workers, reused jobs), for :func:`restore`."""
+    return {"workers": _state["workers"], "reused": list(_state["reused"])}
+
+
+def restore(record: dict[str, Any]) -> None:
+    """Put back what :func:`recorded` returned: an experiment run inside another (a study's sweep) leaves the
+    outer one's record as it found it."""
+    _state["workers"], _state["reused"] = record["workers"], list(record["reused"])
+
+
+def record_reused(reused: int, jobs: int) -> None:
+    """Note that a job grid of this experiment found ``reused`` of its ``jobs`` already finished (an interrupted
+    run's): the results' wall time then covers only the rest."""
+    _state["reused"] = [_state["reused"][0] + int(reused), _state["reused"][1] + int(jobs)]
+
+
+def reused() -> dict[str, int] | None:
+    """``{"jobs_reused": r, "jobs": n}`` when this experiment resumed an interrupted run (r > 0), else None."""
+    r, n = _state["reused"]
+    return {"jobs_reused": r, "jobs": n} if r else None
 
 
 def record(workers: int) -> None:

@@ -32,7 +32,7 @@ from dalign_core.report.describe.verdicts import (WIDTH_CLAIMS, PAPER_REGIMES, S
 from dalign_core.report.describe.geometry import (describe_trajectory, describe_limiting_dimension, describe_layers,
                                                   describe_final_geometry, describe_bounds, describe_budget,
                                                   describe_context, describe_sample_choice, describe_redundancy)
-from dalign_core.report.describe.rerun import (rerun_box)
+from dalign_core.report.describe.rerun import (rerun_box, results_took)
 from dalign_core.report.describe.summary import (REGIME_COLUMNS, summarize)
 
 __all__ = ["DASH", "D_ALIGN_HTML", "number", "styled", "trained_rows", "by_regime", "sweep_records", "judged_only",
@@ -42,4 +42,4 @@ __all__ = ["DASH", "D_ALIGN_HTML", "number", "styled", "trained_rows", "by_regim
            "width_verdicts", "describe_clock", "describe_power", "paper_comparison", "verdict_table",
            "describe_trajectory", "describe_limiting_dimension", "describe_layers", "describe_final_geometry",
            "describe_bounds", "describe_budget", "describe_context", "describe_sample_choice", "describe_redundancy",
-           "rerun_box", "REGIME_COLUMNS", "summarize"]
+           "rerun_box", "results_took", "REGIME_COLUMNS", "summarize"]

@@ -3,7 +3,35 @@
 
 from __future__ import annotations
 
-__all__ = ["rerun_box"]
+__all__ = ["rerun_box", "results_took"]
+
+
+def results_took(provenance: dict, wall: float | None = None) -> str:
+    """What the results of ``provenance`` took, as a phrase: "32 min on cpu (2 worker process(es) of 1 thread(s))",
+    and, when the run resumed an interrupted one (its ``resumed`` record, or its models' own ``seconds`` summing to
+    more worker time than the wall time allows), that the wall time covers only part of the work.
+
+    ``wall``: the wall time in seconds when the provenance has none (a chapter that timed itself)."""
+    from dalign_core.report import timings
+
+    wall = provenance.get("wall_time_s", wall) if provenance else wall
+    hardware = (provenance or {}).get("hardware", {})
+    workers = int(hardware.get("workers") or 1)
+    text = (f"{timings.duration(wall)}" + (f" on {provenance.get('device', 'this machine')}" if provenance else "")
+            + (f" ({workers} worker process(es) of {hardware.get('threads_per_process', 1)} thread(s))"
+               if hardware.get("workers") else ""))
+    models = [m for facts in (provenance or {}).get("families", {}).values() if isinstance(facts, dict)
+              for m in facts.get("models", []) if isinstance(m, dict) and "seconds" in m and "reused_from" not in m]
+    worker_seconds = sum(float(m["seconds"]) for m in models)
+    resumed = (provenance or {}).get("resumed")
+    if resumed:
+        text += (f", resuming an interrupted run: {resumed['jobs_reused']} of its {resumed['jobs']} jobs had finished "
+                 "before it started")
+    if models and wall and worker_seconds > 1.1 * wall * workers:
+        text += (f"; its {len(models)} models' jobs took {timings.duration(worker_seconds)} of worker time in all, "
+                 "more than that wall time holds" + ("" if resumed else ", so part of them ran in an earlier, "
+                                                      "interrupted sitting"))
+    return text
 
 
 def rerun_box(chapter: str, module: str | None, profile: str, provenance: dict | None, *, first: str = "",
@@ -42,13 +70,8 @@ def rerun_box(chapter: str, module: str | None, profile: str, provenance: dict |
                          f"{lab.sentence()}.")
     wall = provenance.get("wall_time_s") if provenance else seconds
     if wall is not None and wall == wall:
-        hardware = (provenance or {}).get("hardware", {})
-        workers = hardware.get("workers")
-        took = f"{wall:.0f} s" if wall < 60 else f"{wall / 60:.0f} min"
-        lines.append(f"The results shown took {took}"
-                     + (f" on {provenance.get('device', 'this machine')}" if provenance else "")
-                     + (f" ({workers} worker process(es) of {hardware.get('threads_per_process', 1)} thread(s))"
-                        if workers else "") + ("" if fresh else ", with the model the page had cached") + ".")
+        lines.append(f"The results shown took {results_took(provenance, wall)}"
+                     + ("" if fresh else ", with the model the page had cached") + ".")
         folder = default_results_dir(profile)
         loaded, measured = timings.loaded_before(provenance or {}, folder if folder.is_dir() else None)
         if loaded:

@@ -45,8 +45,8 @@ from dalign_core.studies.interventions.retention import (retention_curve, retent
                                                          out_of_sample_retention, out_of_sample_verdict,
                                                          describe_out_of_sample, simulate_out_of_sample_verdict)
 from dalign_core.studies.interventions.tracking import (theory_vs_observation, describe_positive_share)
-from dalign_core.studies.interventions.prediction import (PREDICTION_MARGIN, prediction_label, sign_prediction,
-                                                          prediction_design, simulate_prediction_verdict,
+from dalign_core.studies.interventions.prediction import (PREDICTION_MARGIN, auc_text, prediction_label,
+                                                          sign_prediction, prediction_design, simulate_prediction_verdict,
                                                           describe_prediction, describe_prediction_calibration)
 
 __all__ = ["Intervention", "shared_bias_step", "residual_block_step", "train_decrease_steps", "train_decrease_draws",
@@ -57,7 +57,8 @@ __all__ = ["Intervention", "shared_bias_step", "residual_block_step", "train_dec
            "BOOTSTRAP_RESAMPLES", "SETTING_NAMES", "conditional_decrease", "agreement", "sign_agreement",
            "sign_verdict", "sign_design", "simulate_sign_verdict", "describe_sign_calibration", "block_explained",
            "describe_sign", "describe_steps", "describe_lowest_bin", "retention_curve", "retention_verdict",
-           "describe_retention", "OUT_OF_SAMPLE_TOLERANCE", "out_of_sample_steps", "out_of_sample_retention",
+           "describe_retention", "auc_text",
+           "OUT_OF_SAMPLE_TOLERANCE", "out_of_sample_steps", "out_of_sample_retention",
            "out_of_sample_verdict", "describe_out_of_sample", "simulate_out_of_sample_verdict",
            "theory_vs_observation", "describe_positive_share", "PREDICTION_MARGIN", "prediction_label",
            "sign_prediction", "prediction_design", "simulate_prediction_verdict", "describe_prediction",

@@ -19,7 +19,7 @@ from dalign_core.studies.interventions.draws import (SIGN_BANDS, wilson_rate, me
                                                      percent_interval, family_name, model_key, percentile_interval,
                                                      BOOTSTRAP_RESAMPLES, SETTING_NAMES)
 
-__all__ = ["PREDICTION_MARGIN", "prediction_label", "sign_prediction", "prediction_design",
+__all__ = ["PREDICTION_MARGIN", "auc_text", "prediction_label", "sign_prediction", "prediction_design",
            "simulate_prediction_verdict", "describe_prediction", "describe_prediction_calibration"]
 
 
@@ -35,6 +35,13 @@ def _auc(score: np.ndarray, fell: np.ndarray) -> float:
         return math.nan
     ranks = pd.Series(np.concatenate([pos, neg])).rank().to_numpy()
     return float((ranks[:len(pos)].sum() - len(pos) * (len(pos) + 1) / 2) / (len(pos) * len(neg)))
+
+
+def auc_text(auc: float, lo: float, hi: float, score: str = "AUC") -> str:
+    """``score`` with its interval, or why it is undefined: the AUC needs draws that fell and draws that did not."""
+    if not np.isfinite(auc):
+        return f"{score} undefined (every draw lowered the loss on E, or none did)"
+    return f"{score} {auc:.2f} [{lo:.2f}, {hi:.2f}]"
 
 
 def _newcombe(k1: int, n1: int, k2: int, n2: int, confidence: float) -> tuple[float, float]:
@@ -197,8 +204,8 @@ def describe_prediction(prediction: pd.DataFrame) -> str:
         return "No sign draw at this profile."
     lines = []
     for r in prediction.itertuples():
-        auc = (f"; AUC of $\\mu_M^\\top g_K$ for a fall {r.auc:.2f} [{r.auc_lo:.2f}, {r.auc_hi:.2f}]"
-               if hasattr(r, "auc") and np.isfinite(r.auc) else "")
+        auc = ("; " + auc_text(r.auc, r.auc_lo, r.auc_hi, "AUC of $\\mu_M^\\top g_K$ for a fall")
+               if hasattr(r, "auc") else "")
         diff = (f"{100 * r.difference:+.1f} points [{100 * r.difference_lo:+.1f}, {100 * r.difference_hi:+.1f}]"
                 if np.isfinite(r.difference) else "not measured")
         lines.append(

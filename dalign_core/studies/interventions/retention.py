@@ -76,7 +76,8 @@ def retention_verdict(table: pd.DataFrame, kind: str = "bias") -> dict[str, dict
 
 def describe_retention(table: pd.DataFrame, kind: str = "bias") -> str:
     """A sentence per family: the draws predicting a decrease, the δ where the median retention lies within the
-    paper's 96-99 %, where first order breaks, and the verdict."""
+    paper's 96-99 %, where first order breaks, and the same-sample label, named as Taylor's theorem's check (it
+    cannot fail for a smooth loss; the claim is judged on E by :func:`out_of_sample_verdict`)."""
     lines = []
     for family, v in retention_verdict(table, kind).items():
         head = (f"- **{family_name(family)}**: {v['draws']} of {v['of']} retention draws predicted a decrease "
@@ -92,7 +93,8 @@ def describe_retention(table: pd.DataFrame, kind: str = "bias") -> str:
                   if np.isfinite(v["breaks_at"]) else
                   f"first order holds within {FIRST_ORDER_TOLERANCE:.0%} over the whole grid")
         lines.append(f"{head}; at the smallest step (δ = {number(step)}) the median is {percent(median)}; {band}; "
-                     f"{breaks}: **{v['label']}**.")
+                     f"{breaks}: on $K$, Taylor's theorem's check of the computation: {v['label']} (the paper's "
+                     "claim is judged out of sample, on $E$).")
     return "\n".join(lines) if lines else "No trained model was intervened on at this profile."
 
 
