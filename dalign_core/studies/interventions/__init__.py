@@ -43,7 +43,8 @@ from dalign_core.studies.interventions.signs import (conditional_decrease, agree
 from dalign_core.studies.interventions.retention import (retention_curve, retention_verdict, describe_retention,
                                                          OUT_OF_SAMPLE_TOLERANCE, out_of_sample_steps,
                                                          out_of_sample_retention, out_of_sample_verdict,
-                                                         describe_out_of_sample, simulate_out_of_sample_verdict)
+                                                         describe_out_of_sample, simulate_out_of_sample_verdict,
+                                                         out_of_sample_design, describe_out_of_sample_calibration)
 from dalign_core.studies.interventions.tracking import (theory_vs_observation, describe_positive_share)
 from dalign_core.studies.interventions.prediction import (PREDICTION_MARGIN, auc_text, prediction_label,
                                                           sign_prediction, prediction_design, simulate_prediction_verdict,
@@ -60,6 +61,7 @@ __all__ = ["Intervention", "shared_bias_step", "residual_block_step", "train_dec
            "describe_retention", "auc_text",
            "OUT_OF_SAMPLE_TOLERANCE", "out_of_sample_steps", "out_of_sample_retention",
            "out_of_sample_verdict", "describe_out_of_sample", "simulate_out_of_sample_verdict",
+           "out_of_sample_design", "describe_out_of_sample_calibration",
            "theory_vs_observation", "describe_positive_share", "PREDICTION_MARGIN", "prediction_label",
            "sign_prediction", "prediction_design", "simulate_prediction_verdict", "describe_prediction",
            "describe_prediction_calibration"]

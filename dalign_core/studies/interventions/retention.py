@@ -224,3 +224,56 @@ def simulate_out_of_sample_verdict(draws_per_model: Sequence[int], retention: fl
         curve = out_of_sample_retention(pd.concat(rows, ignore_index=True), resamples=200, seed=trial)
         found.append(out_of_sample_verdict(curve)["f"]["label"])
     return {label: found.count(label) / trials for label in sorted(set(found))}
+
+
+def out_of_sample_design(table: pd.DataFrame, kind: str = "bias") -> dict[str, dict]:
+    """Family → the design its out-of-sample verdict read and the noise measured there: ``draws`` (draws predicting
+    a decrease per model at the judged step), ``draw_sd`` (the spread of ΔL_E / prediction between draws of one
+    model: 1.4826 × the median absolute deviation from the model's median, robust to the rare draw whose
+    prediction is nearly 0) and ``model_sd`` (the spread of the models' medians, by the same rule)."""
+    verdicts = out_of_sample_verdict(out_of_sample_retention(table, kind, resamples=1))
+    steps = out_of_sample_steps(table, kind)
+    out = {}
+    for family, v in verdicts.items():
+        r = v.get("row")
+        if r is None or v["label"] in ("not run", "not estimable"):
+            continue
+        judged = steps[(steps.family == family) & (steps.source == r["source"]) & (steps.setting == r["setting"])
+                       & steps.step_fraction.isna() & np.isclose(steps.train_decrease, r["train_decrease"])]
+        by_model = judged.assign(cluster=model_key(judged)).groupby("cluster").from_g
+        medians = by_model.median()
+        deviations = (judged.from_g - by_model.transform("median")).abs()
+        out[family] = {"draws": by_model.size().tolist(), "draw_sd": 1.4826 * float(deviations.median()),
+                       "model_sd": 1.4826 * float((medians - medians.median()).abs().median())}
+    return out
+
+
+def describe_out_of_sample_calibration(table: pd.DataFrame, kind: str = "bias", trials: int = 40) -> str:
+    """A sentence per family: how often :func:`out_of_sample_verdict` says *reproduced* at the committed design
+    (its draws per model) and the noise measured here (:func:`out_of_sample_design`) when ΔL_E keeps 100% of the
+    prediction from g_K, and how often it says *reproduced* or *contradicted* when it keeps 50% or none."""
+    design = out_of_sample_design(table, kind)
+    if not design:
+        return "No family's retention was judged on $E$: the out-of-sample rule's power is not simulated."
+    labels = {family: v["label"] for family, v in out_of_sample_verdict(out_of_sample_retention(table, kind)).items()}
+    lines = []
+    for family, d in design.items():
+        found = {kept: simulate_out_of_sample_verdict(d["draws"], kept, draw_sd=d["draw_sd"], model_sd=d["model_sd"],
+                                                      trials=trials) for kept in (1.0, 0.5, 0.0)}
+        power, false_alarm = found[1.0].get("reproduced", 0), found[1.0].get("contradicted", 0)
+        reading = {"inconclusive": (": at this noise the rule can reject a retention far from 1 but rarely confirm one "
+                                    "near it, so the *inconclusive* here says the design is too small, not that "
+                                    "retention is off") if power < 0.5 else "",
+                   "contradicted": f": a true 100% reads *contradicted* in {false_alarm:.0%} of the tables, so the "
+                                   f"*contradicted* here stands" if false_alarm <= 0.05 else
+                                   f": a true 100% reads *contradicted* in {false_alarm:.0%} of the tables, too "
+                                   "often for the *contradicted* here to stand alone"}.get(labels.get(family), "")
+        lines.append(
+            f"- **{family_name(family)}** ({sum(d['draws'])} draws in {len(d['draws'])} models; spread between draws "
+            f"{d['draw_sd']:.2f}, between models {d['model_sd']:.2f}): when the change on $E$ keeps 100% of the "
+            f"prediction it says *reproduced* in {power:.0%} (*contradicted* in {false_alarm:.0%}); when it keeps "
+            f"50%, *reproduced* in {found[0.5].get('reproduced', 0):.0%} and *contradicted* in "
+            f"{found[0.5].get('contradicted', 0):.0%}; when it keeps none, *contradicted* in "
+            f"{found[0.0].get('contradicted', 0):.0%}{reading}.")
+    return (f"**What the out-of-sample rule can tell at this design** ({trials} simulated tables per case, with each "
+            "family's draws per model and the noise measured here):\n" + "\n".join(lines))
