@@ -537,24 +537,33 @@ def _judged_draws(draw_sd: float, kept: float = 1.0, models: int = 4, per_model:
         predicted = -rng.uniform(1e-6, 2e-6, per_model)
         rows.append(pd.DataFrame(dict(study="retention", family="a", model=f"m{m}", seed=0, setting="train/heldout",
                                       kind="bias", optimizer_steps=0, train_decrease=1e-5, predicted=predicted,
-                                      observed=predicted, eval_observed=predicted * rng.normal(kept, draw_sd, per_model),
+                                      observed=predicted,
+                                      eval_observed=predicted * rng.normal(kept, draw_sd, per_model),
                                       eval_tie=False)))
     return pd.concat(rows, ignore_index=True)
+
+
+def _curve(table: pd.DataFrame) -> pd.DataFrame:
+    return report.out_of_sample_retention(table)
+
+
+def _verdicts(table: pd.DataFrame) -> dict:
+    return report.out_of_sample_verdict(_curve(table))
 
 
 def test_the_out_of_sample_rule_states_what_it_can_tell_at_the_measured_noise():
     """The design read from the table (draws per model, spread between draws) and the simulated power: a quiet
     table can confirm a retention of 1, a noisy one cannot, and the sentence says which."""
     quiet, noisy = _judged_draws(0.03), _judged_draws(0.8)
-    design = report.out_of_sample_design(quiet)["a"]
+    design = report.out_of_sample_design(quiet, _verdicts(quiet))["a"]
     assert design["draws"] == [15] * 4 and 0.015 < design["draw_sd"] < 0.05
-    assert 0.5 < report.out_of_sample_design(noisy)["a"]["draw_sd"] < 1.2
-    said = report.describe_out_of_sample_calibration(quiet, trials=20)
+    assert 0.5 < report.out_of_sample_design(noisy, _verdicts(noisy))["a"]["draw_sd"] < 1.2
+    said = report.describe_out_of_sample_calibration(quiet, _curve(quiet), trials=20)
     power = float(said.split("*reproduced* in ")[1].split("%")[0])
     assert power >= 80 and "too small" not in said
-    said = report.describe_out_of_sample_calibration(noisy, trials=20)
+    said = report.describe_out_of_sample_calibration(noisy, _curve(noisy), trials=20)
     assert float(said.split("*reproduced* in ")[1].split("%")[0]) <= 20 and "the design is too small" in said
-    assert "not simulated" in report.describe_out_of_sample_calibration(quiet.iloc[0:0])
+    assert "not simulated" in report.describe_out_of_sample_calibration(quiet.iloc[0:0], _curve(quiet.iloc[0:0]))
     off = _judged_draws(0.03, kept=0.0)  # contradicted, and a true 100% is never read so at this noise
-    assert report.out_of_sample_verdict(report.out_of_sample_retention(off))["a"]["label"] == "contradicted"
-    assert "so the *contradicted* here stands" in report.describe_out_of_sample_calibration(off, trials=20)
+    assert _verdicts(off)["a"]["label"] == "contradicted"
+    assert "so the *contradicted* here stands" in report.describe_out_of_sample_calibration(off, _curve(off), trials=20)

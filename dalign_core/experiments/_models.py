@@ -32,8 +32,9 @@ from dalign_core.sweep.family import Family, SweepConfig
 from dalign_core.sweep.pools import prepare
 from dalign_core.sweep.trained import _train_config
 
-__all__ = ["TrainedModel", "count_by_family", "check_counts_by_family", "in_regime", "chosen_runs", "checkpoints_present", "trained_models", "jobs_folder",
-           "recorded_sweep_hash", "sweep_changed", "earlier_results", "run_model_jobs", "remove_model_jobs"]
+__all__ = ["TrainedModel", "count_by_family", "check_counts_by_family", "in_regime", "chosen_runs",
+           "checkpoints_present", "trained_models", "jobs_folder", "recorded_sweep_hash", "sweep_changed",
+           "earlier_results", "run_model_jobs", "remove_model_jobs"]
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,8 @@ def count_by_family(counts: tuple[tuple[str, int], ...], family: str, default: i
 
 
 def check_counts_by_family(field: str, counts: tuple[tuple[str, int], ...], families) -> None:
-    """Raise ``ValueError`` unless every ``(family, count)`` pair names one of ``families`` with a count of 1 or more."""
+    """Raise ``ValueError`` unless every ``(family, count)`` pair names one of ``families`` with a count of at
+    least 1."""
     if any(name not in families or n < 1 for name, n in counts):
         raise ValueError(f"{field} {counts} must pair families of {sorted(families)} with counts of at least 1")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 __all__ = ["rerun_box", "results_took"]
 
 
-def results_took(provenance: dict, wall: float | None = None) -> str:
+def results_took(provenance: dict | None, wall: float | None = None) -> str:
     """What the results of ``provenance`` took, as a phrase: "32 min on cpu (2 worker process(es) of 1 thread(s))",
     and, when the run resumed an interrupted one (its ``resumed`` record, or its models' own ``seconds`` summing to
     more worker time than the wall time allows), that the wall time covers only part of the work.
@@ -14,16 +14,17 @@ def results_took(provenance: dict, wall: float | None = None) -> str:
     ``wall``: the wall time in seconds when the provenance has none (a chapter that timed itself)."""
     from dalign_core.report import timings
 
-    wall = provenance.get("wall_time_s", wall) if provenance else wall
-    hardware = (provenance or {}).get("hardware", {})
+    provenance = provenance or {}
+    wall = provenance.get("wall_time_s", wall)
+    hardware = provenance.get("hardware", {})
     workers = int(hardware.get("workers") or 1)
     text = (f"{timings.duration(wall)}" + (f" on {provenance.get('device', 'this machine')}" if provenance else "")
             + (f" ({workers} worker process(es) of {hardware.get('threads_per_process', 1)} thread(s))"
                if hardware.get("workers") else ""))
-    models = [m for facts in (provenance or {}).get("families", {}).values() if isinstance(facts, dict)
+    models = [m for facts in provenance.get("families", {}).values() if isinstance(facts, dict)
               for m in facts.get("models", []) if isinstance(m, dict) and "seconds" in m and "reused_from" not in m]
     worker_seconds = sum(float(m["seconds"]) for m in models)
-    resumed = (provenance or {}).get("resumed")
+    resumed = provenance.get("resumed")
     if resumed:
         text += (f", resuming an interrupted run: {resumed['jobs_reused']} of its {resumed['jobs']} jobs had finished "
                  "before it started")

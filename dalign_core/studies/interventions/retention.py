@@ -226,12 +226,12 @@ def simulate_out_of_sample_verdict(draws_per_model: Sequence[int], retention: fl
     return {label: found.count(label) / trials for label in sorted(set(found))}
 
 
-def out_of_sample_design(table: pd.DataFrame, kind: str = "bias") -> dict[str, dict]:
-    """Family → the design its out-of-sample verdict read and the noise measured there: ``draws`` (draws predicting
-    a decrease per model at the judged step), ``draw_sd`` (the spread of ΔL_E / prediction between draws of one
-    model: 1.4826 × the median absolute deviation from the model's median, robust to the rare draw whose
-    prediction is nearly 0) and ``model_sd`` (the spread of the models' medians, by the same rule)."""
-    verdicts = out_of_sample_verdict(out_of_sample_retention(table, kind, resamples=1))
+def out_of_sample_design(table: pd.DataFrame, verdicts: dict[str, dict], kind: str = "bias") -> dict[str, dict]:
+    """Family → the design its out-of-sample verdict (``verdicts``, from :func:`out_of_sample_verdict`) read and the
+    noise measured there: ``draws`` (draws predicting a decrease per model at the judged step), ``draw_sd`` (the
+    spread of ΔL_E / prediction between draws of one model: 1.4826 × the median absolute deviation from the model's
+    median, robust to the rare draw whose prediction is nearly 0) and ``model_sd`` (the spread of the models'
+    medians, by the same rule)."""
     steps = out_of_sample_steps(table, kind)
     out = {}
     for family, v in verdicts.items():
@@ -248,14 +248,17 @@ def out_of_sample_design(table: pd.DataFrame, kind: str = "bias") -> dict[str, d
     return out
 
 
-def describe_out_of_sample_calibration(table: pd.DataFrame, kind: str = "bias", trials: int = 40) -> str:
+def describe_out_of_sample_calibration(table: pd.DataFrame, curve: pd.DataFrame, kind: str = "bias",
+                                       trials: int = 40) -> str:
     """A sentence per family: how often :func:`out_of_sample_verdict` says *reproduced* at the committed design
     (its draws per model) and the noise measured here (:func:`out_of_sample_design`) when ΔL_E keeps 100% of the
-    prediction from g_K, and how often it says *reproduced* or *contradicted* when it keeps 50% or none."""
-    design = out_of_sample_design(table, kind)
+    prediction from g_K, and how often it says *reproduced* or *contradicted* when it keeps 50% or none.
+    ``curve``: :func:`out_of_sample_retention` of ``table``, whose verdicts the sentence reads."""
+    verdicts = out_of_sample_verdict(curve)
+    design = out_of_sample_design(table, verdicts, kind)
     if not design:
         return "No family's retention was judged on $E$: the out-of-sample rule's power is not simulated."
-    labels = {family: v["label"] for family, v in out_of_sample_verdict(out_of_sample_retention(table, kind)).items()}
+    labels = {family: v["label"] for family, v in verdicts.items()}
     lines = []
     for family, d in design.items():
         found = {kept: simulate_out_of_sample_verdict(d["draws"], kept, draw_sd=d["draw_sd"], model_sd=d["model_sd"],
