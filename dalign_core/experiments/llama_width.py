@@ -108,19 +108,21 @@ class Config(LMSweepConfig):
             unit_contexts=(32, 128), checkpoint_pool_size=None,
         ),
         "cpu": {},
-        # The paper's shapes (depth 8, head dim 64) at widths a 15-minute GPU window can train: 3 rates x 3 seeds.
-        # Measured on one H200 (2026-11-30) with widths 512/1024/1536, rates 3e-4/1e-3/3e-3 and 20,000 resamples:
-        # about 190 s per width, so the sweep ran past a 560-s limit one run short of the end; N = 512 did not beat
-        # the bigram model in 300 steps (held-out 4.40 against 4.32) and 3e-4, the lowest rate, won at 1024 and
-        # 1536. Hence 768 as the narrowest width, a grid that falls as 1/N (2e-4..2e-3 at 768, 1e-4..1e-3 at 1536),
-        # fewer resamples and train-pool captures. Finished
-        # jobs are kept in results/gpu/partial/, so a second call completes a sweep that a window cut short.
+        # The paper's shapes (depth 8, head dim 64) at widths 512-1,024 and context 256, sized for one 9-minute call
+        # on one H200 (a 15-minute window, start-up included). An earlier design (widths 512/1024/1536, context 128,
+        # 3 rates x 3 seeds per width, 300 steps) took about 190 s per width on one H200 (2026-11-30), and N = 512
+        # did not beat the bigram model in 300 steps (4.40 against 4.32). Hence: 400 steps of 16 x 256 tokens (the
+        # same tokens a step), the rate fitted at N = 512 and carried as 1/N with the full-length check at 1,024,
+        # 3 seeds (the power the cpu design buys with 6 is out of reach in the window), and a pool of 384 held-out
+        # sequences with an evaluation set of 384 (Shakespeare's held-out works hold about 900 sequences of 256).
+        # Finished jobs are kept in results/gpu/partial/, so a second call completes a sweep that a window cut short.
         "gpu": dict(
-            widths=(768, 1024, 1536), depth=8, head_dim=64, batch_size=32, steps=300, warmup_steps=30,
-            lr_candidates=(2e-4, 6e-4, 2e-3), train_pool_steps=(0, 300), all_layer_steps=(0, 100, 200, 300),
-            checkpoint_steps=(0, 50, 100, 200, 213, 225, 238, 250, 263, 275, 288, 300),
+            widths=(512, 768, 1024), depth=8, head_dim=64, context=256, batch_size=16, steps=400, warmup_steps=40,
+            seeds=3, run_sd=None, lr_candidates=(4e-4, 1.2e-3, 3.6e-3), train_pool_steps=(0, 400),
+            all_layer_steps=(0, 200, 400), checkpoint_steps=(0, 50, 100, 200, 300, 325, 350, 375, 400),
+            pool_size=384, eval_examples=384, validation_examples=384, budgets=((4, 4), (16, 16), (32, 32), (48, 48)),
             insertion_layer=3, autocast_dtype="bfloat16", prune_candidates=True, resume_points=1, resamples=10_000,
-            checkpoint_pool_size=None,
+            checkpoint_pool_size=None, unit_contexts=(64, 128, 256),
         ),
         # The paper's widths. Shakespeare holds 1.45M training tokens: 5,000 steps of 64 x 256 tokens would be
         # 56 epochs (the run warns), so bring a larger corpus: corpus="dir:/path" or "hf:<dataset>".
