@@ -115,7 +115,7 @@ class Config(LMSweepConfig):
         # same tokens a step), the rate fitted at N = 512 and carried as 1/N with the full-length check at 1,024,
         # 3 seeds (the power the cpu design buys with 6 is out of reach in the window), and a pool of 384 held-out
         # sequences with an evaluation set of 384 (Shakespeare's held-out works hold about 900 sequences of 256).
-        # Finished jobs are kept in results/gpu/partial/, so a second call completes a sweep that a window cut short.
+        # Projected, not yet run: no GPU was lent on 2026-12-04. Finished jobs are kept in results/gpu/partial/, so a second call completes a sweep that a window cut short.
         "gpu": dict(
             widths=(512, 768, 1024), depth=8, head_dim=64, context=256, batch_size=16, steps=400, warmup_steps=40,
             seeds=3, run_sd=None, lr_candidates=(4e-4, 1.2e-3, 3.6e-3), train_pool_steps=(0, 400),
