@@ -14,7 +14,7 @@ SHELL := /bin/bash
 .DELETE_ON_ERROR:
 
 PROFILE ?= cpu
-# The same list as dalign_core.config.PROFILES (tests/test_notebooks.py checks that they agree).
+# The same list as dalign_repro.config.PROFILES (tests/test_notebooks.py checks that they agree).
 PROFILES := smoke lab cpu gpu paper
 ifneq ($(words $(PROFILE)),1)
 $(error PROFILE='$(PROFILE)' must be exactly one of: $(PROFILES))

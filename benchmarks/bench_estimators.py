@@ -32,9 +32,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from dalign_core.geometry import rows  # noqa: E402
-from dalign_core.config import ExperimentConfig  # noqa: E402
+from dalign_repro.config import ExperimentConfig  # noqa: E402
 from dalign_core.geometry.estimators import estimate_geometry, plugin_geometry  # noqa: E402
-from dalign_core.report.results import write_table  # noqa: E402
+from dalign_repro.report.results import write_table  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """A cpu width chapter's wall time, projected by ``--dry-run``, beside the committed run's measured time (``make bench``).
 
 For each width sweep (LLaMA, Pythia, ResNet-20) this runs ``python -m
-dalign_core.experiments.<sweep> --profile <profile> --dry-run`` in a fresh process (it
+dalign_repro.experiments.<sweep> --profile <profile> --dry-run`` in a fresh process (it
 builds the data and every model, times a few training steps, one capture batch, one
 evaluation batch and the redundancy check, and projects the whole sweep on this machine's
 one-thread workers), and reads the committed tables' provenance
@@ -51,7 +51,7 @@ WORKERS = re.compile(r"on this machine's (\d+) one-thread workers .*?: ([\d.]+) 
 def project(sweep: str, profile: str, timeout: int, seeds: int | None = None) -> dict:
     """The dry run's projections (seconds) for one sweep, summed over its depth regimes (``seeds``: at that many)."""
     start = time.perf_counter()
-    command = [sys.executable, "-m", f"dalign_core.experiments.{sweep}", "--profile", profile, "--dry-run"]
+    command = [sys.executable, "-m", f"dalign_repro.experiments.{sweep}", "--profile", profile, "--dry-run"]
     done = subprocess.run(command + (["--set", f"seeds={seeds}"] if seeds else []), cwd=REPO, capture_output=True,
                           text=True, timeout=timeout)
     record = {"sweep": sweep, "dry_run_s": round(time.perf_counter() - start, 1), "returncode": done.returncode}

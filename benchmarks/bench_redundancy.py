@@ -39,8 +39,8 @@ def time_width(config, width: int, examples: int, repeats: int, seed: int) -> di
     """One width: seconds per example of ``_collect`` from whole batches and from micro-batches, and their agreement."""
     import torch
 
-    from dalign_core.experiments.llama_width import FAMILY
-    from dalign_core.models.llama import LlamaWidthSpec, build_llama
+    from dalign_repro.experiments.llama_width import FAMILY
+    from dalign_repro.models.llama import LlamaWidthSpec, build_llama
     from dalign_core.capture.redundancy import MICRO_BATCH, _collect, candidate_parameters
 
     spec = LlamaWidthSpec(width=width, depth=config.depth, head_dim=config.head_dim, vocab_size=config.vocab_size,
@@ -83,7 +83,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from dalign_core.experiments import llama_width
+    from dalign_repro.experiments import llama_width
 
     torch.set_num_threads(args.threads)
     config = llama_width.Config.for_profile(args.profile)

@@ -44,9 +44,9 @@ def time_width(config, width: int, steps: int, repeats: int, seed: int) -> dict:
 
     import torch
 
-    from dalign_core.experiments.resnet_width import STAGE_WIDTH, ResNetFamily, to_float
+    from dalign_repro.experiments.resnet_width import STAGE_WIDTH, ResNetFamily, to_float
     from dalign_core.capture.hooks import activation_gradients
-    from dalign_core.models.resnet import resnet20
+    from dalign_repro.models.resnet import resnet20
 
     family = ResNetFamily()
     generator = torch.Generator().manual_seed(seed)
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import torch
 
-    from dalign_core.experiments.resnet_width import Config
+    from dalign_repro.experiments.resnet_width import Config
 
     torch.set_num_threads(args.threads)
     config = Config.for_profile(args.profile)

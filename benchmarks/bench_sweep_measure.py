@@ -1,10 +1,10 @@
 """The sweep's time in capture: one capture pass per reduction against one pass for all (``make bench``).
 
 The Pythia and ResNet-20 families capture two reductions of q (``("full", "shared")``). The sweep's measurement
-(:mod:`dalign_core.sweep.measure`) once called the capture once per reduction, each call with the determinism
+(:mod:`dalign_repro.sweep.measure`) once called the capture once per reduction, each call with the determinism
 self-check; it now makes one forward and backward pass serve both, and checks determinism once per model (its
 first capture). For one model of the Pythia sweep's 6-layer regime at ``--profile`` (default ``cpu``:
-``dalign_core.experiments.pythia_width.Config.for_profile("cpu")``), this times:
+``dalign_repro.experiments.pythia_width.Config.for_profile("cpu")``), this times:
 
 * ``step_s``: a training step of the sweep's loop (``--steps`` steps after as many warm-up steps);
 * ``capture_s_per_example``: capture and estimation per q row, at every insertion point and at the primary one,
@@ -62,11 +62,11 @@ def measure(config, width: int, examples: int, steps: int, repeats: int) -> dict
     import torch
 
     from dalign_core.capture.hooks import accumulate_geometry
-    from dalign_core.experiments.pythia_width import FAMILY
-    from dalign_core.sweep.family import count, take
-    from dalign_core.sweep.measure import _redundancy, checkpoint_pool
-    from dalign_core.sweep.pools import prepare
-    from dalign_core.training.loop import TrainConfig, train
+    from dalign_repro.experiments.pythia_width import FAMILY
+    from dalign_repro.sweep.family import count, take
+    from dalign_repro.sweep.measure import _redundancy, checkpoint_pool
+    from dalign_repro.sweep.pools import prepare
+    from dalign_repro.training.loop import TrainConfig, train
 
     family = FAMILY
     splits, _, pools = prepare(config, family)
@@ -147,7 +147,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from dalign_core.experiments.pythia_width import Config
+    from dalign_repro.experiments.pythia_width import Config
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)

@@ -1,10 +1,10 @@
 """A training step of the LLaMA sweep against a minimal loop and against the machine's matmul limit (``make bench``).
 
 For each width of the LLaMA sweep's profile (transformers ``LlamaForCausalLM`` built by
-:func:`dalign_core.models.llama.build_llama` at the profile's depth, head dimension,
+:func:`dalign_repro.models.llama.build_llama` at the profile's depth, head dimension,
 context, vocabulary and batch size), on random token ids:
 
-* ``project`` — :func:`dalign_core.training.loop.train` as a sweep calls it (AdamW, warm-up and
+* ``project`` — :func:`dalign_repro.training.loop.train` as a sweep calls it (AdamW, warm-up and
   cosine decay, gradient clipping, no checkpoints): the time per optimizer step;
 * ``minimal`` — the shortest loop that does the same arithmetic, written out here: the
   same model, batches, AdamW settings, clipping and learning-rate schedule, with nothing
@@ -44,7 +44,7 @@ if str(REPO) not in sys.path:
 def _model_and_data(config, width: int, steps: int, seed: int):
     import torch
 
-    from dalign_core.models.llama import LlamaWidthSpec, build_llama
+    from dalign_repro.models.llama import LlamaWidthSpec, build_llama
 
     spec = LlamaWidthSpec(width=width, depth=config.depth, head_dim=config.head_dim, vocab_size=config.vocab_size,
                           context=config.context)
@@ -54,7 +54,7 @@ def _model_and_data(config, width: int, steps: int, seed: int):
 
 
 def _train_config(config, steps: int, lr: float):
-    from dalign_core.training.loop import TrainConfig
+    from dalign_repro.training.loop import TrainConfig
 
     return TrainConfig(steps=steps, batch_size=config.batch_size, lr=lr, warmup_steps=max(steps // 10, 1),
                        weight_decay=config.weight_decay, progress=False)
@@ -62,7 +62,7 @@ def _train_config(config, steps: int, lr: float):
 
 def project_loop(build, data, settings) -> None:
     """The project's training function, as a sweep runs it (no checkpoints)."""
-    from dalign_core.training.loop import train
+    from dalign_repro.training.loop import train
 
     train(build(), data, settings)
 
@@ -164,7 +164,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from dalign_core.experiments import llama_width
+    from dalign_repro.experiments import llama_width
 
     torch.set_num_threads(args.threads)
     config = llama_width.Config.for_profile(args.profile)

@@ -1,9 +1,9 @@
 """A whole width sweep on the CPU: one-thread workers on every core against one process of every core's threads.
 
-Runs the smoke-profile LLaMA sweep (``python -m dalign_core.experiments.llama_width
+Runs the smoke-profile LLaMA sweep (``python -m dalign_repro.experiments.llama_width
 --profile smoke --force``) end to end, each time in a fresh process with fresh
 checkpoints and results folders under a temporary directory, in two modes on a
-machine of C usable cores (:func:`dalign_core.training.workers.cores`):
+machine of C usable cores (:func:`dalign_repro.training.workers.cores`):
 
 * ``workers`` — ``DALIGN_WORKERS=C DALIGN_THREADS=1``: the default, C forked workers of one thread;
 * ``threads`` — ``DALIGN_WORKERS=1 DALIGN_THREADS=C``: one process, torch on C threads
@@ -43,7 +43,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 MODES = ("workers", "threads", "serial")
-EXPERIMENT = "dalign_core.experiments.llama_width"
+EXPERIMENT = "dalign_repro.experiments.llama_width"
 
 
 def _settings(mode: str, cores: int) -> dict[str, str]:
@@ -96,7 +96,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     from dalign_core.atomic import atomic_write_text
-    from dalign_core.training.workers import cores as usable_cores
+    from dalign_repro.training.workers import cores as usable_cores
 
     cores = args.cores or usable_cores()
     started = time.perf_counter()

@@ -5,11 +5,11 @@ The bottom of the library knows nothing of models or files:
 * :mod:`dalign_core.geometry.bounds` — exact moments, effective dimensions, B_exact and B_align.
 * :mod:`dalign_core.geometry.estimators` — unbiased Gram U-statistics from per-example gradients.
 
-Beside them, :mod:`dalign_core.config` holds the profiles (smoke, cpu, gpu, paper),
+Beside them, :mod:`dalign_repro.config` holds the profiles (smoke, cpu, gpu, paper),
 the repository root and the experiments' config base class, and
 :mod:`dalign_core.atomic` the atomic file writes. Above them,
-:mod:`dalign_core.report.results` writes results with provenance and
-:mod:`dalign_core.experiments` ties data, models and estimators together.
+:mod:`dalign_repro.report.results` writes results with provenance and
+:mod:`dalign_repro.experiments` ties data, models and estimators together.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ that produced the page.
 
 ``--set 'seeds=2 steps=300'`` (``make notebooks SET=...``) passes the text as the
 ``overrides`` parameter of every notebook run, which parses it into its config
-(:func:`dalign_core.config.parse_overrides`: ``Config.for_profile(profile,
+(:func:`dalign_repro.config.parse_overrides`: ``Config.for_profile(profile,
 **parse_overrides(Config, overrides, seed=seed))``); a config changed that way
 writes its results to ``results/<profile>+<hash>/``, never over the profile's.
 A notebook without an ``overrides`` parameter cannot take them: that is an error.
@@ -72,7 +72,7 @@ from typing import Any
 
 try:
     from dalign_core.atomic import atomic_path, atomic_write_text
-    from dalign_core.config import PROFILES, REPO_ROOT, SOURCE_ROOT, default_results_dir
+    from dalign_repro.config import PROFILES, REPO_ROOT, SOURCE_ROOT, default_results_dir
 except ImportError:  # run with some other interpreter than the venv's
     sys.exit(f"{sys.executable} cannot import dalign_core; run `make notebooks` or use .venv/bin/python")
 

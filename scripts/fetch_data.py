@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dalign_core.config import PROFILES
-from dalign_core.data.images import load_images
-from dalign_core.data.manifest import ChecksumError, DataMissingError, fetch, load_manifest
+from dalign_repro.config import PROFILES
+from dalign_repro.data.images import load_images
+from dalign_repro.data.manifest import ChecksumError, DataMissingError, fetch, load_manifest
 
 NEEDS = {
     "smoke": ("synthetic", "shakespeare"),

@@ -30,7 +30,7 @@ print(f"python {platform.python_version()}, torch {torch.__version__}, transform
 PY
 
 if [[ "${1:-}" == "--dry-run" ]]; then
-    "$PY" -m dalign_core.experiments.llama_width --profile gpu --dry-run
+    "$PY" -m dalign_repro.experiments.llama_width --profile gpu --dry-run
     exit 0
 fi
 
@@ -39,7 +39,7 @@ experiments=("$@")
 started=$SECONDS
 for experiment in "${experiments[@]}"; do
     echo "== $experiment (gpu profile), $((SECONDS - started)) s in"
-    "$PY" -m dalign_core.experiments.$experiment --profile gpu
+    "$PY" -m dalign_repro.experiments.$experiment --profile gpu
 done
 echo "== all experiments done in $((SECONDS - started)) s"
-"$PY" -m dalign_core.report.describe results/gpu
+"$PY" -m dalign_repro.report.describe results/gpu

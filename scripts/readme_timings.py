@@ -2,7 +2,7 @@
 """The README's table of what each chapter costs to rerun, generated from ``results/cpu/timings.csv``.
 
 The same records fill the rerun box of every chapter and the course table of the book's landing page
-(:mod:`dalign_core.report.timings`), so the three cannot disagree: ``tests/test_readme.py`` fails when the README's block
+(:mod:`dalign_repro.report.timings`), so the three cannot disagree: ``tests/test_readme.py`` fails when the README's block
 between ``<!-- timings:start -->`` and ``<!-- timings:end -->`` is not what this script writes.
 
 Usage::
@@ -18,8 +18,8 @@ import json
 import sys
 from pathlib import Path
 
-from dalign_core.report import timings
-from dalign_core.config import REPO_ROOT
+from dalign_repro.report import timings
+from dalign_repro.config import REPO_ROOT
 
 README = REPO_ROOT / "README.md"
 START, END = "<!-- timings:start -->", "<!-- timings:end -->"

@@ -7,7 +7,7 @@ returns ``(features, logits)``, a builder that raises and torchvision's ResNet-1
 tensor and image data files and their damaged variants. It then tries, as a new user would:
 
 * ``dalign estimate``, ``dalign layers`` and ``dalign rank`` with good and bad arguments (``cli-*`` families);
-* ``python -m dalign_core.experiments.<name>`` with a bad value for every config field (``--set``), bad
+* ``python -m dalign_repro.experiments.<name>`` with a bad value for every config field (``--set``), bad
   ``--config`` files, bad ``--out`` targets, and small runs that must keep earlier results (``exp-*``);
 * the API: ``activation_gradients``, ``accumulate_geometry``, ``estimate_geometry``, ``geometry_from_gram`` and
   the bounds, on each model kind, with misuse (``api-*``).
@@ -84,7 +84,7 @@ class Case:
 
     family: str
     name: str
-    kind: str  # "cli" (dalign ...), "exp" (python -m dalign_core.experiments.<module>), "api"
+    kind: str  # "cli" (dalign ...), "exp" (python -m dalign_repro.experiments.<module>), "api"
     expect: str  # "ok" or "refuse"
     argv: list[str] = dataclasses.field(default_factory=list)
     module: str = ""
@@ -254,7 +254,7 @@ def _cli_body(argv: list[str]) -> Callable[[], int]:
 def _exp_body(module: str, argv: list[str]) -> Callable[[], int]:
     def body() -> int:
         sys.argv = [f"{module}.py", *argv]
-        runpy.run_module(f"dalign_core.experiments.{module}", run_name="__main__", alter_sys=True)
+        runpy.run_module(f"dalign_repro.experiments.{module}", run_name="__main__", alter_sys=True)
         return 0
     return body
 
@@ -270,7 +270,7 @@ def run_case(case: Case, trial: "Trial") -> Outcome:
     env = {**trial.env, **case.env}
     if case.exec_:
         argv = ([str(REPO / ".venv" / "bin" / "dalign"), *case.argv] if case.kind == "cli" else
-                [sys.executable, "-m", f"dalign_core.experiments.{case.module}", *case.argv])
+                [sys.executable, "-m", f"dalign_repro.experiments.{case.module}", *case.argv])
         if case.kind == "cli" and not Path(argv[0]).exists():
             argv = [sys.executable, "-m", "dalign_core", *case.argv]
         code, out, err, seconds = _exec_run(argv, case.timeout, cwd, env)
@@ -1003,7 +1003,7 @@ def exp_cases(trial: Trial) -> list[Case]:
     cases: list[Case] = []
     shared: set[str] = set()
     for name in EXPERIMENTS:
-        module = importlib.import_module(f"dalign_core.experiments.{name}")
+        module = importlib.import_module(f"dalign_repro.experiments.{name}")
         config_cls = module.Config
         hints = typing.get_type_hints(config_cls)
         fields = [f for f in dc.fields(config_cls) if f.name != "profile"]
@@ -1650,7 +1650,7 @@ def write_csv(path: Path, outcomes: list[Outcome]) -> None:
         c = o.case
         writer.writerow([c.family, c.name, c.kind + ("-exec" if c.exec_ else ""), c.expect, o.outcome, o.code,
                          f"{o.seconds:.2f}", o.detail, o.stray,
-                         " ".join(c.argv) if c.kind != "exp" else f"-m dalign_core.experiments.{c.module} " +
+                         " ".join(c.argv) if c.kind != "exp" else f"-m dalign_repro.experiments.{c.module} " +
                          " ".join(c.argv)])
     atomic_write_text(path, buffer.getvalue())
 

@@ -28,15 +28,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from test_sweep import ToyConfig, ToyFamily  # noqa: E402
 
-from dalign_core.training import distributed, sharded  # noqa: E402
+from dalign_repro.training import distributed, sharded  # noqa: E402
 from dalign_core.geometry.estimators import estimate_geometry  # noqa: E402
-from dalign_core.experiments._runner import run_experiment  # noqa: E402
+from dalign_repro.experiments._runner import run_experiment  # noqa: E402
 from dalign_core.geometry.misalignment import cross_gram, misalignment_probability  # noqa: E402
-from dalign_core.sweep.plan import jobs_dir  # noqa: E402
-from dalign_core.sweep.run import run_sweep, tables_of  # noqa: E402
-from dalign_core.training.checkpoints import list_checkpoints, load_weights  # noqa: E402
-from dalign_core.training.evaluation import lm_loss  # noqa: E402
-from dalign_core.training.loop import TrainConfig, train  # noqa: E402
+from dalign_repro.sweep.plan import jobs_dir  # noqa: E402
+from dalign_repro.sweep.run import run_sweep, tables_of  # noqa: E402
+from dalign_repro.training.checkpoints import list_checkpoints, load_weights  # noqa: E402
+from dalign_repro.training.evaluation import lm_loss  # noqa: E402
+from dalign_repro.training.loop import TrainConfig, train  # noqa: E402
 
 CONFIG = ToyConfig(widths=(8, 16, 24), seeds=2)
 
@@ -70,7 +70,7 @@ def _close(a: torch.Tensor, b: torch.Tensor, what: str, rtol: float, atol: float
 
 def check_data_parallel(folder: Path) -> None:
     """DDP over 2 ranks: the averaged gradient and the trained weights match one process on the global batch."""
-    from dalign_core.models import LlamaWidthSpec, build_llama  # noqa: PLC0415  (transformers: only here)
+    from dalign_repro.models import LlamaWidthSpec, build_llama  # noqa: PLC0415  (transformers: only here)
 
     spec = LlamaWidthSpec(width=32, depth=2, head_dim=16, vocab_size=48, context=16)
     data = torch.randint(0, spec.vocab_size, (40, spec.context), generator=torch.Generator().manual_seed(0))

@@ -10,7 +10,7 @@ import pytest
 
 # These (and dalign_core/__init__) load numpy and torch, not matplotlib or huggingface_hub.
 from dalign_core._env import OFFLINE_VARIABLES
-from dalign_core.config import REPO_ROOT
+from dalign_repro.config import REPO_ROOT
 
 # Before anything imports matplotlib or huggingface_hub (which read these once, at import).
 # Tests never reach a model hub: whatever they need is made locally or shipped in a package.

@@ -20,7 +20,7 @@ import torch
 from dalign_core.geometry.bounds import b_align
 from dalign_core.cli.app import main
 from dalign_core.cli.estimate import format_table
-from dalign_core.config import REPO_ROOT
+from dalign_repro.config import REPO_ROOT
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
@@ -351,7 +351,7 @@ def test_sketch_dim_larger_than_the_layer_is_one_sentence(root, capsys):
 
 @pytest.mark.parametrize("chunk", [0, -1, 1.5])
 def test_digest_chunk_must_be_a_positive_size(tmp_path, chunk):
-    from dalign_core.data.manifest import sha256_file
+    from dalign_repro.data.manifest import sha256_file
 
     data = tmp_path / "data.bin"
     data.write_bytes(b"not empty")
@@ -725,7 +725,7 @@ def test_targets_of_another_length_than_the_inputs_are_refused():
 def test_experiment_configs_refuse_bad_shared_fields_where_they_are_built(module, field, value, needle):
     import importlib
 
-    config_cls = importlib.import_module(f"dalign_core.experiments.{module}").Config
+    config_cls = importlib.import_module(f"dalign_repro.experiments.{module}").Config
     with pytest.raises(ValueError, match="is not allowed") as caught:
         config_cls.for_profile("smoke", **{field: value})
     assert needle in str(caught.value)
@@ -737,10 +737,10 @@ def test_every_experiment_config_runs_the_shared_checks():
     import importlib
     import pkgutil
 
-    import dalign_core.experiments
+    import dalign_repro.experiments
 
-    names = [m.name for m in pkgutil.iter_modules(dalign_core.experiments.__path__) if not m.name.startswith("_")]
-    configs = [c for c in (getattr(importlib.import_module(f"dalign_core.experiments.{n}"), "Config", None)
+    names = [m.name for m in pkgutil.iter_modules(dalign_repro.experiments.__path__) if not m.name.startswith("_")]
+    configs = [c for c in (getattr(importlib.import_module(f"dalign_repro.experiments.{n}"), "Config", None)
                            for n in names) if c is not None]
     assert len(configs) >= 9
     for config_cls in configs:
@@ -752,18 +752,18 @@ def test_every_experiment_config_runs_the_shared_checks():
                                                   ("more_datasets", ("cifar100", "no_such_set"), "unknown image set"),
                                                   ("insertion_block", "layer4.0", "not a residual block")])
 def test_an_unknown_image_set_or_block_is_refused_before_any_sweep_trains(field, value, needle):
-    from dalign_core.experiments import resnet_width
+    from dalign_repro.experiments import resnet_width
 
     with pytest.raises(ValueError, match=needle):
         resnet_width.Config.for_profile("smoke", **{field: value})
-    from dalign_core.models.resnet import residual_block_names, resnet20
+    from dalign_repro.models.resnet import residual_block_names, resnet20
 
     assert resnet_width.Config.for_profile("smoke").insertion_block in residual_block_names(resnet20(16))
 
 
 def test_a_bad_shared_field_on_the_command_line_is_one_line(capsys):
-    from dalign_core.experiments import interventions
-    from dalign_core.experiments._runner import main as experiment_main
+    from dalign_repro.experiments import interventions
+    from dalign_repro.experiments._runner import main as experiment_main
 
     with pytest.raises(SystemExit) as exit_:
         experiment_main(interventions.Config, interventions.run, argv=["--seed", "-1", "--print-config"])

@@ -9,7 +9,7 @@ import sys
 import pandas as pd
 import pytest
 
-from dalign_core.config import REPO_ROOT
+from dalign_repro.config import REPO_ROOT
 
 
 def _bench(script: str, *args: str, tmp_path) -> subprocess.CompletedProcess:

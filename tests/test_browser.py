@@ -60,7 +60,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from dalign_core.config import REPO_ROOT
+from dalign_repro.config import REPO_ROOT
 from tests.test_notebooks import _toc_files, chapter_lock
 
 BOOK = REPO_ROOT / "book"

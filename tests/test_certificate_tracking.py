@@ -1,4 +1,4 @@
-"""The certificates-track rule (dalign_core.claims.certificates.tracking_interval / tracking_label), simulated at the
+"""The certificates-track rule (dalign_repro.claims.certificates.tracking_interval / tracking_label), simulated at the
 committed cpu design: the LLaMA models and budgets whose certificates are informative."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dalign_core.claims import certificates as claims
-from dalign_core.config import REPO_ROOT
+from dalign_repro.claims import certificates as claims
+from dalign_repro.config import REPO_ROOT
 
 
 def _design() -> list[pd.DataFrame]:

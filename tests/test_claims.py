@@ -9,18 +9,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dalign_core.claims import rows as claim_rows
-from dalign_core.claims import table as claims
-from dalign_core.claims import width as width_claims
-from dalign_core.studies import growth
-from dalign_core.report import describe as report
-from dalign_core.sweep import trend
-from dalign_core.config import REPO_ROOT
-from dalign_core.experiments import claims as claims_experiment
-from dalign_core.experiments._runner import run_experiment
-from dalign_core.experiments.llama_width import Config as LlamaConfig
-from dalign_core.studies.interventions.draws import FAMILY_NAMES
-from dalign_core.report.describe import width_verdicts
+from dalign_repro.claims import rows as claim_rows
+from dalign_repro.claims import table as claims
+from dalign_repro.claims import width as width_claims
+from dalign_repro.studies import growth
+from dalign_repro.report import describe as report
+from dalign_repro.sweep import trend
+from dalign_repro.config import REPO_ROOT
+from dalign_repro.experiments import claims as claims_experiment
+from dalign_repro.experiments._runner import run_experiment
+from dalign_repro.experiments.llama_width import Config as LlamaConfig
+from dalign_repro.studies.interventions.draws import FAMILY_NAMES
+from dalign_repro.report.describe import width_verdicts
 
 LABELS = {*trend.VOCABULARY, claims.NOT_RUN} - {"not run"}  # one vocabulary; "not run" reads "… at this profile"
 CPU = REPO_ROOT / "results" / "cpu"
@@ -167,9 +167,9 @@ def test_tables_of_an_earlier_design_are_not_judged(tmp_path):
     """A table whose config is not the profile's current one reads "not run", and says why."""
     from dataclasses import replace
 
-    from dalign_core.claims.table import STALE, claims_table
-    from dalign_core.experiments import resnet_width
-    from dalign_core.report.results import write_table
+    from dalign_repro.claims.table import STALE, claims_table
+    from dalign_repro.experiments import resnet_width
+    from dalign_repro.report.results import write_table
 
     folder = tmp_path / "smoke"
     trend = pd.DataFrame({"quantity": ["d_align"], "view": ["late_window"], "dataset": ["synthetic"]})
@@ -267,8 +267,8 @@ def test_no_width_verdict_depends_on_the_floor_under_the_log(monkeypatch):
 
 def _context_tables(folder, slopes: dict[int, float]):
     """A context study's tables: per context, runs whose d_align rises with width by ``slopes[context]``."""
-    from dalign_core.experiments import llama_context
-    from dalign_core.sweep.run import trend_table
+    from dalign_repro.experiments import llama_context
+    from dalign_repro.sweep.run import trend_table
 
     config = llama_context.Config.for_profile("smoke")
     geometry, misalignment, trends = [], [], []
@@ -321,7 +321,7 @@ def test_the_context_study_gives_one_row_per_context_with_its_regime(tmp_path):
 def test_a_regime_whose_runs_failed_is_not_estimable_and_says_why():
     import pandas as pd
 
-    from dalign_core.claims.width import _untrained
+    from dalign_repro.claims.width import _untrained
 
     runs = pd.DataFrame(dict(width=[32, 32, 64, 64], trained_ok=[False, False, True, False]))
     assert "1 of 4 runs beat the bigram baseline (widths with a trained run: N = 64)" in _untrained(runs)
@@ -331,8 +331,8 @@ def test_a_regime_whose_runs_failed_is_not_estimable_and_says_why():
 
 
 def test_the_committed_context_study_reports_every_context_it_ran():
-    from dalign_core.config import REPO_ROOT
-    from dalign_core.report.results import read_table
+    from dalign_repro.config import REPO_ROOT
+    from dalign_repro.report.results import read_table
 
     results = REPO_ROOT / "results" / "cpu"
     if not (results / "llama_context_runs.csv").exists():

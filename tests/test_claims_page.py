@@ -1,4 +1,4 @@
-"""The claims chapter's grid and headline (dalign_core.claims.page), on a hand-made claims table."""
+"""The claims chapter's grid and headline (dalign_repro.claims.page), on a hand-made claims table."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import re
 
 import pandas as pd
 
-from dalign_core.claims import page as claims_page
-from dalign_core.claims.table import NOT_RUN, RULES
+from dalign_repro.claims import page as claims_page
+from dalign_repro.claims.table import NOT_RUN, RULES
 
 
 def _row(claim, scope, verdict, chapter, slope=math.nan):

@@ -13,7 +13,7 @@ import torch
 
 from dalign_core.cli.app import main
 from dalign_core.cli.estimate import CSV_COLUMNS
-from dalign_core.config import REPO_ROOT
+from dalign_repro.config import REPO_ROOT
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
@@ -61,7 +61,7 @@ def checkpoint(tmp_path_factory):
 @pytest.fixture(scope="module")
 def pythia_checkpoint(tmp_path_factory):
     """A 2-layer, width-32 GPT-NeoX (Pythia architecture) whose block outputs end with a trained bias."""
-    from dalign_core.models.pythia import build_pythia, pythia_width_variant
+    from dalign_repro.models.pythia import build_pythia, pythia_width_variant
 
     folder = tmp_path_factory.mktemp("dalign_cli_pythia") / "tiny-pythia"
     tokenizer = _train_tokenizer(folder)

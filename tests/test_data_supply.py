@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 
-from dalign_core.data import (
+from dalign_repro.data import (
     DataSupplyError,
     RepeatedDataWarning,
     check_epochs,

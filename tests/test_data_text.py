@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dalign_core.data.manifest import (
+from dalign_repro.data.manifest import (
     ChecksumError,
     DataMissingError,
     Manifest,
@@ -24,7 +24,7 @@ from dalign_core.data.manifest import (
     sha256_file,
     verify_file,
 )
-from dalign_core.data.text import TextCorpus, load_corpus, load_shakespeare, load_text_dir, split_documents
+from dalign_repro.data.text import TextCorpus, load_corpus, load_shakespeare, load_text_dir, split_documents
 
 WORKS = [f"work_{i:02d}" for i in range(12)]
 

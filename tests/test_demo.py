@@ -1,4 +1,4 @@
-"""dalign_core.experiments.demo: the stand-in model of chapters 7 and 8 is trained once per recipe, then loaded."""
+"""dalign_repro.experiments.demo: the stand-in model of chapters 7 and 8 is trained once per recipe, then loaded."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from dalign_core.experiments.demo import shakespeare_llama  # noqa: E402
+from dalign_repro.experiments.demo import shakespeare_llama  # noqa: E402
 
 
 def test_a_recipe_is_trained_once_then_loaded_with_the_same_weights(tmp_path):

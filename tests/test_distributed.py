@@ -22,8 +22,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dalign_core.training import device, distributed, sharded
-from dalign_core.training.distributed import Job
+from dalign_core import device
+from dalign_repro.training import distributed, sharded
+from dalign_repro.training.distributed import Job
 from dalign_core.geometry.estimators import estimate_geometry
 from dalign_core.geometry.misalignment import cross_gram
 
@@ -247,7 +248,7 @@ def test_a_damaged_job_file_is_named_and_recomputed_never_reused(tmp_path, caplo
     folder = tmp_path / "jobs"
     _kept(folder, name, text)
     store = distributed._Store(folder)
-    with caplog.at_level("WARNING", logger="dalign_core.training.distributed"):
+    with caplog.at_level("WARNING", logger="dalign_repro.training.distributed"):
         assert store.get(name) is None and store.names() == set()
         assert distributed.run_jobs(folder, [Job(name)], compute, workers=1) == {name: good}
     assert calls == [name]
@@ -263,7 +264,7 @@ def test_damaged_job_files_are_recomputed_by_the_workers_too(tmp_path, caplog):
     _kept(folder, "N4_seed0", json.dumps({**RUN, "runs": [{"width": 4}]}))
     _kept(folder, "N8_seed0", "{}")
     computed = []
-    with caplog.at_level("WARNING", logger="dalign_core.training.distributed"):
+    with caplog.at_level("WARNING", logger="dalign_repro.training.distributed"):
         results = distributed.run_jobs(folder, jobs, lambda job, group: {**RUN, "runs": [{"width": job.payload}]},
                                        workers=2, finished=lambda job, lookup: computed.append(job.name))
     assert sorted(computed) == ["N16_seed0", "N8_seed0"]  # N4 was reused, the emptied N8 recomputed

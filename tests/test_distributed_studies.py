@@ -1,6 +1,6 @@
 """The intervention and growth studies under ``torchrun``: the ranks share the models, the tables equal one process's.
 
-Each study is started as a user starts it, ``python -m dalign_core.experiments.<study> --profile smoke``, on one
+Each study is started as a user starts it, ``python -m dalign_repro.experiments.<study> --profile smoke``, on one
 family (its smoke sweep trains first, shared over the ranks too; the interventions read ResNet-20, the one family
 whose smoke models beat their baseline), once as a plain process with one
 worker and once under ``torchrun --standalone --nproc_per_node=2`` on the CPU (gloo). The tables must be equal
@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 import torch.distributed as dist
 
-from dalign_core.training import distributed
+from dalign_repro.training import distributed
 
 needs_gloo = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
                                 reason="torch.distributed with the gloo backend is not available")
@@ -30,7 +30,7 @@ def _study(study: str, family: str, out: Path, ranks: int | None) -> subprocess.
                                                             "DALIGN_THREADS")}
     env.update(OMP_NUM_THREADS="1", DALIGN_WORKERS="1", PYTHONUNBUFFERED="1")
     launcher = [] if ranks is None else ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
-    command = [sys.executable, *launcher, "-m" if ranks is None else "--module", f"dalign_core.experiments.{study}",
+    command = [sys.executable, *launcher, "-m" if ranks is None else "--module", f"dalign_repro.experiments.{study}",
                "--profile", "smoke", "--set", f"families={family}", "--out", str(out)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"

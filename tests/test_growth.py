@@ -1,4 +1,4 @@
-"""Where to grow (dalign_core.studies.growth): the inserted block, the predictors, the scores and the verdict."""
+"""Where to grow (dalign_repro.studies.growth): the inserted block, the predictors, the scores and the verdict."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import torch
 from scipy import stats
 from torch import nn
 
-from dalign_core.studies import growth
-from dalign_core.config import PROFILES
-from dalign_core.experiments import growth as experiment
+from dalign_repro.studies import growth
+from dalign_repro.config import PROFILES
+from dalign_repro.experiments import growth as experiment
 from dalign_core.capture.hooks import activation_gradients
 
 
@@ -165,7 +165,7 @@ def _committed_points() -> list[int]:
     """Insertion points per grown model in the committed cpu table (LLaMA's 2-layer models have 2)."""
     from pathlib import Path
 
-    from dalign_core.report.results import read_table
+    from dalign_repro.report.results import read_table
 
     table, _ = read_table(Path(__file__).resolve().parents[1] / "results" / "cpu", "growth")
     one_budget = table[table.budget_steps == table.budget_steps.min()]
@@ -295,7 +295,7 @@ def test_the_decision_is_calibrated_at_the_committed_cpu_design():
     against the gradient norm (a baseline worse than random), at most 5% of the time."""
     from pathlib import Path
 
-    from dalign_core.report.results import read_table
+    from dalign_repro.report.results import read_table
 
     table, _ = read_table(Path(__file__).resolve().parents[1] / "results" / "cpu", "growth")
     one = table[table.budget_steps == table.budget_steps.max()]
@@ -316,7 +316,7 @@ def test_llamas_grown_models_come_from_the_depth_4_sweep(tmp_path, monkeypatch):
     """LLaMA's width sweep has 2 decoder layers, too few to rank: growth grows the depth-4 models, one point per
     layer, every seed the config asks for; the other families' models come from their width sweeps."""
     monkeypatch.setenv("DALIGN_CHECKPOINTS", str(tmp_path / "checkpoints"))
-    from dalign_core.experiments import interventions, llama_depth
+    from dalign_repro.experiments import interventions, llama_depth
 
     assert experiment.SOURCES["llama"].runs_table("llama") == "llama_depth_runs"
     assert experiment.SOURCES["pythia"] is interventions.SOURCES["pythia"]

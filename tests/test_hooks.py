@@ -14,7 +14,7 @@ from dalign_core.geometry.estimators import estimate_geometry
 from dalign_core.capture.hooks import accumulate_geometry, activation_gradients, iter_activation_gradients
 from dalign_core.capture.layers import insertion_points
 from dalign_core.capture.refusals import CaptureError
-from dalign_core.models.resnet import BasicBlock, resnet20, residual_block_names
+from dalign_repro.models.resnet import BasicBlock, resnet20, residual_block_names
 
 transformers = pytest.importorskip("transformers")
 
@@ -486,13 +486,13 @@ def _legacy_per_example_loss(output, inputs, targets=None, task="auto"):
 
 
 def _small_llama(dtype=torch.float32):
-    from dalign_core.models.llama import build_llama
+    from dalign_repro.models.llama import build_llama
 
     return build_llama(32, depth=2, head_dim=8, vocab_size=VOCAB, context=64, seed=3, dtype=dtype).eval()
 
 
 def _small_pythia():
-    from dalign_core.models.pythia import build_pythia, pythia_width_variant
+    from dalign_repro.models.pythia import build_pythia, pythia_width_variant
 
     config = pythia_width_variant("pythia-70m", 32, vocab_size=VOCAB, num_heads=4, context=64, num_layers=2)
     return build_pythia(config, seed=3).eval()

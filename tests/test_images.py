@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 import torch
 
-from dalign_core.config import PROFILES, REPO_ROOT
-from dalign_core.data import images
-from dalign_core.data.images import IDX_FILES, ImageFormatError, load_images, pad_to_rgb32, read_idx, write_idx
-from dalign_core.data.manifest import (
+from dalign_repro.config import PROFILES, REPO_ROOT
+from dalign_repro.data import images
+from dalign_repro.data.images import IDX_FILES, ImageFormatError, load_images, pad_to_rgb32, read_idx, write_idx
+from dalign_repro.data.manifest import (
     ChecksumError,
     DataMissingError,
     Manifest,

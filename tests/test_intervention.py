@@ -5,12 +5,12 @@ import math
 import pytest
 import torch
 
-from dalign_core.studies.interventions import compute as intervention
+from dalign_repro.studies.interventions import compute as intervention
 from dalign_core.capture.hooks import activation_gradients
 from dalign_core.capture.refusals import CaptureError
-from dalign_core.studies.interventions.compute import residual_block_step, shared_bias_step, train_decrease_steps
-from dalign_core.models.llama import LlamaWidthSpec, build_llama
-from dalign_core.models.resnet import resnet20
+from dalign_repro.studies.interventions.compute import residual_block_step, shared_bias_step, train_decrease_steps
+from dalign_repro.models.llama import LlamaWidthSpec, build_llama
+from dalign_repro.models.resnet import resnet20
 
 SPEC = LlamaWidthSpec(width=32, depth=2, head_dim=16, vocab_size=64, context=12)
 

@@ -9,14 +9,14 @@ import pandas as pd
 import pytest
 import torch
 
-from dalign_core.studies import interventions as report
-from dalign_core.sweep import run as sweep
-from dalign_core.sweep.pools import Pools, prepare
-from dalign_core.sweep.trained import trained_model
-from dalign_core.experiments import interventions
-from dalign_core.experiments._runner import run_experiment
+from dalign_repro.studies import interventions as report
+from dalign_repro.sweep import run as sweep
+from dalign_repro.sweep.pools import Pools, prepare
+from dalign_repro.sweep.trained import trained_model
+from dalign_repro.experiments import interventions
+from dalign_repro.experiments._runner import run_experiment
 from dalign_core.geometry.misalignment import wilson_interval
-from dalign_core.report.results import read_table
+from dalign_repro.report.results import read_table
 from tests.test_sweep import ToyConfig, ToyFamily
 
 FAMILY = ToyFamily()
@@ -381,7 +381,7 @@ def test_the_sweeps_run_on_every_rank_before_the_rank_0_part(tmp_path, monkeypat
 
 def test_only_rank_0_removes_a_studys_kept_models(tmp_path, monkeypatch):
     """Under torchrun every rank calls run(), and the others return while rank 0 still computes into the folder."""
-    from dalign_core.experiments import _models
+    from dalign_repro.experiments import _models
 
     config = interventions.Config.for_profile("smoke")
     folder = _models.jobs_folder("interventions", config, tmp_path)
@@ -400,7 +400,7 @@ def test_the_sign_verdict_is_calibrated_at_the_committed_cpu_design():
     """At the cpu design's cells (a family's draws share models, layers and E, so they are not independent: each
     cell draws its own rate about the family's), when 98% of positive draws lower the loss on E "reproduced" comes
     out most of the time; when 85% do (short of "consistently") or half do (no effect), at most 5% of the time."""
-    from dalign_core.config import REPO_ROOT
+    from dalign_repro.config import REPO_ROOT
 
     table, provenance = read_table(REPO_ROOT / "results" / "cpu", "interventions")
     design = report.sign_design(table, provenance["config"]["sign_step"])
@@ -458,7 +458,7 @@ def test_the_sign_as_a_prediction_needs_a_difference_between_the_conditionals():
 def test_the_prediction_rule_is_calibrated_at_the_committed_cpu_design():
     """With an effect (98% of positive draws fall, 50% of the others) "reproduced" comes out most of the time;
     when a step helps whatever its alignment (98% both) or the sign tells nothing (50% both), at most 5%."""
-    from dalign_core.config import REPO_ROOT
+    from dalign_repro.config import REPO_ROOT
 
     table, provenance = read_table(REPO_ROOT / "results" / "cpu", "interventions")
     design = report.prediction_design(table, provenance["config"]["sign_step"])
@@ -507,7 +507,7 @@ def test_the_out_of_sample_retention_rule_is_simulated_at_the_committed_design()
     prediction from g_K (draws off by ±0.05, models by ±0.05) "reproduced" comes out most of the time; when it keeps
     half or none of it, never. With draws as noisy as ±0.3 the rule rarely reproduces: at this design it can
     contradict, not confirm, a retention near 1."""
-    from dalign_core.config import REPO_ROOT
+    from dalign_repro.config import REPO_ROOT
 
     table, provenance = read_table(REPO_ROOT / "results" / "cpu", "interventions")
     steps = report.out_of_sample_steps(table)

@@ -1,88 +1,95 @@
-"""The folders of dalign_core are layers: a module imports only its own layer and those below it.
+"""Two packages, one direction: dalign_core never imports dalign_repro, and inside each package a module imports
+only its own room and the rooms below it.
 
-The order, bottom first (the README's "how the code is laid out" and each subpackage's docstring say the same):
-the top-level helpers; geometry, data and models; capture; training; sweep; report; studies; claims;
-experiments and the command line.
+dalign_core, bottom first: the top-level helpers (atomic writes, environment flags, devices); geometry; capture;
+growth (what a growth method reads at a point); the command line. dalign_repro sits on all of dalign_core: its config; data and models; training; sweep; report;
+studies; claims; experiments. The README's "how the code is laid out" and each subpackage's docstring say the same.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
 
-import pytest
-
-PACKAGE = Path(__file__).resolve().parents[1] / "dalign_core"
+ROOT = Path(__file__).resolve().parents[1]
 
 LAYERS = {
-    "": 0, "_env": 0, "_tensor": 0, "atomic": 0, "config": 0,
-    "geometry": 1, "data": 1, "models": 1,
-    "capture": 2,
-    "training": 3,
-    "sweep": 4,
-    "report": 5,
-    "studies": 6,
-    "claims": 7,
-    "experiments": 8, "cli": 8, "__main__": 9,
+    "dalign_core": {"": 0, "_env": 0, "_tensor": 0, "atomic": 0, "device": 0,
+                    "geometry": 1, "capture": 2, "growth": 3, "cli": 4, "__main__": 5},
+    "dalign_repro": {"": 0, "config": 0, "data": 1, "models": 1, "training": 2, "sweep": 3, "report": 4,
+                     "studies": 5, "claims": 6, "experiments": 7, "__main__": 8},
 }
+"""The floor of each room; a module of dalign_repro may import any of dalign_core (floor -1 from there)."""
 
 
-def _layer(module: str) -> tuple[str, int]:
-    """``(room, floor)`` of a dotted module name inside dalign_core."""
-    parts = module.split(".")[1:]
+def _layer(module: str) -> tuple[str, str, int]:
+    """``(package, room, floor)`` of a dotted module name inside either package."""
+    package, *parts = module.split(".")
     room = parts[0] if parts else ""
-    if room and not (PACKAGE / room).is_dir() and not (PACKAGE / f"{room}.py").is_file():
+    folder = ROOT / package
+    if room and not (folder / room).is_dir() and not (folder / f"{room}.py").is_file():
         room = ""  # a name the package itself defines (``from dalign_core import __version__``)
-    if room not in LAYERS:
-        raise AssertionError(f"{module}: dalign_core/{room} is in no layer; add it to LAYERS and the README")
-    return room, LAYERS[room]
+    if room not in LAYERS[package]:
+        raise AssertionError(f"{module}: {package}/{room} is in no layer; add it to LAYERS and the README")
+    return package, room, LAYERS[package][room]
 
 
 def _modules() -> list[Path]:
-    return sorted(PACKAGE.rglob("*.py"))
+    return sorted(p for package in LAYERS for p in (ROOT / package).rglob("*.py"))
 
 
 def _name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    parts = path.relative_to(ROOT).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:
-    """Every dalign_core module ``path`` imports (at any depth of the file), with its line."""
+    """Every dalign_core or dalign_repro module ``path`` imports (at any depth of the file), with its line."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
-            found += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "dalign_core"]
+            found += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] in LAYERS]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
-                and node.module.split(".")[0] == "dalign_core":
-            base = node.module
-            found += [(node.lineno, f"{base}.{a.name}") for a in node.names]
+                and node.module.split(".")[0] in LAYERS:
+            found += [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
     return found
 
 
-@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
-def test_no_module_imports_upward(path):
-    here, floor = _layer(_name(path))
+def test_no_module_imports_upward():
     upward = []
-    for line, target in _imports(path):
-        room, target_floor = _layer(target)  # the room of ``from dalign_core.X.y import z`` is X
-        if target_floor > floor and room != here:
-            upward.append(f"line {line}: {target} ({room}, floor {target_floor})")
-    assert not upward, f"{path.relative_to(PACKAGE)} (floor {floor}) imports upward: " + "; ".join(upward)
+    for path in _modules():
+        package, here, floor = _layer(_name(path))
+        for line, target in _imports(path):
+            target_package, room, target_floor = _layer(target)
+            if target_package != package:
+                if package == "dalign_core":  # the core knows nothing of the reproduction
+                    upward.append(f"{path.relative_to(ROOT)} line {line}: {target} (the reproduction)")
+                continue
+            if target_floor > floor and room != here:
+                upward.append(f"{path.relative_to(ROOT)} (floor {floor}) line {line}: {target} ({room}, floor "
+                              f"{target_floor})")
+    assert not upward, "imports upward: " + "; ".join(upward)
 
 
 def test_every_subpackage_says_what_it_holds_and_may_import():
-    for init in sorted(PACKAGE.glob("*/__init__.py")):
-        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
-        assert len(doc.splitlines()) >= 2, f"{init.relative_to(PACKAGE)} needs a docstring of what it holds"
-    for room in ("geometry", "capture", "training", "sweep", "report", "studies", "claims", "cli"):
-        doc = ast.get_docstring(ast.parse((PACKAGE / room / "__init__.py").read_text()))
-        assert "May import" in doc, f"dalign_core/{room}/__init__.py must say what it may import"
+    for package in LAYERS:
+        for init in sorted((ROOT / package).glob("*/__init__.py")):
+            doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+            assert len(doc.splitlines()) >= 2, f"{init.relative_to(ROOT)} needs a docstring of what it holds"
+    rooms = {"dalign_core": ("geometry", "capture", "growth", "cli"),
+             "dalign_repro": ("training", "sweep", "report", "studies", "claims", "experiments")}
+    for package, names in rooms.items():
+        for room in names:
+            doc = ast.get_docstring(ast.parse((ROOT / package / room / "__init__.py").read_text()))
+            assert "May import" in doc, f"{package}/{room}/__init__.py must say what it may import"
 
 
-def test_the_flat_folder_holds_only_the_helpers():
-    loose = sorted(p.name for p in PACKAGE.glob("*.py"))
-    assert loose == ["__init__.py", "__main__.py", "_env.py", "_tensor.py", "atomic.py", "config.py"], loose
+def test_the_flat_folders_hold_only_the_helpers():
+    loose = sorted(p.name for p in (ROOT / "dalign_core").glob("*.py"))
+    assert loose == ["__init__.py", "__main__.py", "_env.py", "_tensor.py", "atomic.py", "device.py"], loose
+    loose = sorted(p.name for p in (ROOT / "dalign_repro").glob("*.py"))
+    assert loose == ["__init__.py", "__main__.py", "config.py"], loose
 
 
 def test_public_names_stay_importable_from_the_package():
@@ -93,21 +100,16 @@ def test_public_names_stay_importable_from_the_package():
     assert callable(dalign_core.activation_gradients) and callable(dalign_core.estimate_geometry)
 
 
-@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
-def test_every_module_imports(path):
+def test_every_module_imports():
     """A name moved to another module leaves no importer behind (an import inside a function counts too)."""
-    import importlib
-
-    module = importlib.import_module(_name(path))
-    for line, target in _imports(path):
-        head, _, leaf = target.rpartition(".")
-        try:
-            importlib.import_module(target)
-        except ModuleNotFoundError:
-            assert hasattr(importlib.import_module(head), leaf), f"{module.__name__} line {line}: no {target}"
-
-
-def test_a_reader_takes_in_each_module_at_once():
-    """No module past about 500 lines: a longer one holds two concepts, which belong in two modules."""
-    long = {str(p.relative_to(PACKAGE)): n for p in _modules() if (n := len(p.read_text().splitlines())) > 520}
-    assert not long, f"modules past ~500 lines: {long}"
+    missing = []
+    for path in _modules():
+        module = importlib.import_module(_name(path))
+        for line, target in _imports(path):
+            head, _, leaf = target.rpartition(".")
+            try:
+                importlib.import_module(target)
+            except ModuleNotFoundError:
+                if not hasattr(importlib.import_module(head), leaf):
+                    missing.append(f"{module.__name__} line {line}: no {target}")
+    assert not missing, "; ".join(missing)

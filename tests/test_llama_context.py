@@ -6,12 +6,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dalign_core.sweep import trend
-from dalign_core.config import REPO_ROOT
-from dalign_core.data import python_sources
-from dalign_core.data.text import load_corpus
-from dalign_core.experiments import llama_context
-from dalign_core.report.results import read_table
+from dalign_repro.sweep import trend
+from dalign_repro.config import REPO_ROOT
+from dalign_repro.data import python_sources
+from dalign_repro.data.text import load_corpus
+from dalign_repro.experiments import llama_context
+from dalign_repro.report.results import read_table
 
 CPU = REPO_ROOT / "results" / "cpu"
 

@@ -3,11 +3,11 @@
 import pandas as pd
 import pytest
 
-from dalign_core.config import REPO_ROOT
-from dalign_core.experiments import llama_depth, llama_width
-from dalign_core.report.results import read_table
-from dalign_core.studies.growth import MIN_POINTS
-from dalign_core.sweep.trained import checkpoint_root
+from dalign_repro.config import REPO_ROOT
+from dalign_repro.experiments import llama_depth, llama_width
+from dalign_repro.report.results import read_table
+from dalign_repro.studies.growth import MIN_POINTS
+from dalign_repro.sweep.trained import checkpoint_root
 
 CPU = REPO_ROOT / "results" / "cpu"
 

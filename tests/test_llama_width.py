@@ -7,11 +7,11 @@ import pandas as pd
 import pytest
 import torch
 
-from dalign_core.sweep.pools import check_supply
-from dalign_core.sweep.trained import checkpoint_root
-from dalign_core.data.text import TextCorpus
-from dalign_core.experiments import llama_width
-from dalign_core.models.llama import build_llama
+from dalign_repro.sweep.pools import check_supply
+from dalign_repro.sweep.trained import checkpoint_root
+from dalign_repro.data.text import TextCorpus
+from dalign_repro.experiments import llama_width
+from dalign_repro.models.llama import build_llama
 
 GEOMETRY_COLUMNS = {
     "family", "model", "width", "seed", "lr", "step", "pool", "layer", "n", "mean_sq", "directional", "cov_energy",
@@ -40,7 +40,7 @@ def tiny_config(**overrides):
 
 @pytest.fixture
 def tiny_env(tmp_path, monkeypatch):
-    monkeypatch.setattr("dalign_core.sweep.lm_family.load_corpus", lambda name: tiny_corpus())
+    monkeypatch.setattr("dalign_repro.sweep.lm_family.load_corpus", lambda name: tiny_corpus())
     monkeypatch.setenv("DALIGN_CHECKPOINTS", str(tmp_path / "checkpoints"))
     monkeypatch.setenv("DALIGN_CACHE", str(tmp_path / "cache"))
     return tmp_path
@@ -126,7 +126,7 @@ def test_a_bad_insertion_layer_is_refused():
 
 
 def _splits_of_size(config, train, validation, test):
-    from dalign_core.sweep.family import Splits
+    from dalign_repro.sweep.family import Splits
 
     def sequences(n):
         return torch.zeros(n, config.context, dtype=torch.int64)
@@ -136,7 +136,7 @@ def _splits_of_size(config, train, validation, test):
 
 @pytest.mark.parametrize("profile", ["gpu", "paper"])
 def test_the_large_profiles_pass_the_data_checks_only_with_a_corpus_that_suffices(profile):
-    from dalign_core.data.supply import DataSupplyError, RepeatedDataWarning
+    from dalign_repro.data.supply import DataSupplyError, RepeatedDataWarning
 
     config = llama_width.Config.for_profile(profile)
     enough = config.steps * config.batch_size  # one epoch of training text
@@ -150,7 +150,7 @@ def test_the_large_profiles_pass_the_data_checks_only_with_a_corpus_that_suffice
 
 
 def test_the_command_line_dry_run_prints_a_projection(tiny_env, capsys):
-    from dalign_core.experiments._runner import main
+    from dalign_repro.experiments._runner import main
 
     main(llama_width.Config, llama_width.run, dry_run=llama_width.dry_run, argv=["--profile", "smoke", "--dry-run"])
     out = capsys.readouterr().out

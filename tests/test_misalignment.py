@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from dalign_core.training.baselines import BigramModel, bigram_heldout_loss, unigram_heldout_loss
+from dalign_repro.training.baselines import BigramModel, bigram_heldout_loss, unigram_heldout_loss
 from dalign_core.geometry import rows
 from dalign_core.geometry.misalignment import cross_gram, misalignment_probability, resample_alignment
 

@@ -18,7 +18,7 @@ import nbformat
 import pytest
 import yaml
 
-from dalign_core.config import PROFILES, REPO_ROOT
+from dalign_repro.config import PROFILES, REPO_ROOT
 from tests.conftest import OWN_SCOPE
 
 
@@ -94,7 +94,7 @@ def test_makefile_accepts_exactly_the_library_profiles():
     match = re.search(r"^PROFILES\s*:?=\s*(.+)$", makefile, flags=re.MULTILINE)
     assert match, "the Makefile has no `PROFILES := ...` line"
     assert tuple(match.group(1).split()) == PROFILES, (
-        f"Makefile PROFILES {match.group(1).split()} differ from dalign_core.config.PROFILES {list(PROFILES)}")
+        f"Makefile PROFILES {match.group(1).split()} differ from dalign_repro.config.PROFILES {list(PROFILES)}")
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
@@ -206,8 +206,8 @@ def _probe(folder: Path, kernel: str, name: str = "98_probe.ipynb", source: str 
 
 def test_set_reaches_the_notebook_and_the_config(tmp_path, kernel, results_root, capfd):
     source = _probe(tmp_path / "nb", kernel, source=(
-        "from dalign_core.config import default_results_dir, parse_overrides\n"
-        "from dalign_core.experiments import theory\n"
+        "from dalign_repro.config import default_results_dir, parse_overrides\n"
+        "from dalign_repro.experiments import theory\n"
         "config = theory.Config.for_profile(profile, **parse_overrides(theory.Config, overrides, seed=seed))\n"
         "assert (config.trials, config.dims) == (100, (8, 16)), config\n"
         "print(default_results_dir(config).name)"))

@@ -13,9 +13,9 @@ import subprocess
 import pandas as pd
 import pytest
 
-from dalign_core.config import (PROFILES, REPO_ROOT, ExperimentConfig, added_field, default_results_dir,
+from dalign_repro.config import (PROFILES, REPO_ROOT, ExperimentConfig, added_field, default_results_dir,
                                 measurement_only, overrides_tag, parse_overrides)
-from dalign_core.experiments import _runner, llama_width, resnet_width, theory
+from dalign_repro.experiments import _runner, llama_width, resnet_width, theory
 
 EXPERIMENTS = ("llama_width", "pythia_width", "resnet_width", "theory", "claims", "pythia_checkpoints")
 """The experiments whose profiles this repository's infrastructure keeps (interventions' owner keeps its own)."""
@@ -96,7 +96,7 @@ def test_a_changed_config_has_a_results_folder_of_its_own(results_root):
 
 @pytest.mark.parametrize("module, profile", sorted(COMMITTED_HASHES))
 def test_config_hashes_of_the_committed_profiles_are_unchanged(module, profile):
-    config = importlib.import_module(f"dalign_core.experiments.{module}").Config.for_profile(profile)
+    config = importlib.import_module(f"dalign_repro.experiments.{module}").Config.for_profile(profile)
     assert config.config_hash() == COMMITTED_HASHES[module, profile]
 
 
@@ -104,9 +104,9 @@ def test_config_hashes_of_the_committed_profiles_are_unchanged(module, profile):
 def test_the_committed_studies_ran_on_the_committed_sweeps_models(study):
     """results/cpu/<study>.json records, per family, the models hash of the sweep it loaded: it must be the committed
     cpu sweep's, or the study's committed rows came from other models (rerun the study)."""
-    from dalign_core.experiments._models import recorded_sweep_hash
+    from dalign_repro.experiments._models import recorded_sweep_hash
 
-    sources = importlib.import_module(f"dalign_core.experiments.{study}").SOURCES  # growth's LLaMA: llama_depth
+    sources = importlib.import_module(f"dalign_repro.experiments.{study}").SOURCES  # growth's LLaMA: llama_depth
     families = json.loads((REPO_ROOT / "results" / "cpu" / f"{study}.json").read_text())["families"]
     assert families
     for name, facts in families.items():
@@ -203,7 +203,7 @@ def test_a_bad_set_exits_with_a_clear_message(setting, message, capsys):
 def test_set_through_python_m(results_root):
     done = subprocess.run(
         [str(REPO_ROOT / ".venv" / "bin" / "python") if (REPO_ROOT / ".venv" / "bin" / "python").exists() else "python",
-         "-m", "dalign_core.experiments.theory", "--profile", "smoke", "--set", "dims=eight"],
+         "-m", "dalign_repro.experiments.theory", "--profile", "smoke", "--set", "dims=eight"],
         capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
     assert done.returncode == 2
     assert "dims is tuple[int, ...], and 'eight' is not an int" in done.stderr
@@ -216,7 +216,7 @@ def test_set_through_python_m(results_root):
 def test_lab_is_a_profile_of_every_experiment():
     assert "lab" in PROFILES
     for name in EXPERIMENTS:
-        config = importlib.import_module(f"dalign_core.experiments.{name}").Config.for_profile("lab")
+        config = importlib.import_module(f"dalign_repro.experiments.{name}").Config.for_profile("lab")
         assert config.profile == "lab"
 
 
@@ -231,7 +231,7 @@ def test_lab_profile_reaches_the_command_line():
 @pytest.mark.parametrize("name", ["llama_width", "pythia_width", "resnet_width"])
 def test_lab_sweeps_are_small(name):
     """A classroom's five minutes: at most 3 widths x 2 seeds, one learning rate, one regime, no trials."""
-    config = importlib.import_module(f"dalign_core.experiments.{name}").Config.for_profile("lab")
+    config = importlib.import_module(f"dalign_repro.experiments.{name}").Config.for_profile("lab")
     cpu = type(config).for_profile("cpu")
     assert len(config.widths) <= 3 and config.seeds == 2 and len(config.lr_candidates) == 1
     assert config.lr_extend == 0 and config.lr_trial_fraction == 1.0  # the first seed's run is the rate "trial"

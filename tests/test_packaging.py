@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import dalign_core
-from dalign_core.config import REPO_ROOT
+from dalign_repro.config import REPO_ROOT
 
 PYPROJECT = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 PROJECT = PYPROJECT["project"]
@@ -77,8 +77,8 @@ def test_every_package_is_listed():
     """pyproject lists the packages (to map data_manifests/ into the package); a new subpackage must be added."""
     listed = set(PYPROJECT["tool"]["setuptools"]["packages"])
     found = {".".join(p.relative_to(REPO_ROOT).parts[:-1]) for p in (REPO_ROOT / "dalign_core").rglob("__init__.py")}
-    assert listed - {"dalign_core.data_manifests"} == found
-    assert PYPROJECT["tool"]["setuptools"]["package-dir"] == {"dalign_core.data_manifests": "data_manifests"}
+    assert listed - {"dalign_repro.data_manifests"} == found
+    assert PYPROJECT["tool"]["setuptools"]["package-dir"] == {"dalign_repro.data_manifests": "data_manifests"}
 
 
 def test_every_third_party_import_is_declared_and_optional_ones_are_lazy():
@@ -99,7 +99,7 @@ def test_every_third_party_import_is_declared_and_optional_ones_are_lazy():
 
 
 def test_missing_datasets_says_what_to_install(monkeypatch):
-    from dalign_core.data.text import load_hf_text
+    from dalign_repro.data.text import load_hf_text
 
     monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets now raises ImportError
     with pytest.raises(RuntimeError, match="needs the `datasets` package"):
@@ -124,8 +124,8 @@ def test_slow_marker_is_registered():
 
 
 def test_source_checkout_is_detected_here():
-    from dalign_core import config
-    from dalign_core.data import manifest
+    from dalign_repro import config
+    from dalign_repro.data import manifest
 
     assert config.SOURCE_ROOT == REPO_ROOT == config.work_root()
     assert REPO_ROOT / "data_manifests" in manifest.manifest_dirs()
@@ -166,8 +166,8 @@ def test_wheel_installed_outside_the_repository(tmp_path):
     elsewhere.mkdir()
     probe = (
         "import json, dalign_core\n"
-        "from dalign_core import config\n"
-        "from dalign_core.data.manifest import default_cache_dir, load_manifest\n"
+        "from dalign_repro import config\n"
+        "from dalign_repro.data.manifest import default_cache_dir, load_manifest\n"
         "m = load_manifest('shakespeare')\n"
         "print(json.dumps(dict(package=dalign_core.__file__, source=str(config.SOURCE_ROOT), name=m.name,\n"
         "    sha256=m.sha256, results=str(config.default_results_dir('cpu')), cache=str(default_cache_dir()),\n"
@@ -182,7 +182,7 @@ def test_wheel_installed_outside_the_repository(tmp_path):
     found = json.loads(probed.stdout.strip().splitlines()[-1])
     assert Path(found["package"]).is_relative_to(venv), found  # the installed copy, not the checkout
     assert found["source"] == "None" and found["name"] == "shakespeare"
-    from dalign_core.data.manifest import load_manifest
+    from dalign_repro.data.manifest import load_manifest
 
     assert found["sha256"] == load_manifest("shakespeare").sha256
     cwd = elsewhere.resolve()
@@ -293,10 +293,10 @@ def test_the_plot_modules_name_the_extra_they_need(monkeypatch):
     assert {_requirement_name(r) for r in extras["plots"]} == {"matplotlib", "seaborn"}
     assert {_requirement_name(r) for r in extras["plots"]} <= {_requirement_name(r) for r in extras["book"]}
     monkeypatch.setitem(sys.modules, "seaborn", None)  # import seaborn now raises ImportError
-    monkeypatch.delitem(sys.modules, "dalign_core.report.plots", raising=False)
+    monkeypatch.delitem(sys.modules, "dalign_repro.report.plots", raising=False)
     with pytest.raises(ImportError, match=r"pip install 'dalign\[plots\]'"):
-        importlib.import_module("dalign_core.report.plots")
-    monkeypatch.delitem(sys.modules, "dalign_core.report.plots", raising=False)  # the next import loads it afresh
+        importlib.import_module("dalign_repro.report.plots")
+    monkeypatch.delitem(sys.modules, "dalign_repro.report.plots", raising=False)  # the next import loads it afresh
 
 
 def test_transformers_bound_is_the_first_release_with_dtype():

@@ -9,7 +9,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from dalign_core.report import plots  # noqa: E402
+from dalign_repro.report import plots  # noqa: E402
 
 
 def test_tick_labels_are_plain_numbers_or_powers_of_ten():
@@ -69,7 +69,7 @@ def test_certificate_by_budget_falls_with_the_budget():
 
 
 def test_matched_loss_figure_draws_the_values_the_verdict_reads():
-    from dalign_core.sweep import trend
+    from dalign_repro.sweep import trend
 
     rows = []
     for width, losses in {8: [3.0, 2.0, 1.5], 16: [3.0, 1.5, 1.0]}.items():

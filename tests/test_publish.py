@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from dalign_core.config import REPO_ROOT
+from dalign_repro.config import REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "book" / "_ext"))
 import dalign_publish  # noqa: E402

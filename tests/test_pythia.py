@@ -15,11 +15,11 @@ import torch
 import yaml
 
 from dalign_core.cli.app import main
-from dalign_core.config import REPO_ROOT
-from dalign_core.data.text import TextCorpus
-from dalign_core.experiments import pythia_checkpoints as pc
+from dalign_repro.config import REPO_ROOT
+from dalign_repro.data.text import TextCorpus
+from dalign_repro.experiments import pythia_checkpoints as pc
 from dalign_core.cli.loading import LoadError, load_model, load_tokenizer, resolve_model_source
-from dalign_core.models.pythia import (PUBLISHED_PARAMETERS, PYTHIA_NAMES, build_pythia, count_parameters, head_dim,
+from dalign_repro.models.pythia import (PUBLISHED_PARAMETERS, PYTHIA_NAMES, build_pythia, count_parameters, head_dim,
                                        pythia_config, pythia_width_variant)
 
 transformers = pytest.importorskip("transformers")
@@ -252,7 +252,7 @@ def test_hub_profiles_fail_at_once_offline_with_what_to_download(tmp_path, monke
 def test_command_line_offline_error_has_no_traceback(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "PYTHONPATH": str(REPO_ROOT),
            "DALIGN_RESULTS": str(tmp_path / "results")}
-    proc = subprocess.run([sys.executable, "-m", "dalign_core.experiments.pythia_checkpoints", "--profile", "gpu"],
+    proc = subprocess.run([sys.executable, "-m", "dalign_repro.experiments.pythia_checkpoints", "--profile", "gpu"],
                           capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 1
     assert "hf download EleutherAI/pythia-70m --revision step143000" in proc.stderr

@@ -4,8 +4,8 @@ import pandas as pd
 import pytest
 import torch
 
-from dalign_core.experiments import pythia_width
-from dalign_core.models.pythia import build_pythia, pythia_width_variant
+from dalign_repro.experiments import pythia_width
+from dalign_repro.models.pythia import build_pythia, pythia_width_variant
 from test_llama_width import tiny_corpus  # tests/ is on sys.path (rootdir-less test modules)
 
 
@@ -40,7 +40,7 @@ def test_pythia_init_follows_small_init_and_wang_init():
 
 
 def test_smoke_sweep_writes_both_regimes_with_a_depth_column(tmp_path, monkeypatch):
-    monkeypatch.setattr("dalign_core.sweep.lm_family.load_corpus", lambda name: tiny_corpus())
+    monkeypatch.setattr("dalign_repro.sweep.lm_family.load_corpus", lambda name: tiny_corpus())
     monkeypatch.setenv("DALIGN_CHECKPOINTS", str(tmp_path / "checkpoints"))
     monkeypatch.setenv("DALIGN_CACHE", str(tmp_path / "cache"))
     config = pythia_width.Config.for_profile("smoke", vocab_size=300, steps=6, warmup_steps=1,

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from dalign_core.config import REPO_ROOT
+from dalign_repro.config import REPO_ROOT
 
 pytest.importorskip("transformers")
 

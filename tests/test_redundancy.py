@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from dalign_core.capture.refusals import CaptureError
-from dalign_core.models.llama import build_llama
-from dalign_core.models.pythia import build_pythia, pythia_width_variant
-from dalign_core.models.resnet import resnet20
+from dalign_repro.models.llama import build_llama
+from dalign_repro.models.pythia import build_pythia, pythia_width_variant
+from dalign_repro.models.resnet import resnet20
 from dalign_core.capture.redundancy import (MICRO_BATCH, REDUNDANT, Redundancy, _collect, candidate_parameters, redundancy,
                                    redundancy_rows)
 

@@ -17,9 +17,9 @@ import pandas as pd
 import pytest
 
 from dalign_core import atomic
-from dalign_core.report import results
-from dalign_core.config import REPO_ROOT
-from dalign_core.experiments import _runner, theory
+from dalign_repro.report import results
+from dalign_repro.config import REPO_ROOT
+from dalign_repro.experiments import _runner, theory
 
 
 @pytest.fixture(autouse=True)
@@ -114,7 +114,7 @@ def test_python_m_records_its_overrides_under_the_experiments_name(tmp_path):
     second experiment writing into the same folder adds its own record instead of replacing the first's."""
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "DALIGN_WORKERS": "1"}
     (tmp_path / "overrides.json").write_text(json.dumps({"profile": "smoke", "experiments": {"other": {"seed": 1}}}))
-    proc = subprocess.run([sys.executable, "-m", "dalign_core.experiments.theory", "--profile", "smoke",
+    proc = subprocess.run([sys.executable, "-m", "dalign_repro.experiments.theory", "--profile", "smoke",
                            "--set", "trials=500", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -125,7 +125,7 @@ def test_python_m_records_its_overrides_under_the_experiments_name(tmp_path):
 # ---------------------------------------------------------------------------
 # Configs refused where they are built, in one line naming the field, its value and what is allowed
 
-from dalign_core.experiments import llama_width, pythia_width, resnet_width  # noqa: E402
+from dalign_repro.experiments import llama_width, pythia_width, resnet_width  # noqa: E402
 
 BAD_SWEEP_FIELDS = ["widths=0", "head_dim=0", "capture_batch=0", "validation_examples=0", "eval_examples=0",
                     "batch_size=0", "resamples=0", "pool_size=3", "seed=-1", "corpus=dir:/nonexistent"]
@@ -244,7 +244,7 @@ def test_checkpoints_go_under_out_unless_told_otherwise(tmp_path, monkeypatch):
 def test_a_sweeps_checkpoint_root_lies_under_out(tmp_path, monkeypatch):
     """With --out (and no --checkpoints or $DALIGN_CHECKPOINTS) a sweep's checkpoint root lies under --out, and
     nothing is written to the working folder."""
-    from dalign_core.sweep import trained as sweep
+    from dalign_repro.sweep import trained as sweep
 
     monkeypatch.delenv(_runner.CHECKPOINTS_VARIABLE, raising=False)
     work = tmp_path / "work"
@@ -264,7 +264,7 @@ def test_a_sweeps_checkpoint_root_lies_under_out(tmp_path, monkeypatch):
 def test_the_data_cache_is_the_users_or_the_variables(tmp_path, monkeypatch):
     import platformdirs
 
-    from dalign_core.data import manifest
+    from dalign_repro.data import manifest
 
     monkeypatch.delenv("DALIGN_CACHE", raising=False)
     monkeypatch.chdir(tmp_path)
@@ -277,7 +277,7 @@ def test_the_data_cache_is_the_users_or_the_variables(tmp_path, monkeypatch):
 def test_a_download_is_announced(tmp_path, caplog):
     import logging
 
-    from dalign_core.data import manifest
+    from dalign_repro.data import manifest
 
     probe = manifest.Manifest.from_dict(dict(name="probe", filename="probe.bin", sha256="0" * 64, size=10,
                                              sources=[{"url": "http://127.0.0.1:9/probe.bin"}]))
@@ -335,12 +335,12 @@ def test_the_slurm_script_starts_one_torchrun_per_node_with_a_resolvable_command
     assert f"--rdzv-endpoint=node-a:{20000 + 123456 % 10000}" in args  # the port comes from the job ID
     experiment_args = args[args.index("-m", 4) + 1:]
     module = experiment_args[0]
-    assert module == "dalign_core.experiments.llama_width" and importlib.util.find_spec(module) is not None
+    assert module == "dalign_repro.experiments.llama_width" and importlib.util.find_spec(module) is not None
     environment = dict(line.split("=", 1) for line in (tmp_path / "env").read_text().splitlines())
     assert environment["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
     assert environment["DALIGN_CHECKPOINTS"] == str(REPO_ROOT / "checkpoints")
     # The experiment's own arguments (the corpus override, --ranks-per-job) are ones its command line accepts.
-    from dalign_core.experiments import llama_width
+    from dalign_repro.experiments import llama_width
 
     _runner.main(llama_width.Config, lambda *a, **k: None, argv=experiment_args[1:] + ["--print-config"])
     printed = capsys.readouterr().out
@@ -395,7 +395,7 @@ def test_ranks_per_job_that_does_not_divide_the_batch_is_refused(monkeypatch, ca
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the refusal is for a machine without a GPU")
 def test_the_paper_profile_on_a_machine_without_a_gpu_is_one_line(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "DALIGN_WORKERS": "1"}
-    done = subprocess.run([sys.executable, "-m", "dalign_core.experiments.llama_width", "--profile", "paper",
+    done = subprocess.run([sys.executable, "-m", "dalign_repro.experiments.llama_width", "--profile", "paper",
                            "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=300, env=env,
                           cwd=tmp_path)
     assert done.returncode == 1
@@ -416,7 +416,7 @@ def test_an_unreadable_corpus_is_one_line(tmp_path, kind):
               "missing-dir": f"dir:{tmp_path / 'nonexistent'}"}[kind]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "DALIGN_WORKERS": "1", "HF_HUB_OFFLINE": "1",
            "HF_DATASETS_OFFLINE": "1", "DALIGN_CACHE": str(tmp_path / "cache")}
-    done = subprocess.run([sys.executable, "-m", "dalign_core.experiments.llama_width", "--profile", "smoke", "--set",
+    done = subprocess.run([sys.executable, "-m", "dalign_repro.experiments.llama_width", "--profile", "smoke", "--set",
                            f"corpus={corpus}", "--out", str(tmp_path / "o")], capture_output=True, text=True,
                           timeout=300, env=env, cwd=tmp_path)
     assert done.returncode in (1, 2) and "Traceback" not in done.stderr, done.stderr
@@ -436,7 +436,7 @@ def test_a_truncated_checkpoint_file_is_named(tmp_path, name):
     import safetensors.torch
     import torch
 
-    from dalign_core.training import checkpoints as training
+    from dalign_repro.training import checkpoints as training
 
     folder = tmp_path / "step_5"
     folder.mkdir()
@@ -470,7 +470,7 @@ def test_a_sweep_with_out_writes_nothing_in_the_working_folder(tmp_path, monkeyp
     """A real (tiny) sweep with --out: its tables and checkpoints land under --out, its data in the cache, and
     neither the working folder nor the repository's checkpoints/ gain anything (a weight decay of its own keys its
     checkpoints apart from any other run's)."""
-    from dalign_core.sweep import trained as sweep
+    from dalign_repro.sweep import trained as sweep
 
     work, out = tmp_path / "work", tmp_path / "o"
     work.mkdir()
@@ -478,7 +478,7 @@ def test_a_sweep_with_out_writes_nothing_in_the_working_folder(tmp_path, monkeyp
     env = {**{k: v for k, v in os.environ.items() if k != "DALIGN_CHECKPOINTS"}, "PYTHONPATH": str(REPO_ROOT),
            "DALIGN_WORKERS": "1", "DALIGN_CACHE": cache}
     settings = dict(widths=(16, 32), seeds=2, weight_decay=0.0937)
-    done = subprocess.run([sys.executable, "-m", "dalign_core.experiments.llama_width", "--profile", "smoke",
+    done = subprocess.run([sys.executable, "-m", "dalign_repro.experiments.llama_width", "--profile", "smoke",
                            *[f"--set={k}={','.join(map(str, v)) if isinstance(v, tuple) else v}"
                              for k, v in settings.items()], "--out", str(out)],
                           capture_output=True, text=True, timeout=600, env=env, cwd=work)
@@ -492,7 +492,7 @@ def test_a_sweep_with_out_writes_nothing_in_the_working_folder(tmp_path, monkeyp
 
 
 def test_failed_jobs_end_the_command_in_one_line_naming_them(capsys):
-    from dalign_core.training import workers
+    from dalign_repro.training import workers
 
     def run(config, out_dir=None, force=False):
         raise workers.WorkerError("2 job(s) failed: N16_seed0, N32_seed1 (the finished jobs are kept)\n\njob N16_seed0 "
@@ -513,7 +513,7 @@ def test_a_real_torchrun_with_a_bad_ranks_per_job_says_it_once(tmp_path):
 
     torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "DALIGN_WORKERS": "1"}
-    done = subprocess.run([torchrun, "--standalone", "--nproc_per_node=2", "-m", "dalign_core.experiments.llama_width",
+    done = subprocess.run([torchrun, "--standalone", "--nproc_per_node=2", "-m", "dalign_repro.experiments.llama_width",
                            "--profile", "smoke", "--ranks-per-job", "3", "--out", str(tmp_path / "o")],
                           capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert done.returncode != 0

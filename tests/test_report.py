@@ -2,8 +2,8 @@
 
 import pandas as pd
 
-from dalign_core.report import describe as report
-from dalign_core.sweep import trend
+from dalign_repro.report import describe as report
+from dalign_repro.sweep import trend
 
 
 def test_describe_runs_reports_failures_and_the_loss_trend():
@@ -109,7 +109,7 @@ def test_sentence_numbers_are_plain_or_powers_of_ten():
 
 
 def test_verdict_markdown_uses_math_and_code():
-    from dalign_core.sweep.trend import Verdict
+    from dalign_repro.sweep.trend import Verdict
 
     v = Verdict("d_align rises with width at model.layers.0 (heldout pool, matched steps)", "partly",
                 "d_align rises with width at model.layers.0 (heldout pool, matched steps): partly. At (M, K).", 1, 0, 2)
@@ -119,7 +119,7 @@ def test_verdict_markdown_uses_math_and_code():
 
 
 def test_rerun_box_says_when_the_shown_run_loaded_trained_models():
-    from dalign_core.report.describe import rerun_box
+    from dalign_repro.report.describe import rerun_box
 
     provenance = {"wall_time_s": 1131.0, "device": "cpu", "hardware": {"workers": 2, "threads_per_process": 1},
                   "sweeps": [{"runs": {"count": 12, "training_loaded": 12}}, {"runs": {"count": 4, "training_loaded": 4}}]}
@@ -127,13 +127,13 @@ def test_rerun_box_says_when_the_shown_run_loaded_trained_models():
     assert "took 18.9 min on cpu (2 worker process(es) of 1 thread(s))." in box
     assert "loaded 16 of its 16 measured models from the checkpoints of an earlier one" in box
     fresh = rerun_box("04_resnet_width", "resnet_width", "cpu", {**provenance, "sweeps": [{"runs": {"count": 16}}]})
-    assert "loaded" not in fresh and "python -m dalign_core.experiments.resnet_width --profile cpu --force" in fresh
+    assert "loaded" not in fresh and "python -m dalign_repro.experiments.resnet_width --profile cpu --force" in fresh
     one_sweep = {"wall_time_s": 600.0, "device": "cpu", "runs": {"count": 24, "training_loaded": 6}}  # LLaMA's shape
     assert "loaded 6 of its 24 measured models" in rerun_box("02_llama_width", "llama_width", "cpu", one_sweep)
 
 
 def test_the_time_results_took_says_when_their_run_resumed_an_interrupted_one():
-    from dalign_core.report.describe import results_took
+    from dalign_repro.report.describe import results_took
 
     hardware = {"workers": 2, "threads_per_process": 1}
     models = {"families": {"a": {"models": [{"seconds": 1500.0}, {"seconds": 900.0}, {"seconds": 7000.0,
@@ -191,7 +191,7 @@ def test_width_verdicts_from_geometry_take_the_clock_out_of_matched_loss():
     text = report.describe_clock(report.judged_geometry(geometry, _trend(-0.2, 0.2), "L"))
     assert "wider runs are read earlier" in text and "disagree here" in text
     # the plain crossing of the same runs would have read the clock as a rise with width
-    from dalign_core.sweep.clock import clock_diagnostics
+    from dalign_repro.sweep.clock import clock_diagnostics
 
     assert clock_diagnostics(geometry)["matched_lo"] > 0
     rises = report.width_verdicts(_trend(-0.2, 0.2), "L", geometry=_clock_geometry(0.5, 1.0), family="pythia")

@@ -8,11 +8,11 @@ import pandas as pd
 import pytest
 import torch
 
-from dalign_core.experiments import resnet_width
-from dalign_core.sweep.family import Splits
-from dalign_core.models.resnet import resnet20
-from dalign_core.training.checkpoints import list_checkpoints, load_weights
-from dalign_core.training.loop import TrainConfig, train
+from dalign_repro.experiments import resnet_width
+from dalign_repro.sweep.family import Splits
+from dalign_repro.models.resnet import resnet20
+from dalign_repro.training.checkpoints import list_checkpoints, load_weights
+from dalign_repro.training.loop import TrainConfig, train
 
 
 def _images(n=48, classes=4, seed=0):
@@ -120,7 +120,7 @@ def test_channels_last_is_the_same_model_in_another_memory_order(tmp_path):
     back = load_weights(resnet20(0.5, num_classes=4), list_checkpoints(tmp_path / "nhwc")[1])
     assert _same(back, nhwc) and back.conv1.weight.is_contiguous()
 
-    from dalign_core.sweep.trained import checkpoint_root
+    from dalign_repro.sweep.trained import checkpoint_root
     config = resnet_width.Config.for_profile("smoke")
     roots = {checkpoint_root(replace(config, channels_last=flag), resnet_width.FAMILY) for flag in (False, True)}
     assert len(roots) == 2

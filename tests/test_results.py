@@ -9,9 +9,10 @@ import sys
 import pandas as pd
 import pytest
 
-from dalign_core import atomic, config
-from dalign_core.report import results
-from dalign_core.experiments import theory
+from dalign_core import atomic
+from dalign_repro import config
+from dalign_repro.report import results
+from dalign_repro.experiments import theory
 
 
 def test_config_for_profile_and_hash():
@@ -98,7 +99,7 @@ def test_theory_smoke_is_deterministic_and_skips_when_current(tmp_path):
 
 def test_theory_command_line(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "dalign_core.experiments.theory", "--profile", "smoke", "--seed", "3",
+        [sys.executable, "-m", "dalign_repro.experiments.theory", "--profile", "smoke", "--seed", "3",
          "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=300, cwd=tmp_path,
     )
@@ -108,7 +109,7 @@ def test_theory_command_line(tmp_path):
 
 
 def test_a_config_without_settings_for_a_profile_is_refused():
-    from dalign_core.experiments import llama_width
+    from dalign_repro.experiments import llama_width
 
     class Partial(llama_width.Config):
         PROFILES = {"smoke": {}, "cpu": {}}

@@ -11,17 +11,17 @@ import pytest
 import torch
 from torch import nn
 
-from dalign_core.report import describe as report
-from dalign_core.sweep import measure
-from dalign_core.sweep import rates as rate_fit
-from dalign_core.sweep import run as sweep
-from dalign_core.sweep.plan import _check_jobs, _job_grid, jobs_dir, trainings
-from dalign_core.sweep.pools import draw_pools
-from dalign_core.sweep.projection import dry_run
-from dalign_core.sweep.rates import _extended, lr_check
-from dalign_core.sweep.trained import checkpoint_root
-from dalign_core.data.supply import DataSupplyError
-from dalign_core.sweep.family import Family, Splits, SweepConfig, take
+from dalign_repro.report import describe as report
+from dalign_repro.sweep import measure
+from dalign_repro.sweep import rates as rate_fit
+from dalign_repro.sweep import run as sweep
+from dalign_repro.sweep.plan import _check_jobs, _job_grid, jobs_dir, trainings
+from dalign_repro.sweep.pools import draw_pools
+from dalign_repro.sweep.projection import dry_run
+from dalign_repro.sweep.rates import _extended, lr_check
+from dalign_repro.sweep.trained import checkpoint_root
+from dalign_repro.data.supply import DataSupplyError
+from dalign_repro.sweep.family import Family, Splits, SweepConfig, take
 
 # ----------------------------------------------------------------------------- the toy family
 
@@ -263,7 +263,7 @@ def test_dry_run_projects_the_full_run(checkpoints):
 
 
 def test_dry_run_projects_this_machines_workers(checkpoints, monkeypatch):
-    from dalign_core.training import workers
+    from dalign_repro.training import workers
 
     monkeypatch.setattr(workers, "count", lambda: 2)
     text = dry_run(ToyConfig(), ToyFamily())

@@ -9,8 +9,8 @@ import pytest
 from test_sweep import ToyConfig, ToyFamily
 
 from dalign_core.capture.hooks import accumulate_geometry
-from dalign_core.sweep import measure
-from dalign_core.sweep import run as sweep
+from dalign_repro.sweep import measure
+from dalign_repro.sweep import run as sweep
 
 
 class TwoReductionFamily(ToyFamily):

@@ -1,4 +1,4 @@
-"""dalign_core.report.timings: what a chapter costs to rerun, from the recorded measurements and the provenance."""
+"""dalign_repro.report.timings: what a chapter costs to rerun, from the recorded measurements and the provenance."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 import pandas as pd
 import pytest
 
-from dalign_core.report import timings
-from dalign_core.config import REPO_ROOT
+from dalign_repro.report import timings
+from dalign_repro.config import REPO_ROOT
 
 
 def _write(path, rows):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 import pytest
 
-from dalign_core.data.text import TextCorpus, split_documents
-from dalign_core.data.tokenizer import (
+from dalign_repro.data.text import TextCorpus, split_documents
+from dalign_repro.data.tokenizer import (
     BPESettings,
     make_sequences,
     prepare_lm_data,

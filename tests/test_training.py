@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 
-from dalign_core.training.baselines import bigram_heldout_loss
-from dalign_core.models import LlamaWidthSpec, build_llama
-from dalign_core.training.checkpoints import list_checkpoints, load_state, load_weights
-from dalign_core.training.evaluation import evaluate_lm_loss, evaluate_loss, lm_loss
-from dalign_core.training.loop import (
+from dalign_repro.training.baselines import bigram_heldout_loss
+from dalign_repro.models import LlamaWidthSpec, build_llama
+from dalign_repro.training.checkpoints import list_checkpoints, load_state, load_weights
+from dalign_repro.training.evaluation import evaluate_lm_loss, evaluate_loss, lm_loss
+from dalign_repro.training.loop import (
     TrainConfig,
     TrainResult,
     batch_indices,

@@ -6,12 +6,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dalign_core.sweep import trend
-from dalign_core.sweep.clock import clock_diagnostics, clock_free_summaries, simulate_clock_labels
-from dalign_core.config import REPO_ROOT
-from dalign_core.experiments import llama_width, pythia_width, resnet_width
-from dalign_core.report.results import read_table
-from dalign_core.sweep.trend import PAPER_SLOPE
+from dalign_repro.sweep import trend
+from dalign_repro.sweep.clock import clock_diagnostics, clock_free_summaries, simulate_clock_labels
+from dalign_repro.config import REPO_ROOT
+from dalign_repro.experiments import llama_width, pythia_width, resnet_width
+from dalign_repro.report.results import read_table
+from dalign_repro.sweep.trend import PAPER_SLOPE
 
 
 def _runs(widths, seeds, slope, noise=0.0, seed=0):
@@ -205,7 +205,7 @@ def _judged_rows(family: str, regime: dict):
     for column, value in regime.items():
         geometry, trend_table = geometry[geometry[column] == value], trend_table[trend_table[column] == value]
         misalignment = misalignment[misalignment[column] == value]
-    from dalign_core.report.describe import judged_geometry
+    from dalign_repro.report.describe import judged_geometry
 
     return judged_geometry(geometry, trend_table, misalignment.layer.iloc[0])
 
@@ -234,7 +234,7 @@ def test_the_clock_free_test_is_calibrated_where_wider_runs_train_faster(family,
 
 def test_resnet_is_not_estimable_at_its_cpu_design():
     rows = _judged_rows("resnet", {"dataset": "fashion-mnist"})
-    from dalign_core.report.describe import late_steps
+    from dalign_repro.report.describe import late_steps
 
     counts = trend.estimability(rows[rows.step.isin(late_steps(rows))])
     assert not counts["estimable"] and counts["holds_zero"] > 0.9 * counts["checkpoints"]

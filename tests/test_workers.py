@@ -1,4 +1,4 @@
-"""Every core, one thread each (dalign_core.training.workers): a CPU job grid over forked one-thread workers.
+"""Every core, one thread each (dalign_repro.training.workers): a CPU job grid over forked one-thread workers.
 
 The same results on one worker and on two, bit for bit (a toy grid of tiny MLPs, and the
 toy width sweep of tests/test_sweep.py); a job that raises is named with its traceback; a
@@ -28,13 +28,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from test_sweep import ToyConfig, ToyFamily  # noqa: E402
 
-from dalign_core.training import distributed  # noqa: E402
-from dalign_core.sweep import run as sweep
-from dalign_core.sweep.plan import jobs_dir
-from dalign_core.training import device, workers
-from dalign_core.config import ExperimentConfig  # noqa: E402
-from dalign_core.training.distributed import Job  # noqa: E402
-from dalign_core.experiments._runner import run_experiment  # noqa: E402
+from dalign_repro.training import distributed  # noqa: E402
+from dalign_repro.sweep import run as sweep
+from dalign_repro.sweep.plan import jobs_dir
+from dalign_core import device
+from dalign_repro.training import workers
+from dalign_repro.config import ExperimentConfig  # noqa: E402
+from dalign_repro.training.distributed import Job  # noqa: E402
+from dalign_repro.experiments._runner import run_experiment  # noqa: E402
 
 JOBS = [Job(f"mlp_w{width}_s{seed}", cost=float(width), payload=(width, seed)) for width in (4, 8, 16) for seed in (0, 1)]
 
@@ -145,7 +146,7 @@ def _default_workers_and_threads(monkeypatch):
     assert workers.count() == 1 and device.configure("cpu") and torch.get_num_threads() == 2  # one process of 2
     monkeypatch.delenv(device.THREADS_VARIABLE)
     # a GPU run: nothing changes (no thread setting, no workers, whatever DALIGN_WORKERS says)
-    monkeypatch.setattr("dalign_core.training.device.resolve_device", lambda name: torch.device("cuda", 0))
+    monkeypatch.setattr("dalign_core.device.resolve_device", lambda name: torch.device("cuda", 0))
     torch.set_num_threads(2)
     assert device.configure("auto").type == "cuda" and torch.get_num_threads() == 2
     monkeypatch.setenv(workers.WORKERS_VARIABLE, "4")
@@ -281,8 +282,8 @@ def test_the_toy_sweep_writes_the_same_tables_on_one_and_two_workers(tmp_path, m
 _ORPHAN_SCRIPT = """
 import os, sys, time
 from pathlib import Path
-from dalign_core.training import workers
-from dalign_core.training.distributed import Job, _Store
+from dalign_repro.training import workers
+from dalign_repro.training.distributed import Job, _Store
 folder = Path(sys.argv[1])
 def compute(job, group):
     (folder / f"worker-{os.getpid()}").write_text(job.name)
@@ -310,7 +311,7 @@ def test_workers_exit_when_their_parent_is_killed(tmp_path, monkeypatch, pdeaths
     The second case disables prctl (as on a platform without it): the watchdog thread alone must end them."""
     import subprocess
 
-    importing = "from dalign_core.training import workers"
+    importing = "from dalign_repro.training import workers"
     assert importing in _ORPHAN_SCRIPT  # the watchdog case below patches the module the script imports
     script = _ORPHAN_SCRIPT if pdeathsig else _ORPHAN_SCRIPT.replace(
         importing, f"{importing}\nworkers.PR_SET_PDEATHSIG = -1")

@@ -2,8 +2,8 @@
 
 ``{course-table}`` lists every chapter of ``_toc.yml`` in order with its title (the notebook's first heading), the
 one line its directive content gives it (``02_llama_width: width sweep of LLaMA-style decoders ...``), the time to
-read it (:func:`dalign_core.report.timings.reading_minutes`, from the executed chapter's prose and figures), and what it
-costs to rerun: at ``lab`` and at ``cpu``, from no checkpoint (:func:`dalign_core.report.timings.fresh_run`: measured or
+read it (:func:`dalign_repro.report.timings.reading_minutes`, from the executed chapter's prose and figures), and what it
+costs to rerun: at ``lab`` and at ``cpu``, from no checkpoint (:func:`dalign_repro.report.timings.fresh_run`: measured or
 labelled projected; "not measured" where neither was recorded). The same numbers fill the rerun boxes, so the
 landing page and the chapters cannot disagree.
 
@@ -28,7 +28,7 @@ import yaml
 from docutils import nodes
 from docutils.parsers.rst import Directive
 
-from dalign_core.report import timings
+from dalign_repro.report import timings
 
 BOOK = Path(__file__).resolve().parents[1]
 
@@ -53,7 +53,7 @@ def _chapters() -> list[str]:
 
 def _notebook(stem: str) -> Path:
     """The executed chapter where it exists (its generated sentences and figures count), else the source."""
-    from dalign_core.config import REPO_ROOT
+    from dalign_repro.config import REPO_ROOT
 
     for path in (BOOK / "chapters" / f"{stem}.ipynb", BOOK.parent / "notebooks" / f"{stem}.ipynb",
                  REPO_ROOT / "notebooks" / f"{stem}.ipynb"):  # a copy of book/ (the browser test) has no notebooks/

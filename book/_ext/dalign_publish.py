@@ -80,7 +80,7 @@ PROVIDERS = ("github.com", "gitlab.com", "bitbucket.org")
 
 
 WIDE_PAGES = ("chapters/06_claims",)
-"""Pages without the right-hand contents column: their grid takes its room (dalign_core.claims.page)."""
+"""Pages without the right-hand contents column: their grid takes its room (dalign_repro.claims.page)."""
 
 
 def widen_pages(app, config) -> None:

@@ -16,7 +16,7 @@ Only :mod:`~dalign_core.cli.loading` and :mod:`~dalign_core.cli.examples` import
 it inside the commands, so ``dalign --help`` is instant and Ctrl-C while torch loads is caught.
 
 May import anything of the library; nothing imports it but ``python -m dalign_core``, and
-:mod:`dalign_core.experiments.pythia_checkpoints` its model loading.
+:mod:`dalign_repro.experiments.pythia_checkpoints` its model loading.
 """
 
 from dalign_core.cli.app import main

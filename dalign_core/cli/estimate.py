@@ -197,7 +197,7 @@ def _write_csv(path: Path, records: list[dict]) -> None:
 def estimate(args: argparse.Namespace) -> list[dict]:
     """Run ``dalign estimate``; return one record per layer (also printed and optionally written)."""
     import torch
-    from dalign_core.training.device import resolve_device
+    from dalign_core.device import resolve_device
     from dalign_core.capture.hooks import accumulate_geometry
     from dalign_core.capture.layers import resolve_layers
     from dalign_core.cli.examples import _read_sequences, check_data_file, make_batches

@@ -41,7 +41,7 @@ def format_redundancy(names: list[str], owned: dict, n: int, width: int = 80) ->
 
 
 def _layers(args: argparse.Namespace) -> None:
-    from dalign_core.training.device import resolve_device
+    from dalign_core.device import resolve_device
     from dalign_core.capture.layers import insertion_points
     from dalign_core.cli.examples import _read_sequences, check_data_file
     from dalign_core.cli.loading import (
@@ -89,7 +89,7 @@ def _layers(args: argparse.Namespace) -> None:
 
 def _layers_arch(args: argparse.Namespace) -> None:
     """``dalign layers --arch``: the insertion points of the model a callable builds, with --data their redundancy."""
-    from dalign_core.training.device import resolve_device
+    from dalign_core.device import resolve_device
     from dalign_core.capture.layers import insertion_points
     from dalign_core.capture.redundancy import redundancy_rows
     from dalign_core.cli.examples import _arch_batches, _arch_examples

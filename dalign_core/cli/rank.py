@@ -1,7 +1,7 @@
 """``dalign rank``: a model's insertion points in the order of each predictor of where to grow.
 
 ``dalign rank --model MODEL --data DATA`` orders the insertion points by each predictor of
-where to grow (:mod:`dalign_core.studies.growth`): d_align, d_∥, d_2, ‖μ‖², μ_Mᵀg_K and B_align at
+where to grow (the reproduction's growth study, through :data:`EVIDENCE_GROUP`): d_align, d_∥, d_2, ‖μ‖², μ_Mᵀg_K and B_align at
 ``--budgets``, and the plain baseline, the norm of the gradient of a zero-output block
 inserted there; each with its interval, and the redundancy warning above 0.9. The first
 half of the examples gives the train mean and the block gradient, the second half the
@@ -38,23 +38,23 @@ def _rank_label(name: str) -> str:
     return RANK_LABELS.get(name, name)
 
 
-def _growth_evidence() -> str:
-    """One sentence: what this project's own growth results (the largest profile present) say of d_align as a guide
-    to where to grow, computed by :func:`dalign_core.studies.growth.decision`; "none found" outside a checkout with results."""
-    from dalign_core.studies import growth
-    from dalign_core.config import REPO_ROOT
-    from dalign_core.report.results import read_table
+EVIDENCE_GROUP = "dalign.rank_evidence"
+"""The entry-point group of functions ``() -> str | None`` that say what a study says of d_align as a guide to where
+to grow. The reproduction package registers its growth study's reading there; the core never imports it."""
 
-    for profile in ("paper", "gpu", "cpu"):
+
+def _growth_evidence() -> str:
+    """One sentence on how well d_align guides growth, from the first registered :data:`EVIDENCE_GROUP` function
+    that has results to read (the reproduction's growth study, where it is installed in a checkout with results)."""
+    from importlib.metadata import entry_points
+
+    for entry in sorted(entry_points(group=EVIDENCE_GROUP), key=lambda e: e.name):
         try:
-            table, _ = read_table(REPO_ROOT / "results" / profile, "growth")
-        except (FileNotFoundError, ValueError, KeyError):
-            continue
-        if table.empty:
-            continue
-        judged = growth.decision(table)
-        return (f"the project's growth results ({profile} profile, {judged.of} grown models) say of d_align as a guide "
-                f"to where to grow: {judged.label} ({judged.reason}).")
+            sentence = entry.load()()
+        except Exception as error:  # a broken plug-in must not break the ranking it only annotates
+            return f"the evidence plug-in {entry.name!r} failed ({type(error).__name__}: {error})."
+        if sentence:
+            return sentence
     return "no growth results of this project were found here: nothing says how well d_align guides growth."
 
 
@@ -137,8 +137,8 @@ def format_ranking(rows: list[dict], names: list[str], owned: dict, n: int, redu
 
 def rank(args: argparse.Namespace) -> list[dict]:
     """Run ``dalign rank``; return one record per insertion point (also printed and optionally written)."""
-    from dalign_core.training.device import resolve_device
-    from dalign_core.studies import growth
+    from dalign_core.device import resolve_device
+    from dalign_core.growth import predicting as growth
     from dalign_core.capture.layers import insertion_points, resolve_layers
     from dalign_core.capture.redundancy import redundancy_rows
 

@@ -108,7 +108,7 @@ def row_statistics(G: torch.Tensor) -> dict[str, torch.Tensor]:
     ``diag`` (``G_jj``), ``row`` (``r_j = sum_{i != j} G_ij``), ``row_sq`` (``c_j = sum_{i != j} G_ij^2``) and
     ``gram_row`` (``(G r)_j``). Row j's entries come from row j of G alone (``gram_row`` also from ``r``), so
     processes that each hold some rows of G can compute theirs and gather the vectors
-    (:func:`dalign_core.training.sharded.sharded_geometry`).
+    (:func:`dalign_repro.training.sharded.sharded_geometry`).
     """
     diag = torch.diagonal(G)
     # H = G with a zero diagonal is never formed: at n = 20,000 each n x n copy costs 3.2 GB.

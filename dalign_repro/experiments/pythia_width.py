@@ -1,0 +1,201 @@
+"""Pythia-architecture models of equal depth and different width, trained here: d_align against width.
+
+The paper compares released Pythia models of one depth: pythia-14m / 31m / 70m
+(6 layers, d = 128 / 256 / 512) and pythia-2.8b / 6.9b (32 layers, d = 2560 / 4096).
+This is the Pythia family of the width sweep (:mod:`dalign_repro.sweep.run`): transformers'
+``GPTNeoXForCausalLM`` with Pythia's architecture (:func:`dalign_repro.models.pythia.
+pythia_width_variant`: parallel attention and MLP, LayerNorm, rotary on a quarter of
+each head, FFN 4d, untied embeddings), trained on the text corpus of the LLaMA
+chapter with a learning rate fitted to each width (:mod:`dalign_repro.sweep.lm_family` holds
+what the two language-model families share).
+
+Two depth regimes, each a sweep of its own, told apart by the ``depth`` column:
+
+* **6 layers** at Pythia's widths divided by ``width_scale`` (``cpu``: 4, so d = 32 /
+  64 / 128 with Pythia's 4 / 8 / 8 heads);
+* **a deeper regime** standing in for the 32-layer comparison (``cpu``: 12 layers at
+  d = 32 / 48 / 64, heads of dimension 16).
+
+Models are initialized as Pythia was (:func:`dalign_repro.models.pythia.pythia_init`).
+At ``cpu`` each run sees 0.8M tokens (500 steps of 32 x 64), under one pass over the
+training works; two rates per width, three seeds.
+
+The primary insertion point of each regime is the decoder layer at the same relative
+depth (``insertion_fraction`` of the way through: layer 2 of 6, layer 5 of 12), so
+the regimes are compared at matched relative insertion depth. The released
+checkpoints themselves are measured by :mod:`dalign_repro.experiments.pythia_checkpoints`
+(network and a GPU).
+
+Run without Jupyter: ``python -m dalign_repro.experiments.pythia_width --profile cpu``
+(``--dry-run`` projects the wall time first).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from dalign_repro.config import measurement_only
+from dalign_repro.experiments._runner import main, run_experiment
+from dalign_repro.sweep.family import Splits
+from dalign_repro.sweep.lm_family import CausalLMFamily, LMSweepConfig
+from dalign_repro.models.pythia import build_pythia, pythia_width_variant
+from dalign_repro.sweep.projection import dry_run as sweep_dry_run
+from dalign_repro.sweep.run import run_sweeps, tables_of
+
+
+@dataclass(frozen=True)
+class Config(LMSweepConfig):
+    """The Pythia sweep (defaults: the ``cpu`` profile; see ``PROFILES`` for the others)."""
+
+    architecture: str = "pythia-70m"
+    """The released model whose architecture every width shares (all but width, heads, depth and vocabulary)."""
+    depth: int = 6
+    widths: tuple[int, ...] = (32, 64, 128)
+    heads: tuple[int, ...] = (4, 8, 8)
+    """Attention heads at each width (Pythia's: 4 / 8 / 8 at d = 128 / 256 / 512)."""
+    width_scale: int = 4
+    """Pythia's widths are divided by this to fit the profile (1 = the real widths); the chapter says so."""
+    deep_depth: int | None = 12
+    """Depth of the second regime (None: only the first)."""
+    deep_widths: tuple[int, ...] = (32, 48, 64)
+    deep_heads: tuple[int, ...] = (2, 3, 4)
+    """Head dimension 16 at every deep width, as pythia-14m and 31m share theirs."""
+    insertion_fraction: float = 0.5
+    """The primary insertion point is decoder layer ``ceil(fraction * depth) - 1`` of each regime."""
+    context: int = 64
+    batch_size: int = 32
+    steps: int = 500
+    warmup_steps: int = 50
+    seeds: int = 6
+    """The power calculation (:meth:`power_plan`) asks for 8 at 6 layers and 18 for the narrower deep range; 6 is
+    what the budget allows, and the chapter states the slope each regime can detect."""
+    run_sd: float | None = 0.45
+    """Measured on the 6-layer cpu tables of commit 7ac047d: checkpoint SD 0.79 around a run's mean, 0.36 between
+    runs of a width; with 9 late checkpoints a run's mean has SD 0.45."""
+    lr_candidates: tuple[float, ...] = (1e-2, 2e-2, 4e-2)
+    lr_width_exponent: float = 1.0
+    """Each width tries the grid scaled by (32 / N), the muP rule for Adam."""
+    lr_trial_fraction: float = 1 / 3
+    checkpoint_steps: tuple[int, ...] = (0, 50, 150, 340, 360, 380, 400, 420, 440, 460, 480, 500)
+    all_layer_steps: tuple[int, ...] | None = (0, 150, 340, 500)
+    train_pool_steps: tuple[int, ...] | None = (0, 500)
+    pool_size: int = 1024
+    checkpoint_pool_size: int | None = measurement_only(None, neutral=None)
+    """The whole pool at every checkpoint, unlike the LLaMA sweep's blocks of a quarter (see the field of
+    :class:`~dalign_repro.sweep.family.SweepConfig`). Blocks pay where the scatter between checkpoints dwarfs one
+    estimate's error; the judged per-position q is the other case. Measured on the cpu models (commit 5a728a3):
+    within a run's late window log d_align varies by 0.11 (variance), while one estimate's relative SE is 0.24 on
+    1,024 examples and 0.76 on 256, where 2-3% of estimates are not positive. Blocks of 256 raised the slope the
+    design can detect from 0.56 to 0.92 (6 layers) and from 0.68 to 1.28 (12 layers), for 12 minutes."""
+    budgets: tuple[tuple[int, int], ...] = ((4, 4), (16, 16), (32, 32), (64, 64))
+
+    PROFILES = {
+        "smoke": dict(
+            seeds=2, widths=(16, 32, 48), heads=(2, 2, 2), deep_depth=3, deep_widths=(16, 32, 48),
+            deep_heads=(2, 2, 2), depth=2, context=32, vocab_size=512, steps=20, warmup_steps=2,
+            lr_candidates=(1e-2, 3e-2), checkpoint_steps=(0, 10, 14, 17, 20), train_pool_steps=None, pool_size=64,
+            all_layer_steps=None, run_sd=None, lr_trial_fraction=0.5,
+            eval_examples=32, validation_examples=32, capture_batch=32, budgets=((2, 2), (4, 4)), resamples=1_000,
+            width_scale=8,
+        ),
+        # A classroom's run. The 6-layer regime alone (no deep one), 2 seeds of widths 48 / 64 / 96 (N = 32 barely
+        # passed the bigram model in the cpu sweep's 500 steps) for 400 steps at one rate per width (1e-2 x 48/N), no
+        # rate trials, 5 analysis checkpoints and a pool of 256: wide slope intervals, and the chapter states the
+        # slope it could detect. Widths to 128 for 500 steps took 12 min. Measured 2026-12-02 on 2 idle cores, `make
+        # notebooks ONLY=03_pythia_width PROFILE=lab`: 6.4 min for the chapter (the sweep 366 s), every model past
+        # its baseline (4.36), N = 48 only just (4.33-4.34).
+        "lab": dict(
+            widths=(48, 64, 96), heads=(3, 4, 6), deep_depth=None, seeds=2, steps=400, warmup_steps=40,
+            lr_candidates=(1e-2,), lr_extend=0, lr_trial_fraction=1.0, checkpoint_steps=(0, 100, 270, 335, 400),
+            all_layer_steps=(0, 400), train_pool_steps=(0, 400), pool_size=256, eval_examples=256,
+            validation_examples=256, budgets=((4, 4), (16, 16), (32, 32)), resamples=2_000,
+            redundancy_examples=128,
+        ),
+        "cpu": {},
+        # Pythia's real 6-layer widths, and a 16-layer regime at three widths, in minutes on one GPU.
+        "gpu": dict(
+            widths=(128, 256, 512), heads=(4, 8, 8), width_scale=1, deep_depth=16, deep_widths=(256, 384, 512),
+            deep_heads=(8, 8, 8), context=128, batch_size=32, steps=1000, warmup_steps=100,
+            lr_candidates=(1e-3, 3e-3, 1e-2), checkpoint_steps=(0, 100, 300, 700, 850, 1000),
+            train_pool_steps=(0, 1000), pool_size=1024, autocast_dtype="bfloat16", resume_points=1, all_layer_steps=None,
+            prune_candidates=True, resamples=10_000,
+        ),
+        # The released checkpoints are measured by pythia_checkpoints; this trains the 6-layer widths to 5k steps.
+        "paper": dict(
+            widths=(128, 256, 512), heads=(4, 8, 8), width_scale=1, deep_depth=32, deep_widths=(512, 768, 1024),
+            deep_heads=(8, 8, 8), context=256, vocab_size=8192, batch_size=64, steps=5000, warmup_steps=250,
+            lr_candidates=(3e-4, 1e-3, 3e-3), checkpoint_steps=(0, 300, 1000, 2000, 3500, 4000, 4500, 5000),
+            train_pool_steps=(0, 1000, 3500, 5000), pool_size=2048, autocast_dtype="bfloat16", prune_candidates=True,
+            all_layer_steps=None,
+        ),
+    }
+
+    def __post_init__(self):
+        super().__post_init__()
+        for widths, heads, what in ((self.widths, self.heads, ""), (self.deep_widths, self.deep_heads, "deep_")):
+            if len(widths) != len(heads):
+                raise ValueError(f"{what}widths {widths} and {what}heads {heads} must have one entry per width")
+        if not 0 < self.insertion_fraction <= 1:
+            raise ValueError(f"insertion_fraction must be in (0, 1], got {self.insertion_fraction}")
+
+    def sweeps(self) -> list["Config"]:
+        """One sweep per depth regime: the first, then the deep one (if any)."""
+        first = replace(self, deep_depth=None)
+        if self.deep_depth is None:
+            return [first]
+        return [first, replace(first, depth=self.deep_depth, widths=self.deep_widths, heads=self.deep_heads)]
+
+    @property
+    def insertion_layer(self) -> int:
+        return max(math.ceil(self.insertion_fraction * self.depth) - 1, 0)
+
+    def heads_at(self, width: int) -> int:
+        return self.heads[self.widths.index(width)]
+
+
+class PythiaFamily(CausalLMFamily):
+    """Pythia-architecture causal LMs at a width and depth (see the module docstring)."""
+
+    name = "pythia"
+    reductions = ("full", "shared")
+    """The shared q at ``gpt_neox.layers.l`` is exactly the gradient of that layer's trained
+    ``mlp.dense_4h_to_h.bias`` (:mod:`dalign_core.capture.redundancy`): width claims are judged on the per-position q."""
+    training_fields = ("architecture", "depth", "heads") + CausalLMFamily.training_fields
+
+    def build(self, config: Config, width: int, seed: int, splits: Splits):
+        shape = pythia_width_variant(config.architecture, width, vocab_size=splits.summary["vocab_size"],
+                                     num_heads=config.heads_at(width), context=config.context, num_layers=config.depth)
+        return build_pythia(shape, seed=seed)
+
+    def insertion_points(self, config: Config, model) -> list[str]:
+        return [f"gpt_neox.layers.{i}" for i in range(config.depth)]
+
+    def primary_layer(self, config: Config) -> str:
+        return f"gpt_neox.layers.{config.insertion_layer}"
+
+    def model_name(self, config: Config, width: int) -> str:
+        return f"pythia-d{width}-L{config.depth}"
+
+    def columns(self, config: Config) -> dict:
+        return {"depth": config.depth}
+
+
+FAMILY = PythiaFamily()
+TABLES = tables_of(FAMILY)
+
+
+def run(config: Config, out_dir: str | Path | None = None, force: bool = False) -> Path:
+    """Run the Pythia width sweep in each depth regime and write its tables (skipped when current, unless ``force``)."""
+    return run_experiment("pythia_width", TABLES, config, lambda c, out: run_sweeps(c.sweeps(), FAMILY, out),
+                          out_dir=out_dir, force=force, sharded=True)
+
+
+def dry_run(config: Config) -> str:
+    """Build the data and every model, time a few steps, and project the full run's wall time."""
+    return "\n".join(sweep_dry_run(c, FAMILY) for c in config.sweeps())
+
+
+if __name__ == "__main__":
+    main(Config, run, description=__doc__.splitlines()[0], dry_run=dry_run)

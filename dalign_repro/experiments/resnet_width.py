@@ -1,0 +1,302 @@
+"""ResNet-20 at several channel widths: d_align and misalignment against the width multiplier k.
+
+The ResNet family of the width sweep (:mod:`dalign_repro.sweep.run`): the CIFAR ResNet-20
+of :mod:`dalign_repro.models.resnet` with stages of 16k, 32k and 64k channels, depth
+and data held fixed and only k varied. A run's ``width`` is its first stage's
+channel count 16k (so k = width / 16). One sample is one image; its loss is the
+cross-entropy of its label; q at a residual block is the gradient of that loss with
+respect to the block's output, summed over positions — the gradient of a
+zero-initialized per-channel bias shared over positions (the ``shared`` reduction,
+dimension 16k, 32k or 64k by stage). q is captured in eval mode (BatchNorm on its
+running statistics), the only mode in which examples do not interact.
+
+Training is the CIFAR recipe of He et al. (2016): SGD with momentum 0.9, weight
+decay 1e-4, the rate divided by 10 at half and three quarters of training, random
+crop with padding 4 and horizontal flip. The ``paper`` profile runs it in full (200
+epochs at batch 128, peak rate 0.1) on CIFAR-10 and CIFAR-100. The ``cpu`` profile
+runs the same recipe for 500 steps of batch 64 (about 0.6 of an epoch, no
+augmentation: one pass sees no image twice; two rates per width) on Fashion-MNIST, which Debian ships,
+standing in for CIFAR-10 at k = 0.5 … 1.5; the CIFAR results need the real archives
+(``make data PROFILE=paper``).
+
+A run fails — reported, never part of a trend — when it diverges, when its held-out
+loss does not beat the class-prior baseline, or when its test accuracy falls below
+``min_test_accuracy``, a floor well under what ResNet-20 reaches on the data set.
+
+Run without Jupyter: ``python -m dalign_repro.experiments.resnet_width --profile gpu``
+(``--dry-run`` projects the wall time first).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from dalign_core._tensor import derived_seed
+from dalign_repro.data.images import load_images
+from dalign_repro.experiments._runner import main, run_experiment
+from dalign_repro.sweep.family import Family, Splits, SweepConfig, count
+from dalign_repro.models.resnet import resnet20, residual_block_names
+from dalign_repro.sweep.projection import dry_run as sweep_dry_run
+from dalign_repro.sweep.run import run_sweeps, tables_of
+from dalign_repro.training.evaluation import eval_mode
+
+STAGE_WIDTH = 16
+"""Channels of the first stage at k = 1: a run's width is ``STAGE_WIDTH * k``."""
+
+
+@dataclass(frozen=True)
+class Config(SweepConfig):
+    """The ResNet-20 sweep (defaults: the ``cpu`` profile; see ``PROFILES`` for the others)."""
+
+    widths: tuple[int, ...] = (8, 12, 16, 24)
+    """First-stage channels 16k: k = 0.5, 0.75, 1, 1.5."""
+    dataset: str = "fashion-mnist"
+    """``"fashion-mnist"`` (offline, stands in for CIFAR-10), ``"cifar10"``, ``"cifar100"`` or ``"synthetic"``."""
+    more_datasets: tuple[str, ...] = ()
+    """Further data sets, each a sweep of its own with the same settings (the paper: CIFAR-100 beside CIFAR-10)."""
+    data_root: str | None = None
+    """A folder holding the archives already (no network needed); default: the data cache."""
+    validation_images: int = 5000
+    """Training images set aside, at random, to choose the learning rate."""
+    steps: int = 500
+    batch_size: int = 64
+    seeds: int = 4
+    """As many as the budget allows; the power calculation (:meth:`power_plan`) asks for 18, and the chapter
+    states the slope 4 can detect."""
+    run_sd: float | None = 0.59
+    """Measured on the cpu tables of commit 7ac047d (the shared q): checkpoint SD 1.02 around a run's mean, 0.47
+    between runs of a width; with 9 late checkpoints a run's mean has SD 0.59."""
+    lr_trial_fraction: float = 1 / 3
+    lr_candidates: tuple[float, ...] = (0.05, 0.1, 0.2)
+    """Peak SGD rates; each width keeps the one with the lowest validation loss (BatchNorm makes the best rate
+    nearly width-independent, so the grid does not move with width)."""
+    warmup_steps: int = 30
+    weight_decay: float = 1e-4
+    momentum: float = 0.9
+    milestones: tuple[float, ...] = (0.5, 0.75)
+    """The rate is divided by 10 at these fractions of training (epochs 100 and 150 of 200)."""
+    augment: bool = False
+    """Random crop (padding 4) and horizontal flip of every training image."""
+    channels_last: bool = True
+    """Convolutions in NHWC memory order (:mod:`dalign_repro.models.resnet`): a training step takes 0.77-0.83 of
+    its NCHW time on this machine's CPU (``benchmarks/bench_resnet_memory.py``). The kernels sum in another order, so the trained weights differ at float
+    precision; the checkpoints are keyed by it."""
+    checkpoint_steps: tuple[int, ...] = (0, 50, 150, 340, 360, 380, 400, 420, 440, 460, 480, 500)
+    all_layer_steps: tuple[int, ...] | None = (0, 150, 340, 500)
+    train_pool_steps: tuple[int, ...] | None = (0, 500)
+    pool_size: int = 512
+    eval_examples: int = 1024
+    validation_examples: int = 1024
+    capture_batch: int = 128
+    budgets: tuple[tuple[int, int], ...] = ((4, 4), (16, 16), (32, 32), (64, 64))
+    insertion_block: str = "layer2.2"
+    """The residual block whose output is the primary insertion point (the end of the middle stage)."""
+    min_test_accuracy: float = 0.75
+    """A run below this test accuracy failed: it did not learn. Set well under what training reaches, so that it
+    never sorts runs that trained: the cpu sweep's 500 steps (0.58 epochs of Fashion-MNIST) reached 0.81-0.87 at
+    every width (commit 624f17e), where a floor of 0.85 had failed 7 of 16 runs that beat the class-prior
+    baseline by 1.8 nats or more."""
+
+    PROFILES = {
+        "smoke": dict(
+            dataset="synthetic", widths=(4, 8, 12), seeds=2, steps=30, batch_size=32, warmup_steps=3,
+            lr_candidates=(0.05, 0.1), checkpoint_steps=(0, 10, 20, 25, 30), train_pool_steps=None, pool_size=64,
+            all_layer_steps=None, run_sd=None, lr_trial_fraction=0.5,
+            eval_examples=128, validation_examples=64, validation_images=200, capture_batch=64,
+            budgets=((2, 2), (4, 4)), resamples=1_000, min_test_accuracy=0.5,
+        ),
+        # A classroom's run: 5.4 min for its chapter on 2 idle cores (measured 2026-12-02 with `make notebooks
+        # ONLY=04_resnet_width PROFILE=lab`, in NCHW order; every model at 0.81-0.85 test accuracy). Fashion-MNIST,
+        # 2 seeds of k = 0.5 / 0.75 / 1 for 300 steps at one rate, 0.05, with no rate fit (the cpu sweep's short
+        # trials choose between 0.025 and 0.2 across widths and runs); the test-accuracy floor is 0.7 (the cpu runs
+        # reached 0.85 in 500 steps; guessing scores 0.1). Wide slope intervals, as at LLaMA's.
+        "lab": dict(
+            widths=(8, 12, 16), seeds=2, steps=300, warmup_steps=20, lr_candidates=(0.05,), lr_extend=0,
+            lr_trial_fraction=1.0,
+            checkpoint_steps=(0, 50, 100, 200, 213, 225, 238, 250, 263, 275, 288, 300), all_layer_steps=(0, 300),
+            train_pool_steps=(0, 300), pool_size=256, eval_examples=512, validation_examples=512,
+            validation_images=2000, capture_batch=128, budgets=((4, 4), (16, 16), (32, 32)), resamples=5_000,
+            redundancy_examples=128, min_test_accuracy=0.7,
+        ),
+        "cpu": {},
+        # Minutes on one GPU: CIFAR-10 through its archive (make data PROFILE=gpu), 10 epochs at batch 128.
+        "gpu": dict(
+            dataset="cifar10", widths=(16, 32, 64, 128), batch_size=128, steps=3900, warmup_steps=0,
+            lr_candidates=(0.05, 0.1, 0.2), augment=True, checkpoint_steps=(0, 400, 1300, 2600, 3250, 3900),
+            train_pool_steps=(0, 3900), pool_size=1024, eval_examples=2048, budgets=((4, 4), (16, 16), (64, 64)),
+            min_test_accuracy=0.8, resume_points=2, all_layer_steps=None,
+        ),
+        # He et al.'s recipe: 200 epochs of 45k images at batch 128 (70,400 steps), k = 1 ... 8, both CIFARs.
+        "paper": dict(
+            dataset="cifar10", more_datasets=("cifar100",), widths=(16, 32, 64, 128), batch_size=128,
+            steps=70_400, warmup_steps=0, lr_candidates=(0.05, 0.1, 0.2), augment=True,
+            checkpoint_steps=(0, 3520, 17600, 35200, 52800, 56320, 63360, 70400),
+            train_pool_steps=(0, 35200, 70400), pool_size=2048, eval_examples=4096, validation_examples=2048,
+            budgets=((4, 4), (16, 16), (64, 64), (128, 128)), min_test_accuracy=0.88, max_epochs=250,
+            all_layer_steps=None,
+        ),
+    }
+
+    def __post_init__(self):
+        super().__post_init__()
+        bad = [w for w in self.widths if w < 1]
+        if bad:
+            raise ValueError(f"widths {bad} are not channel counts; a width is the first stage's channels, 16k")
+        if not 0 <= self.min_test_accuracy < 1:
+            raise ValueError(f"min_test_accuracy must be in [0, 1), got {self.min_test_accuracy}")
+        from dalign_repro.data.images import IMAGE_SETS
+
+        unknown = [name for name in (self.dataset, *self.more_datasets) if name not in IMAGE_SETS]
+        if unknown:  # here, not after the first data set's sweep has trained
+            raise ValueError(f"unknown image set(s) {unknown} in dataset/more_datasets; choose from "
+                             f"{', '.join(IMAGE_SETS)}")
+        blocks = [f"layer{stage}.{block}" for stage in (1, 2, 3) for block in (0, 1, 2)]  # ResNet-20's
+        if self.insertion_block not in blocks:
+            raise ValueError(f"insertion_block {self.insertion_block!r} is not a residual block of ResNet-20; choose "
+                             f"one of {', '.join(blocks)}")
+
+    def sweeps(self) -> list["Config"]:
+        """One sweep per data set (``dataset``, then ``more_datasets``)."""
+        return [replace(self, dataset=name, more_datasets=()) for name in (self.dataset, *self.more_datasets)]
+
+
+class ResNetFamily(Family):
+    """CIFAR ResNet-20 at channel widths 16k (see the module docstring)."""
+
+    name = "resnet"
+    reductions = ("full", "shared")
+    """The shared q at a block output lies almost wholly in the span of the next block's BatchNorm biases'
+    gradients (:mod:`dalign_core.capture.redundancy`): width claims are judged on the per-position q."""
+    training_fields = ("dataset", "validation_images", "momentum", "milestones", "augment", "channels_last")
+
+    def load_data(self, config: Config) -> Splits:
+        data = load_images(config.dataset, root=config.data_root)
+        if config.validation_images >= len(data.train_labels):
+            raise ValueError(f"validation_images={config.validation_images} leaves no training images of "
+                             f"{len(data.train_labels)}; set it lower")
+        # A fixed random split (the sweep's seed draws pools, not this): validation is never trained on.
+        order = torch.randperm(len(data.train_labels), generator=torch.Generator().manual_seed(
+            derived_seed("resnet-validation", config.dataset)))
+        held, kept = order[:config.validation_images], order[config.validation_images:]
+        return Splits(
+            train=(data.train_images[kept], data.train_labels[kept]),
+            validation=(data.train_images[held], data.train_labels[held]),
+            test=(data.test_images, data.test_labels), unit=f"{config.dataset} images",
+            summary={**data.summary, "num_classes": data.num_classes, "mean": list(data.mean), "std": list(data.std),
+                     "train": len(kept), "validation": len(held), "test": len(data.test_labels)},
+        )
+
+    def build(self, config: Config, width: int, seed: int, splits: Splits):
+        torch.manual_seed(seed)
+        return resnet20(width / STAGE_WIDTH, num_classes=splits.summary["num_classes"],
+                        normalize=(splits.summary["mean"], splits.summary["std"]), channels_last=config.channels_last)
+
+    def insertion_points(self, config: Config, model) -> list[str]:
+        return residual_block_names(model)
+
+    def primary_layer(self, config: Config) -> str:
+        return config.insertion_block
+
+    def model_name(self, config: Config, width: int) -> str:
+        return f"resnet20-k{width / STAGE_WIDTH:g}"
+
+    def columns(self, config: Config) -> dict:
+        return {"dataset": config.dataset}
+
+    def train_settings(self, config: Config) -> dict:
+        return dict(optimizer="sgd", momentum=config.momentum, schedule="step", milestones=config.milestones,
+                    grad_clip=None)
+
+    def __init__(self, augment: bool = False):
+        self.augment = augment
+
+    def batches(self, examples: tuple, batch_size: int) -> list:
+        images, labels = examples
+        return [(to_float(images[i:i + batch_size]), labels[i:i + batch_size])
+                for i in range(0, len(labels), batch_size)]
+
+    def train_loss(self, model, batch: tuple) -> torch.Tensor:
+        images, labels = batch
+        inputs = augment(to_float(images)) if self.augment else to_float(images)
+        return F.cross_entropy(model(inputs), labels)
+
+    @torch.no_grad()
+    def _scores(self, model, examples: tuple, config: Config) -> tuple[float, float]:
+        """(mean cross-entropy in nats, accuracy) of ``model`` on ``examples``, in eval mode."""
+        device = next(model.parameters()).device
+        nll, correct = 0.0, 0
+        with eval_mode(model):
+            for inputs, labels in self.batches(examples, config.capture_batch):
+                logits = model(inputs.to(device)).float()
+                labels = labels.to(device)
+                nll += float(F.cross_entropy(logits, labels, reduction="sum"))
+                correct += int((logits.argmax(dim=1) == labels).sum())
+        return nll / count(examples), correct / count(examples)
+
+    def heldout_metric(self, model, examples: tuple, config: Config) -> float:
+        return self._scores(model, examples, config)[0]
+
+    def quality(self, model, examples: tuple, config: Config) -> dict:
+        return {"test_accuracy": self._scores(model, examples, config)[1]}
+
+    def evaluate(self, model, examples: tuple, config: Config) -> tuple[float, dict]:
+        loss, accuracy = self._scores(model, examples, config)  # one pass over the evaluation images, not two
+        return loss, {"test_accuracy": accuracy}
+
+    def baseline(self, splits: Splits, examples: tuple, config: Config) -> float:
+        """Cross-entropy of predicting the training set's class frequencies (add-one smoothed)."""
+        classes = splits.summary["num_classes"]
+        frequency = (torch.bincount(splits.train[1], minlength=classes).double() + 1) / (count(splits.train) + classes)
+        return float(-frequency.log()[examples[1]].mean())
+
+    def failure(self, config: Config, heldout_loss: float, baseline: float, quality: dict) -> str:
+        reason = super().failure(config, heldout_loss, baseline, quality)
+        accuracy = quality["test_accuracy"]
+        if not reason and not accuracy >= config.min_test_accuracy:
+            reason = f"test accuracy {accuracy:.3f} is below the floor {config.min_test_accuracy:.2f}"
+        return reason
+
+
+
+def to_float(images: torch.Tensor) -> torch.Tensor:
+    """uint8 images → float in [0, 1] (the model normalizes them by the training set's statistics)."""
+    return images.float() / 255
+
+
+def augment(images: torch.Tensor, padding: int = 4) -> torch.Tensor:
+    """Random crop of each ``(b, C, H, W)`` image after zero padding by ``padding``, then a random horizontal flip.
+
+    Draws from the global torch generator, whose state every resume point saves, so a
+    resumed run draws the same crops and flips as an uninterrupted one.
+    """
+    b, _, height, width = images.shape
+    padded = F.pad(images, (padding,) * 4)
+    rows = torch.randint(0, 2 * padding + 1, (b,)).tolist()
+    cols = torch.randint(0, 2 * padding + 1, (b,)).tolist()
+    flips = torch.rand(b) < 0.5
+    out = torch.stack([padded[i, :, r:r + height, c:c + width] for i, (r, c) in enumerate(zip(rows, cols))])
+    return torch.where(flips.view(b, 1, 1, 1).to(images.device), out.flip(3), out)
+
+
+FAMILY = ResNetFamily()
+TABLES = tables_of(FAMILY)
+
+
+def run(config: Config, out_dir: str | Path | None = None, force: bool = False) -> Path:
+    """Run the ResNet width sweep on each data set and write its tables (skipped when current, unless ``force``)."""
+    return run_experiment("resnet_width", TABLES, config,
+                          lambda c, out: run_sweeps(c.sweeps(), ResNetFamily(augment=c.augment), out), out_dir=out_dir,
+                          force=force, sharded=True)
+
+
+def dry_run(config: Config) -> str:
+    """Build the data and every model, time a few steps, and project the full run's wall time."""
+    return "\n".join(sweep_dry_run(c, ResNetFamily(augment=c.augment)) for c in config.sweeps())
+
+
+if __name__ == "__main__":
+    main(Config, run, description=__doc__.splitlines()[0], dry_run=dry_run)

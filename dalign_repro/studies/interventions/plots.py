@@ -1,0 +1,224 @@
+"""Figures of the interventions chapter, drawn for the book's column with :func:`dalign_repro.report.plots.style`.
+
+Each function takes ``interventions.csv`` (or a frame
+:mod:`dalign_repro.studies.interventions` derives from it) and returns one Figure.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+
+from dalign_repro.studies.interventions.draws import FAMILY_NAMES, PAPER_RETENTION, Z_BINS
+from dalign_repro.studies.interventions.retention import retention_curve
+from dalign_repro.report.figure_style import COLUMN_WIDTH, empty, legend_below, log_ticks
+
+__all__ = ["retention_curves", "conditional_by_step", "curvature_check", "sign_by_size",
+           "rates_beside_certificates", "out_of_sample_curves"]
+
+KIND_NAMES = {"bias": "shared bias", "block": "zero-output block"}
+
+
+def _family_colors(families) -> dict:
+    families = sorted(set(families))
+    return dict(zip(families, sns.color_palette("colorblind", len(families))))
+
+
+def retention_curves(table: pd.DataFrame, low: float = -0.5) -> plt.Figure:
+    """Retention (observed / predicted on K) against the step δ over the draws that predict a decrease: the median
+    per family with its middle half shaded; a panel per insertion.
+
+    The paper's 96-99 % band is shaded grey; medians below ``low`` (curvature has long
+    taken over) sit on the panel's floor.
+    """
+    fig, axes = plt.subplots(1, 2, figsize=(COLUMN_WIDTH, 3.3), sharey=True)
+    curves = {kind: retention_curve(table, kind) for kind in ("bias", "block")}
+    if all(c.empty or not c.draws.any() for c in curves.values()):
+        for ax in axes:
+            empty(ax, "no draw predicted a decrease")
+        return fig
+    colors = _family_colors(pd.concat(curves.values()).family)
+    for ax, kind in zip(axes, ("bias", "block")):
+        ax.axhspan(*PAPER_RETENTION, color="0.85", zorder=0, label="paper: 96–99%")
+        ax.axhline(1.0, color="0.4", lw=0.8)
+        for family, curve in (curves[kind].groupby("family") if len(curves[kind]) else ()):
+            curve = curve[curve.draws > 0].sort_values("train_decrease")
+            ax.fill_between(curve.train_decrease, curve.q25.clip(lower=low), curve.q75.clip(lower=low),
+                            color=colors[family], alpha=0.2, lw=0)
+            ax.plot(curve.train_decrease, curve["median"].clip(lower=low), marker="o", ms=3, lw=1.2,
+                    color=colors[family], label=FAMILY_NAMES.get(family, family))
+        ax.set_xscale("log")
+        if len(curves[kind]):
+            log_ticks(ax.xaxis, curves[kind].train_decrease)
+        ax.set_ylim(low, 1.5)
+        ax.set_title(KIND_NAMES[kind])
+        ax.set_xlabel(r"step $\delta$ (train-loss decrease, nats)")
+    axes[0].set_ylabel("retention on K (Taylor's theorem)\n" r"$\Delta L_K / (-\eta\,\langle G_M, G_K\rangle)$")
+    legend_below(fig, axes, ncols=4)
+    return fig
+
+
+def conditional_by_step(cond: pd.DataFrame, kind: str = "bias") -> plt.Figure:
+    """P(ΔL_E < 0 | μ_Mᵀg_K > 0) (filled) and P(ΔL_E < 0 | μ_Mᵀg_K ≤ 0) (open) with Wilson intervals, along the
+    single steps δ and the optimizer steps, per family (``cond``: :func:`conditional_decrease`)."""
+    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH, 3.3))
+    part = cond[cond.kind == kind] if len(cond) else cond
+    if part.empty:
+        empty(ax, "no draw")
+        return fig
+    single = sorted(part[part.optimizer_steps == 0].train_decrease.unique())
+    trained = sorted(part[part.optimizer_steps > 0].optimizer_steps.unique())
+    labels = [f"δ={d:g}" for d in single] + [f"{n} steps" for n in trained]
+    position = {("single", d): i for i, d in enumerate(single)}
+    position.update({("trained", n): len(single) + i for i, n in enumerate(trained)})
+    colors = _family_colors(part.family)
+    families = sorted(part.family.unique())
+    offsets = np.linspace(-0.15, 0.15, len(families)) if len(families) > 1 else [0.0]
+    for offset, family in zip(offsets, families):
+        rows = part[part.family == family]
+        x = np.array([position[("trained", r.optimizer_steps) if r.optimizer_steps else ("single", r.train_decrease)]
+                      for r in rows.itertuples()]) + offset
+        for name, fill, shift in (("pos", colors[family], 0.0), ("nonpos", "none", 0.06)):
+            p, lo, hi = rows[f"p_{name}"], rows[f"p_{name}_lo"], rows[f"p_{name}_hi"]
+            ax.errorbar(x + shift, p, yerr=[p - lo, hi - p], fmt="o", mfc=fill, color=colors[family], capsize=3,
+                        label=f"{FAMILY_NAMES.get(family, family)}, " + (r"$\mu_M^\top g_K > 0$" if name == "pos"
+                                                                         else r"$\leq 0$"))
+    ax.axhline(0.5, color="0.5", lw=0.8, ls=":")
+    ax.axvline(len(single) - 0.5, color="0.7", lw=0.8)
+    ax.set_xticks(range(len(labels)), labels)
+    ax.set_ylim(-0.02, 1.05)
+    ax.set_ylabel(r"share with $\Delta L_E < 0$")
+    legend_below(fig, ax, ncols=3)
+    return fig
+
+
+def curvature_check(table: pd.DataFrame) -> plt.Figure:
+    """|observed − predicted| against the exact curvature term |½η²uᵀH_K u|.
+
+    On the diagonal, second order explains the departure from first order."""
+    study = table[(table.study == "retention")] if len(table) else table
+    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH * 0.62, 3.4))
+    gap, curve = (study.observed - study.predicted).abs(), study.second_order.abs()
+    keep = (gap > 0) & (curve > 0) if len(study) else []
+    if not len(study) or not keep.any():
+        empty(ax, "no trained model")
+        return fig
+    colors = _family_colors(study.family)
+    for (family, kind), part in study[keep].groupby(["family", "kind"]):
+        ax.scatter(curve[part.index], gap[part.index], s=14, color=colors[family],
+                   marker="o" if kind == "bias" else "^", alpha=0.8,
+                   label=f"{FAMILY_NAMES.get(family, family)}, {KIND_NAMES[kind]}")
+    span = [min(curve[keep].min(), gap[keep].min()), max(curve[keep].max(), gap[keep].max())]
+    ax.plot(span, span, color="0.3", lw=0.8, ls="--", label="equal")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    log_ticks(ax.xaxis, span)
+    log_ticks(ax.yaxis, span)
+    ax.set_xlabel(r"$|\frac{1}{2}\eta^2 u^\top H_K u|$ (nats)")
+    ax.set_ylabel(r"$|\Delta L_K - \mathrm{predicted}|$ (nats)")
+    legend_below(fig, ax, ncols=2)
+    return fig
+
+
+def sign_by_size(agreement: pd.DataFrame) -> plt.Figure:
+    """Sign agreement against the size of the statistic, ``|μ_Mᵀg_K| / sd``, per family (Wilson intervals)."""
+    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH, 3.2))
+    bins = [b for b in agreement.z_bin.unique() if b != "all"] if len(agreement) else []
+    if not bins:
+        empty(ax, "no draw")
+        return fig
+    order = [str(pd.Interval(lo, hi, closed="left")) for lo, hi in zip(Z_BINS[:-1], Z_BINS[1:])]
+    order = [b for b in order if b in bins]
+    colors = _family_colors(agreement.family)
+    families = sorted(agreement.family.unique())
+    offsets = np.linspace(-0.2, 0.2, len(families)) if len(families) > 1 else [0.0]
+    for offset, family in zip(offsets, families):
+        part = agreement[(agreement.family == family) & (agreement.z_bin != "all")].set_index("z_bin").reindex(order)
+        x = np.arange(len(order)) + offset
+        ax.errorbar(x, part.agree, yerr=[part.agree - part.agree_lo, part.agree_hi - part.agree], fmt="o",
+                    color=colors[family], capsize=3, label=FAMILY_NAMES.get(family, family))
+    ax.axhline(0.5, color="0.5", lw=0.8, ls=":", label="a coin")
+    labels = [b.replace("inf", r"\infty").replace("[", "$[").replace(")", ")$") for b in order]
+    ax.set_xticks(range(len(order)), labels)
+    ax.set_xlabel(r"$|\mu_M^\top g_K|$ / its standard deviation over draws")
+    ax.set_ylabel("sign agreement")
+    ax.set_ylim(0, 1.05)
+    legend_below(fig, ax, ncols=4)
+    return fig
+
+
+def rates_beside_certificates(frame: pd.DataFrame) -> plt.Figure:
+    """Left: how often the step raised the loss on E against how often μ_Mᵀg_K ≤ 0. Right: the share of draws
+    with μ_Mᵀg_K > 0 against the lower bound 1 − B_align it must clear (held-out/held-out draws, where it applies):
+    the certificate holds where a point is on or above the diagonal."""
+    fig, axes = plt.subplots(1, 2, figsize=(COLUMN_WIDTH, 3.4))
+    if frame.empty:
+        for ax in axes:
+            empty(ax, "no draw")
+        return fig
+    colors = _family_colors(frame.family)
+    for (family, setting), part in frame.groupby(["family", "setting"]):
+        filled = setting == "heldout/heldout"
+        axes[0].scatter(part.p_misaligned, part.p_raised, s=22, color=colors[family] if filled else "none",
+                        edgecolors=colors[family], label=f"{FAMILY_NAMES.get(family, family)}, {setting}")
+    covered = frame[frame.setting == "heldout/heldout"].dropna(subset=["b_align"])
+    for family, part in covered.groupby("family"):
+        axes[1].errorbar(part.one_minus_b_align, part.share_positive,
+                         yerr=[part.share_positive - part.share_positive_lo,
+                               part.share_positive_hi - part.share_positive],
+                         fmt="o", color=colors[family], capsize=2, label=FAMILY_NAMES.get(family, family))
+    for ax in axes:
+        ax.plot([0, 1], [0, 1], color="0.3", lw=0.8, ls="--")
+        ax.set_xlim(-0.02, 1.02)
+        ax.set_ylim(-0.02, 1.02)
+    axes[0].set_xlabel(r"share of draws with $\mu_M^\top g_K \leq 0$")
+    axes[0].set_ylabel("share of steps that raised $L_E$")
+    axes[1].set_xlabel(r"$1 - B_{\mathrm{align}}$")
+    axes[1].set_ylabel(r"share with $\mu_M^\top g_K > 0$")
+    axes[0].legend(fontsize=8.5, loc="upper left")
+    if len(covered):
+        axes[1].legend(loc="lower right")
+    return fig
+
+
+def out_of_sample_curves(curve: pd.DataFrame, low: float = -0.5, high: float = 1.5) -> plt.Figure:
+    """Retention out of sample against δ (an :func:`~dalign_repro.studies.interventions.retention.out_of_sample_retention`
+    frame), one panel per family: ΔL_E over the prediction from g_K (solid, with its interval over models) and from
+    μ_M (dotted) beside ΔL_K over the prediction from g_K (dashed: the same-sample curve, Taylor's theorem). Steps
+    stated as fractions of one optimizer step are the open markers, at their median δ. Shared-bias steps; the
+    retention study's float64 steps where it measured E, else the sign study's train/held-out steps."""
+    families = sorted(set(curve.family)) if len(curve) else []
+    fig, axes = plt.subplots(1, max(len(families), 1), figsize=(COLUMN_WIDTH, 3.2), sharey=True, squeeze=False)
+    axes = axes[0]
+    if not families:
+        empty(axes[0], "no step measured on E")
+        return fig
+    for ax, family in zip(axes, families):
+        part = curve[curve.family == family]
+        part = part[part.source == "retention"] if (part.source == "retention").any() else \
+            part[part.setting == "train/heldout"]
+        grid = part[part.step_fraction.isna()].sort_values("train_decrease")
+        ax.axhspan(*PAPER_RETENTION, color="0.85", zorder=0, label="paper: 96–99%")
+        ax.axhline(1.0, color="0.4", lw=0.8)
+        ax.plot(grid.train_decrease, grid.same_sample.clip(low, high), ls="--", color="0.3", marker=".",
+                label="on K (Taylor's theorem)")
+        ax.fill_between(grid.train_decrease, grid.from_g_lo.clip(low, high), grid.from_g_hi.clip(low, high),
+                        color="C0", alpha=0.2, lw=0)
+        ax.plot(grid.train_decrease, grid.from_g.clip(low, high), color="C0", marker="o", ms=3,
+                label=r"on E, predicted from $g_K$")
+        ax.plot(grid.train_decrease, grid.from_mu.clip(low, high), color="C1", ls=":", marker="s", ms=3,
+                label=r"on E, predicted from $\mu_M$")
+        fractions = part[part.step_fraction.notna()]
+        if len(fractions):
+            ax.scatter(fractions.train_decrease, fractions.from_g.clip(low, high), facecolors="none",
+                       edgecolors="C0", s=30, label="fraction of an optimizer step")
+        ax.set_xscale("log")
+        log_ticks(ax.xaxis, part.train_decrease)
+        ax.set_ylim(low, high)
+        ax.set_title(FAMILY_NAMES.get(family, family))
+        ax.set_xlabel(r"step $\delta$ (nats)")
+    axes[0].set_ylabel("median retention")
+    legend_below(fig, axes, ncols=3)
+    return fig

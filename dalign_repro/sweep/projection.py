@@ -1,0 +1,146 @@
+"""The dry run: build every model, time a few training steps, a capture, an evaluation and the redundancy check
+at each width, and project the full sweep's time, on this machine and shared among devices.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from dalign_repro.training import distributed
+from dalign_repro.training import workers
+from dalign_core.device import resolve_device
+from dalign_repro.sweep.family import Family, SweepConfig, count, take
+from dalign_core.capture.hooks import accumulate_geometry
+from dalign_repro.sweep.measure import _redundancy, checkpoint_pool
+from dalign_repro.sweep.plan import _job_grid, _planned_checks, trainings
+from dalign_repro.sweep.pools import prepare
+from dalign_repro.training.loop import TrainConfig, train
+
+__all__ = ["dry_run"]
+
+
+def dry_run(config: SweepConfig, family: Family, steps: int = 2) -> str:
+    """Build the data and every model, time ``steps`` training steps, one capture batch, one evaluation batch and the
+    redundancy check on one batch, and project the full run.
+
+    Each model first takes ``steps`` warm-up steps; on a GPU at least 20 steps are timed.
+
+    Returns the projection as text, the arithmetic shown. Nothing is
+    written to the results folder and no checkpoint is kept.
+    """
+    device = resolve_device(config.device)
+    # A GPU's clocks ramp up over the first fraction of a second: a couple of steps overstate its step time
+    # (seen on an H200: 472 ms/step timed over 2 steps where whole runs went more than twice as fast).
+    steps = steps if device.type == "cpu" else max(steps, 20)
+    splits, facts, pools = prepare(config, family)
+    heldout, evaluation = take(splits.test, pools.heldout), take(splits.test, pools.evaluation)
+    runs_at = trainings(config)  # full-run equivalents at each width, from the sweep's job grid
+    # pool captures per measured run, in pools' worth of examples (each checkpoint's share is checkpoint_pool's), as
+    # _measure makes them: every layer at all_layer_steps, else the primary one; all reductions share each pass
+    passes = [(step in config.train_pool_checkpoints) + 1 for step in config.checkpoint_steps]
+    share = [len(checkpoint_pool(config, torch.arange(config.pool_size), step)) / config.pool_size
+             for step in config.checkpoint_steps]
+    every_layer = sum(n * f for step, n, f in zip(config.checkpoint_steps, passes, share) if config.layer_steps(step))
+    primary_only = sum(n * f for n, f in zip(passes, share)) - every_layer
+    pool_passes = every_layer + primary_only
+    lines = [f"dry run of {family.name} at profile {config.profile} on {device}: {count(splits.train)} train, "
+             f"{count(splits.validation)} validation, {count(splits.test)} test {splits.unit}; "
+             f"{facts['epochs']:.2f} epochs per run",
+             f"rate fit ({config.lr_fit}): {len(config.lr_candidates)} trials of {config.trial_steps} steps at "
+             + ("every width" if len(config.fitted_widths) > 1 else f"N={config.fitted_widths[0]}")
+             + (f", then 2 trainings at N={max(config.widths)} for the full-length check" if config.full_check else "")
+             + " (grid extensions not counted)",
+             f"per width: {config.seeds} measured runs x "
+             f"{pool_passes:.3g} pool captures ({every_layer:.3g} at every insertion point, {primary_only:.3g} at the "
+             f"primary one; {len(family.reductions)} reduction(s) from each backward pass) of {config.pool_size} "
+             f"examples" + (f" (checkpoints before the last capture {min(share) * config.pool_size:.0f} of them)"
+                            if min(share) < 1 else "")]
+    total = 0.0
+    training_seconds, measuring_seconds = {}, {}
+    from tqdm import tqdm  # a width's timing takes minutes at the gpu profile: show progress with an ETA
+
+    for width in tqdm(config.widths, desc=f"dry run of {family.name}: timing each width", unit="width",
+                      disable=None):
+        model = family.build(config, width, config.seed, splits).to(device)
+        probe = TrainConfig(steps=steps, batch_size=config.batch_size, lr=min(config.lr_grid(width)),
+                            seed=config.seed, autocast_dtype=config.autocast_dtype, progress=False,
+                            **family.train_settings(config))
+        train(model, splits.train, probe, loss_fn=family.train_loss)  # warm-up: kernels, allocator, caches
+        _sync(device)
+        start = time.perf_counter()
+        train(model, splits.train, probe, loss_fn=family.train_loss)
+        _sync(device)
+        per_step = (time.perf_counter() - start) / steps
+        model.eval()
+        batch = family.batches(take(heldout, torch.arange(min(config.capture_batch, count(heldout)))),
+                                config.capture_batch)
+        per_capture = {}
+        for which, layers in (("every", family.insertion_points(config, model)), ("primary", [family.primary_layer(config)])):
+            accumulate_geometry(model, layers, batch, reduction=list(family.reductions), device=device)  # warm-up
+            _sync(device)
+            start = time.perf_counter()
+            accumulate_geometry(model, layers, batch, reduction=list(family.reductions), device=device,
+                                check_determinism=False)
+            _sync(device)
+            per_capture[which] = (time.perf_counter() - start) * config.pool_size / config.capture_batch
+        # the rest of a measured run: the held-out evaluation at every checkpoint, the capture of the evaluation
+        # set for the certificates' out-of-sample check, and the redundancy check's per-example gradients
+        probe_examples = take(evaluation, torch.arange(min(config.capture_batch, count(evaluation))))
+        family.evaluate(model, probe_examples, config)  # warm-up
+        _sync(device)
+        start = time.perf_counter()
+        family.evaluate(model, probe_examples, config)
+        _sync(device)
+        per_evaluation = (time.perf_counter() - start) * config.eval_examples / count(probe_examples)
+        per_redundancy = 0.0
+        if config.redundancy_examples:
+            probe = min(config.redundancy_examples, config.capture_batch, count(heldout))
+            _redundancy(config, family, model, heldout, min(8, probe), device, config.seed)  # warm-up, as above
+            _sync(device)
+            start = time.perf_counter()
+            _redundancy(config, family, model, heldout, probe, device, config.seed)
+            _sync(device)
+            per_redundancy = (time.perf_counter() - start) * config.redundancy_examples / probe
+        training = per_step * config.steps * runs_at[width]
+        per_run = (per_capture["every"] * every_layer + per_capture["primary"] * primary_only
+                   + per_evaluation * len(config.checkpoint_steps)
+                   + per_capture["primary"] * config.eval_examples / config.pool_size + per_redundancy)
+        measuring = per_run * config.seeds
+        total += training + measuring
+        training_seconds[width], measuring_seconds[width] = per_step * config.steps, per_run
+        lines.append(f"  N={width}: {per_step * 1e3:.1f} ms/step x {config.steps} steps x {runs_at[width]:.3g} = "
+                     f"{training:.0f} s training; ({per_capture['every']:.2f} s x {every_layer:.3g} + "
+                     f"{per_capture['primary']:.2f} s x {primary_only:.3g} capture, {per_evaluation:.2f} s x "
+                     f"{len(config.checkpoint_steps)} evaluation, {per_redundancy:.2f} s redundancy) per run x "
+                     f"{config.seeds} = {measuring:.0f} s measuring")
+        del model
+    lines.append(f"projected: {_seconds(total)} s ({total / 60:.1f} min) plus resampling and start-up")
+    def shared(world: int) -> float:  # the plan's makespan: rates, their check, then seeds, longest job first
+        sizes = distributed.ranks_per_job(config.widths, world)
+        trials, runs = _job_grid(config, sizes, training_seconds, measuring_seconds)
+        checks = _planned_checks(config, sizes, training_seconds)
+        return sum(max((a.end for a in distributed.plan(jobs, world)), default=0.0) for jobs in (trials, checks, runs))
+
+    local = workers.count() if distributed.context().world_size == 1 else 1
+    if local > 1:  # what a plain `python -m ...` on this machine does by default
+        seconds = shared(local)
+        lines.append(f"on this machine's {local} one-thread workers (the default; DALIGN_WORKERS): "
+                     f"{_seconds(seconds)} s ({seconds / 60:.1f} min), if nothing else runs")
+    for world in sorted({8, distributed.context().world_size} - {1}):
+        seconds = shared(world)
+        lines.append(f"on {world} such devices sharing the jobs (torchrun --nproc_per_node={world}; the plan of "
+                     f"dalign_repro.training.distributed, rates first, then seeds): {_seconds(seconds)} s "
+                     f"({seconds / 60:.1f} min)")
+    return "\n".join(lines)
+
+
+def _seconds(seconds: float) -> str:
+    """Seconds to at least 4 significant digits, and no exponent: a short toy run's projection stays readable."""
+    return f"{seconds:.0f}" if seconds >= 1000 else f"{seconds:.4g}"
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

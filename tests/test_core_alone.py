@@ -1,0 +1,118 @@
+"""dalign_core runs with only its requirements: torch, numpy and tqdm (and what they themselves require).
+
+A subprocess blocks every other package from import (an allow-list of installed distributions: torch, numpy and
+tqdm with the distributions they require; the standard library, dalign_core and the user's own modules pass), then measures d_align on a small residual model through the
+API and through the ``dalign estimate`` command. The extras (transformers, pandas, scipy, torchvision, the
+reproduction dalign_repro, …) must not be needed for either.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+BLOCKER = textwrap.dedent('''
+    import importlib.abc, importlib.metadata as md, re, sys
+
+    def _closure(names):
+        seen, todo = set(), list(names)
+        while todo:
+            name = todo.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            try:
+                requires = md.requires(name) or []
+            except md.PackageNotFoundError:
+                continue
+            todo += [re.split(r"[ ;<>=!~\\[(]", r, maxsplit=1)[0] for r in requires if "extra ==" not in r]
+        return {n.lower().replace("_", "-") for n in seen}
+
+    ALLOWED_DISTS = _closure(["torch", "numpy", "tqdm"])
+    OWNERS = md.packages_distributions()
+    BLOCKED = []
+
+    class Blocker(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            top = name.partition(".")[0]
+            if top in sys.stdlib_module_names or top in ("dalign_core", "_distutils_hack"):
+                return None
+            dists = {d.lower().replace("_", "-") for d in OWNERS.get(top, [])}
+            if top == "dalign_repro" or (dists and not dists <= ALLOWED_DISTS):  # a user's own module has no owner
+                BLOCKED.append(top)
+                raise ModuleNotFoundError(f"No module named {top!r} (blocked: not a requirement of dalign_core)")
+            return None
+
+    sys.meta_path.insert(0, Blocker())
+''')
+
+MODEL = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+    class Residual(nn.Module):
+        def __init__(self, width):
+            super().__init__()
+            self.norm, self.linear = nn.LayerNorm(width), nn.Linear(width, width)
+
+        def forward(self, x):
+            return x + self.linear(self.norm(x))
+
+    def build(width=16, classes=3):
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(8, width), Residual(width), Residual(width), nn.Linear(width, classes))
+''')
+
+API = textwrap.dedent('''
+    import json, torch
+    import dalign_core
+    from alone_model import build
+
+    model = build()
+    generator = torch.Generator().manual_seed(1)
+    inputs, targets = torch.randn(64, 8, generator=generator), torch.randint(0, 3, (64,), generator=generator)
+    q = dalign_core.activation_gradients(model, "1", inputs, targets)  # cross-entropy per example
+    geometry = dalign_core.estimate_geometry(q)
+    print(json.dumps(dict(shape=list(q.shape), d_align=geometry.d_align, b_exact=geometry.b_exact(32, 32),
+                          b_align=geometry.b_align(32, 32), blocked=sorted(set(BLOCKED)))))
+''')
+
+
+def _run(code: str, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {"PYTHONPATH": f"{cwd}:{ROOT}", "PATH": "/usr/bin:/bin", "HOME": str(cwd)}
+    return subprocess.run([sys.executable, "-c", BLOCKER + code, *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=300, env=env)
+
+
+def test_core_measures_d_align_with_only_its_requirements(tmp_path):
+    (tmp_path / "alone_model.py").write_text(MODEL)
+    done = _run(API, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["shape"] == [64, 16]
+    assert result["d_align"] >= 0 and 0 < result["b_exact"] <= result["b_align"] <= 1
+
+
+def test_the_command_runs_with_only_the_core_requirements(tmp_path):
+    (tmp_path / "alone_model.py").write_text(MODEL)
+    make = textwrap.dedent('''
+        import torch
+        from alone_model import build
+        torch.save(build().state_dict(), "state.pt")
+        g = torch.Generator().manual_seed(1)
+        torch.save({"inputs": torch.randn(64, 8, generator=g), "targets": torch.randint(0, 3, (64,), generator=g)},
+                   "data.pt")
+    ''')
+    assert _run(make, tmp_path).returncode == 0
+    command = ("import sys\nfrom dalign_core.cli import main\n"
+               "sys.argv = ['dalign'] + sys.argv[1:]\ncode = main()\n"
+               "print('blocked:', sorted(set(BLOCKED)), file=sys.stderr)\nsys.exit(code)\n")
+    done = _run(command, tmp_path, "estimate", "--arch", "alone_model:build", "--model", "state.pt", "--data",
+                "data.pt", "--layer", "1", "--examples", "64", "--quiet")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "d_align" in done.stdout
