@@ -1,15 +1,17 @@
-"""dalign_core: measure the effective alignment dimension d_align of activation gradients.
+"""dalign_core: measure the effective alignment dimension d_align of a model's activation gradients.
 
-The bottom of the library knows nothing of models or files:
+The small library an engineer installs alone (torch, numpy and tqdm), in rooms bottom first:
 
-* :mod:`dalign_core.geometry.bounds` — exact moments, effective dimensions, B_exact and B_align.
-* :mod:`dalign_core.geometry.estimators` — unbiased Gram U-statistics from per-example gradients.
+* :mod:`dalign_core.geometry` — no model, no file: the exact moments and bounds (d_∥, d_2, d_align, B_exact,
+  B_align), the unbiased Gram U-statistics, the streamed accumulator, misalignment resampling.
+* :mod:`dalign_core.capture` — q = dℓ/dz at an insertion point for every example from one backward pass of the
+  summed loss, with the refusals that keep it exact and a self-check.
+* :mod:`dalign_core.growth` — what a growth method reads at each insertion point before it grows there.
+* :mod:`dalign_core.cli` — the ``dalign`` command (``estimate``, ``layers``, ``rank``) and its model loading.
 
-Beside them, :mod:`dalign_repro.config` holds the profiles (smoke, cpu, gpu, paper),
-the repository root and the experiments' config base class, and
-:mod:`dalign_core.atomic` the atomic file writes. Above them,
-:mod:`dalign_repro.report.results` writes results with provenance and
-:mod:`dalign_repro.experiments` ties data, models and estimators together.
+:mod:`dalign_core.atomic` writes files by temporary name and rename; :mod:`dalign_core.device` resolves where a
+process computes. The reproduction of the paper (:mod:`dalign_repro`) is built on this package and never
+imported by it.
 """
 
 from __future__ import annotations

@@ -32,12 +32,24 @@ def _requirement_name(requirement: str) -> str:
     return requirement.strip().lower().replace("_", "-")
 
 
-def _module_level_and_lazy_imports() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
-    """Top-level third-party names imported by dalign_core: {name: files} at module level and inside functions."""
+def _extra(name: str) -> set[str]:
+    """The distributions of extra ``name``, with the extras it names (``dalign[hf,vision]``) expanded."""
+    found = set()
+    for requirement in PROJECT["optional-dependencies"][name]:
+        if _requirement_name(requirement) == "dalign":
+            for inner in requirement.split("[", 1)[1].rstrip("]").split(","):
+                found |= _extra(inner.strip())
+        else:
+            found.add(_requirement_name(requirement))
+    return found
+
+
+def _module_level_and_lazy_imports(package: str = "dalign_core") -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """Top-level third-party names imported by ``package``: {name: files} at module level and inside functions."""
     stdlib = set(sys.stdlib_module_names)
     eager: dict[str, set[str]] = {}
     lazy: dict[str, set[str]] = {}
-    for path in sorted((REPO_ROOT / "dalign_core").rglob("*.py")):
+    for path in sorted((REPO_ROOT / package).rglob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         inside = {id(node) for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
                   for node in ast.walk(fn)}
@@ -50,7 +62,7 @@ def _module_level_and_lazy_imports() -> tuple[dict[str, set[str]], dict[str, set
                 continue
             for name in names:
                 top = name.split(".")[0]
-                if top in stdlib or top == "dalign_core" or top == "__future__":
+                if top in stdlib or top in ("dalign_core", "dalign_repro", "__future__"):
                     continue
                 (lazy if id(node) in inside else eager).setdefault(top, set()).add(path.name)
     return eager, lazy
@@ -76,24 +88,28 @@ def test_version_has_one_source():
 def test_every_package_is_listed():
     """pyproject lists the packages (to map data_manifests/ into the package); a new subpackage must be added."""
     listed = set(PYPROJECT["tool"]["setuptools"]["packages"])
-    found = {".".join(p.relative_to(REPO_ROOT).parts[:-1]) for p in (REPO_ROOT / "dalign_core").rglob("__init__.py")}
+    found = {".".join(p.relative_to(REPO_ROOT).parts[:-1]) for package in ("dalign_core", "dalign_repro")
+             for p in (REPO_ROOT / package).rglob("__init__.py")}
     assert listed - {"dalign_repro.data_manifests"} == found
     assert PYPROJECT["tool"]["setuptools"]["package-dir"] == {"dalign_repro.data_manifests": "data_manifests"}
 
 
 def test_every_third_party_import_is_declared_and_optional_ones_are_lazy():
-    eager, lazy = _module_level_and_lazy_imports()
+    """The core imports at module level only its requirements (the rest lazily, from an extra); the reproduction
+    imports at module level only those and the repro extra (the figures' modules: the plots extra)."""
     required = {_requirement_name(r) for r in PROJECT["dependencies"]}
-    optional = {_requirement_name(r) for extra in PROJECT["optional-dependencies"].values() for r in extra}
-    for name, files in {**lazy, **eager}.items():
-        dist = DISTRIBUTION.get(name, name).lower().replace("_", "-")
-        assert dist in required | optional, f"{name} (imported in {sorted(files)}) is in no dependency or extra"
-    book = {_requirement_name(r) for r in PROJECT["optional-dependencies"]["book"]}
-    for name, files in eager.items():
-        dist = DISTRIBUTION.get(name, name).lower().replace("_", "-")
-        if dist in book and files <= PLOT_MODULES:  # the book's figures: modules that need the book extra
-            continue
-        assert dist in required, f"{name} is optional but imported at module level in {sorted(files)}"
+    optional = set().union(*(_extra(name) for name in PROJECT["optional-dependencies"]))
+    for package, allowed in (("dalign_core", required), ("dalign_repro", required | _extra("repro"))):
+        eager, lazy = _module_level_and_lazy_imports(package)
+        for name, files in {**lazy, **eager}.items():
+            dist = DISTRIBUTION.get(name, name).lower().replace("_", "-")
+            assert dist in required | optional, f"{name} (imported in {sorted(files)}) is in no dependency or extra"
+        for name, files in eager.items():
+            dist = DISTRIBUTION.get(name, name).lower().replace("_", "-")
+            if dist in _extra("plots") and files <= PLOT_MODULES:  # the book's figures: they need the plots extra
+                continue
+            assert dist in allowed, f"{package}: {name} is optional but imported at module level in {sorted(files)}"
+    eager, lazy = _module_level_and_lazy_imports("dalign_core")
     assert "datasets" in lazy and "datasets" not in eager
     assert any(_requirement_name(r) == "datasets" for r in PROJECT["optional-dependencies"]["hub"])
 
@@ -140,7 +156,7 @@ def test_wheel_installed_outside_the_repository(tmp_path):
     source.mkdir()
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy2(REPO_ROOT / name, source / name)
-    for name in ("dalign_core", "data_manifests"):
+    for name in ("dalign_core", "dalign_repro", "data_manifests"):
         shutil.copytree(REPO_ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
     dist = tmp_path / "dist"
     run = dict(capture_output=True, text=True, timeout=600, env={**os.environ, "PIP_NO_INPUT": "1"})
@@ -282,8 +298,9 @@ def test_classifiers_urls_and_py_typed_are_declared():
     minimum = PROJECT["requires-python"].removeprefix(">=")
     assert f"Programming Language :: Python :: {minimum}" in classifiers
     assert PROJECT["urls"] and all(url.startswith("https://") for url in PROJECT["urls"].values())
-    assert (REPO_ROOT / "dalign_core" / "py.typed").is_file()
-    assert "py.typed" in PYPROJECT["tool"]["setuptools"]["package-data"]["dalign_core"]
+    for package in ("dalign_core", "dalign_repro"):
+        assert (REPO_ROOT / package / "py.typed").is_file()
+        assert "py.typed" in PYPROJECT["tool"]["setuptools"]["package-data"][package]
 
 
 def test_the_plot_modules_name_the_extra_they_need(monkeypatch):
@@ -291,7 +308,7 @@ def test_the_plot_modules_name_the_extra_they_need(monkeypatch):
 
     extras = PROJECT["optional-dependencies"]
     assert {_requirement_name(r) for r in extras["plots"]} == {"matplotlib", "seaborn"}
-    assert {_requirement_name(r) for r in extras["plots"]} <= {_requirement_name(r) for r in extras["book"]}
+    assert {_requirement_name(r) for r in extras["plots"]} <= _extra("book")
     monkeypatch.setitem(sys.modules, "seaborn", None)  # import seaborn now raises ImportError
     monkeypatch.delitem(sys.modules, "dalign_repro.report.plots", raising=False)
     with pytest.raises(ImportError, match=r"pip install 'dalign\[plots\]'"):
@@ -305,7 +322,7 @@ def test_transformers_bound_is_the_first_release_with_dtype():
     from packaging.requirements import Requirement
     from packaging.version import Version
 
-    declared = {Requirement(r).name: Requirement(r) for r in PROJECT["dependencies"]}
+    declared = {Requirement(r).name: Requirement(r) for r in PROJECT["optional-dependencies"]["hf"]}
     assert not declared["transformers"].specifier.contains(Version("4.55.4"))
     assert declared["transformers"].specifier.contains(Version("4.56.0"))
     loading = (REPO_ROOT / "dalign_core" / "cli" / "loading.py").read_text()

@@ -28,16 +28,25 @@ def test_readme_python_block_runs(index, capsys):
     assert capsys.readouterr().out.strip(), "the example prints its results"
 
 
-def test_readme_timing_table_is_generated_from_the_timings():
-    """The README's rerun costs come from results/cpu/timings.csv, as the rerun boxes and the course table do."""
+def test_timing_table_is_generated_from_the_timings():
+    """The rerun costs of the appendix "Running at scale" come from results/cpu/timings.csv, as the rerun boxes and
+    the course table do."""
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "readme_timings.py"), "--check"],
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "timings_table.py"), "--check"],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
 
 
-def test_readme_documents_publishing():
-    text = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+def test_the_book_documents_publishing():
+    text = (REPO_ROOT / "book" / "running_at_scale.md").read_text(encoding="utf-8")
     assert "make publish" in text and ".nojekyll" in text and "REPO_URL" in text
+
+
+def test_readme_fits_a_screen_and_starts_with_install():
+    """What it is, install, the API on a model, one command, links: the rest lives in the book's appendices."""
+    text = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 90, len(text.splitlines())
+    first_screen = "\n".join(text.splitlines()[:25])
+    assert "pip install" in first_screen and "make test" in first_screen and "make book" in first_screen

@@ -8,8 +8,8 @@ experiment's ``--dry-run`` (``benchmarks/bench_projection.py``), and labelled as
 
 Those costs are recorded, with the date, commit and command that measured them, in ``results/cpu/timings.csv``
 (:data:`TIMINGS_FILE`; rows per chapter and profile, the classroom profile ``lab`` included), a tidy table with
-the columns of :class:`Timing`, and :func:`fresh_run` reads nothing else, so every reader agrees. The README's
-timing table is generated from it (``scripts/readme_timings.py``) and checked by ``tests/test_readme.py``.
+the columns of :class:`Timing`, and :func:`fresh_run` reads nothing else, so every reader agrees. The
+timing table in the book's appendix "Running at scale" is generated from it (``scripts/timings_table.py``) and checked by ``tests/test_readme.py``.
 
 Nothing here measures: the numbers are the recorded ones. A chapter with no record reads "not measured".
 """

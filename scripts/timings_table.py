@@ -1,14 +1,14 @@
 #!/usr/bin/env python
-"""The README's table of what each chapter costs to rerun, generated from ``results/cpu/timings.csv``.
+"""The table of what each chapter costs to rerun (book/running_at_scale.md), generated from ``results/cpu/timings.csv``.
 
 The same records fill the rerun box of every chapter and the course table of the book's landing page
-(:mod:`dalign_repro.report.timings`), so the three cannot disagree: ``tests/test_readme.py`` fails when the README's block
+(:mod:`dalign_repro.report.timings`), so the three cannot disagree: ``tests/test_readme.py`` fails when the page's block
 between ``<!-- timings:start -->`` and ``<!-- timings:end -->`` is not what this script writes.
 
 Usage::
 
-    python scripts/readme_timings.py            # rewrite the block in README.md
-    python scripts/readme_timings.py --check    # exit 1 (and say so) when it is out of date
+    python scripts/timings_table.py            # rewrite the block in book/running_at_scale.md
+    python scripts/timings_table.py --check    # exit 1 (and say so) when it is out of date
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 from dalign_repro.report import timings
 from dalign_repro.config import REPO_ROOT
 
-README = REPO_ROOT / "README.md"
+PAGE = REPO_ROOT / "book" / "running_at_scale.md"
 START, END = "<!-- timings:start -->", "<!-- timings:end -->"
 
 
@@ -73,25 +73,25 @@ def current(text: str) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="only check that README.md's block is current")
+    parser.add_argument("--check", action="store_true", help="only check that the page's block is current")
     args = parser.parse_args(argv)
-    text = README.read_text(encoding="utf-8")
+    text = PAGE.read_text(encoding="utf-8")
     found, wanted = current(text), block()
     if found is None:
-        print(f"error: README.md has no {START} ... {END} block; add the two markers where the table goes",
+        print(f"error: {PAGE.name} has no {START} ... {END} block; add the two markers where the table goes",
               file=sys.stderr)
         return 1
     if args.check:
         if found != wanted:
-            print("error: README.md's timing table differs from results/cpu/timings.csv; run "
-                  "`python scripts/readme_timings.py`", file=sys.stderr)
+            print(f"error: {PAGE.name}'s timing table differs from results/cpu/timings.csv; run "
+                  "`python scripts/timings_table.py`", file=sys.stderr)
             return 1
         return 0
     if found != wanted:
         from dalign_core.atomic import atomic_write_text
 
-        atomic_write_text(README, text.replace(found, wanted))
-        print("README.md: timing table rewritten")
+        atomic_write_text(PAGE, text.replace(found, wanted))
+        print(f"{PAGE.name}: timing table rewritten")
     return 0
 
 
