@@ -112,10 +112,36 @@ def _check_out(path: Path, inputs: tuple = (), flag: str = "--out") -> None:
         if not path.is_file() or path.suffix.lower() != ".csv":
             raise ValueError(f"{flag} {str(path)!r} exists and is not a CSV file (.csv); it would be replaced: choose "
                              "a new file name or a .csv file")
+        problem = _not_csv_text(path)
+        if problem:
+            raise ValueError(f"{flag} {str(path)!r} is named .csv but {problem}, so it is not a table this command "
+                             "wrote and would be destroyed; choose a new file name (or move that file away first)")
         if not path.stat().st_mode & 0o222 or not os.access(path, os.W_OK):
             raise ValueError(f"{flag} {str(path)!r} is read-only; choose another file name, or make it writable "
                              f"(chmod u+w {str(path)!r})")
     require_writable(flag, path, folder)
+
+
+_CSV_PROBE_BYTES = 1 << 16
+
+
+def _not_csv_text(path: Path) -> str:
+    """Why the existing file ``path`` is not CSV text ("" when it is, or is empty): read from its first 64 KiB,
+    which must be UTF-8 without NUL bytes (a table), not binary data that merely carries a .csv name."""
+    import codecs
+
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(_CSV_PROBE_BYTES)
+    except OSError as err:
+        return f"cannot be read ({err.strerror or err})"
+    if b"\x00" in head:
+        return "holds binary data (NUL bytes)"
+    try:
+        codecs.getincrementaldecoder("utf-8-sig")().decode(head, final=len(head) < _CSV_PROBE_BYTES)
+    except UnicodeDecodeError as err:
+        return f"is not UTF-8 text (bytes {head[err.start:err.start + 4]!r} at byte offset {err.start})"
+    return ""
 
 
 def _same_or_inside(path: Path, given: Path) -> bool:
