@@ -288,8 +288,9 @@ def run_case(case: Case, trial: "Trial") -> Outcome:
 # API cases: one child per model kind, each case under an alarm
 
 
-class _Alarm(Exception):
-    pass
+class _Alarm(BaseException):
+    """A case's timeout: a BaseException, so that no ``except Exception`` on the way (the capture's own wrapping of
+    a model's errors among them) turns a hang into an answer."""
 
 
 def _own_clear_error(err: BaseException) -> bool:
@@ -561,6 +562,7 @@ class Trial:
         (broken / "cat" / "0.png").write_bytes(b"\x89PNG\r\n broken")
         # an experiment's earlier results, which a failing rerun must keep
         self.prior = self.outs / "prior"
+        self.own = _own_module().Fixtures(sys.modules[__name__], self)  # the third round's models and files
 
     def path(self, name: str) -> str:
         return str(self.inputs / name)
@@ -604,6 +606,19 @@ class Trial:
         Q = reference_q(model.eval(), layer, [x[i:i + 1] for i in range(n)],
                         lambda out, i: F.cross_entropy(out, y[i:i + 1]), indexed=True)
         return estimate_geometry(Q).d_align
+
+
+def _own_module():
+    """scripts/user_trial_own_model.py (the third round's cases), loaded beside this file."""
+    import importlib.util
+
+    name = "user_trial_own_model"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 def causal_loss(output, example):
@@ -1587,6 +1602,7 @@ def api_cases(trial: Trial) -> dict[str, list[Case]]:
     add(g, "b_align of a negative d_align", "refuse", lambda: b_align(-1.0, 10, 10))
     add(g, "b_align with M=0", "refuse", lambda: b_align(2.0, 0, 10))
     add(g, "b_align of NaN", "refuse", lambda: b_align(float("nan"), 10, 10))
+    _own_module().api_cases(sys.modules[__name__], trial, trial.own, add)
     return groups
 
 
@@ -1658,7 +1674,8 @@ def write_csv(path: Path, outcomes: list[Outcome]) -> None:
 def run_trial(root: Path, quick: bool = False, families: list[str] | None = None, verbose: bool = True
               ) -> list[Outcome]:
     trial = Trial(root)
-    command_cases = select(cli_cases(trial) + exp_cases(trial), quick, families)
+    own = _own_module().cli_cases(sys.modules[__name__], trial, trial.own)
+    command_cases = select(cli_cases(trial) + own + exp_cases(trial), quick, families)
     groups = api_cases(trial)
     api_selected = select([c for group in groups.values() for c in group], quick, families)
     chosen = {id(c) for c in api_selected}

@@ -265,8 +265,11 @@ def _as_long(value: Any) -> Any:
 
 def conform_batch(model: nn.Module, inputs: Any, targets: Any, device: torch.device | None = None) -> tuple[Any, Any]:
     """``(inputs, targets)`` on the model's device as it takes them: int32 (any integer) token ids and labels as
-    int64, floating inputs in the model's floating dtype (float32 inputs for a float64 model)."""
+    int64, floating inputs in the model's floating dtype (float32 inputs for a float64 model), and tensors made
+    inside ``torch.inference_mode()`` as ordinary clones."""
     device = _device_of(model) if device is None else device
+    # a tensor made inside torch.inference_mode() cannot enter autograd; its clone (made here, outside) can
+    inputs, targets = (_map_tensors(v, lambda t: t.clone() if t.is_inference() else t) for v in (inputs, targets))
     if isinstance(inputs, Mapping):
         inputs = {k: _as_long(v) if k in ("input_ids", "labels") else v for k, v in inputs.items()}
     elif _embedding_rows(model) is not None:

@@ -15,6 +15,8 @@ __all__ = ["insertion_points", "resolve_layers"]
 
 
 _BLOCK_CLASS = re.compile(r"(DecoderLayer|EncoderLayer|Layer|Block|Bottleneck)$")
+_NUMBERED = re.compile(r"(^|_)\d+$")
+"""A numbered child: ``3`` in a ModuleList, or ``encoder_layer_3`` in a named Sequential (torchvision's ViT)."""
 
 
 def _module_names(model: nn.Module) -> list[str]:
@@ -24,14 +26,14 @@ def _module_names(model: nn.Module) -> list[str]:
 def insertion_points(model: nn.Module) -> list[str]:
     """Dotted names of the model's residual blocks (decoder layers), in forward order.
 
-    A block is a numbered child of a container (``….layers.3``, ``layer2.0``) whose
+    A block is a numbered child of a container (``….layers.3``, ``layer2.0``, ``encoder_layer_3``) whose
     class name ends in ``DecoderLayer``, ``EncoderLayer``, ``Layer``, ``Block`` or
     ``Bottleneck``; blocks nested inside another block are skipped. If none match,
     the children of the longest ``ModuleList``/``Sequential`` are returned.
     """
     names: list[str] = []
     for name, module in model.named_modules():
-        if not name or not name.rsplit(".", 1)[-1].isdigit():
+        if not name or not _NUMBERED.search(name.rsplit(".", 1)[-1]):
             continue
         if _BLOCK_CLASS.search(type(module).__name__) and not any(name.startswith(p + ".") for p in names):
             names.append(name)

@@ -348,7 +348,8 @@ def call_loss(loss_fn: LossFn, output: Any, targets: Any, batch: int | None = No
             f"loss_fn raised {type(err).__name__}" + (f" at {frame}" if frame else "") + f": {_first_line(err)}; it "
             f"is called as loss_fn(output, targets) with the model's output ({_describe(output)}) and the targets "
             f"({_describe(targets)}), and must return the per-example losses (batch,)",
-            model="loss_fn", kind=type(err).__name__,
+            model="loss_fn", kind=type(err).__name__, place="in loss_fn" + (f" at {frame}" if frame else ""),
+            detail=_first_line(err),
         ) from err
     if not isinstance(losses, torch.Tensor):
         raise CaptureError(f"loss_fn must return a tensor of per-example losses (batch,), got {_describe(losses)}")

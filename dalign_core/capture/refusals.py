@@ -34,9 +34,14 @@ class ModelError(CaptureError):
     ("" for the model's own forward), ``kind`` the original exception's type name; ``__cause__`` is the original
     exception, with its traceback."""
 
-    def __init__(self, message: str, *, model: str = "", where: str = "", kind: str = ""):
+    def __init__(self, message: str, *, model: str = "", where: str = "", kind: str = "", place: str = "",
+                 detail: str = ""):
         super().__init__(message)
         self.model, self.where, self.kind = model, where, kind
+        self.place = place
+        """Where it raised, in words: "in its submodule 'x' (Linear)" or "in its forward"."""
+        self.detail = detail
+        """The first line of the original exception's message."""
 
 
 def _describe(value: Any) -> str:
@@ -201,10 +206,10 @@ def model_error(model: nn.Module, err: BaseException, given: str) -> ModelError:
     name, module = failing_module(model, err.__traceback__)
     where = f"in its submodule {name!r} ({type(module).__name__})" if name else "in its forward"
     frame = _user_frame(err.__traceback__)
+    place = where + (f" at {frame}" if frame else "")
     return ModelError(
-        f"{type(model).__name__} raised {type(err).__name__} {where}"
-        + (f" at {frame}" if frame else "") + f" on {given}: {_first_line(err)}. Check that the inputs fit the "
-        "model (their keys, shapes and dtypes, and the size it was built for); the model's own traceback is this "
-        "error's __cause__",
-        model=type(model).__name__, where=name, kind=type(err).__name__,
+        f"{type(model).__name__} raised {type(err).__name__} {place} on {given}: {_first_line(err)}. Check that the "
+        "inputs fit the model (their keys, shapes and dtypes, and the size it was built for); the model's own "
+        "traceback is this error's __cause__",
+        model=type(model).__name__, where=name, kind=type(err).__name__, place=place, detail=_first_line(err),
     )

@@ -47,21 +47,22 @@ def failure_line(err: BaseException, args: argparse.Namespace) -> str | None:
     from dalign_core.capture.refusals import ModelError, _first_line, _user_frame, failing_module
 
     model, layer, check = _model_name(args), _layer_text(args), _what_to_check(args)
-    if isinstance(err, ModelError):  # already says which submodule raised and on what inputs
-        return (f"the model {model}{layer}: {str(err).split('. Check that the inputs fit')[0]}; {check} "
-                "(DALIGN_DEBUG=1 shows its traceback)")
-    name, module = failing_module(None, err.__traceback__)
-    frame = _user_frame(err.__traceback__)
-    at = f" at {frame}" if frame else ""
-    if module is not None:
-        where = f"in its submodule {name!r} ({type(module).__name__})" if name else \
-            f"in its forward ({type(module).__name__})"
-        return (f"the model {model}{layer} raised {type(err).__name__} {where}{at} on the --data examples: "
-                f"{_first_line(err)}; {check} (DALIGN_DEBUG=1 shows where)")
-    deepest = _deepest_frame(err.__traceback__)
-    if "/dalign_core/" in deepest:
-        return None
-    library = deepest.split("site-packages/")[-1].split("/")[0] if "site-packages/" in deepest else \
-        deepest.rsplit("/", 1)[-1]
-    return (f"{library} raised {type(err).__name__}{at} while the command read the model {model} or its --data: "
-            f"{_first_line(err)}; {check} (DALIGN_DEBUG=1 shows where)")
+    if isinstance(err, ModelError):  # the capture saw the model raise: it knows where and what
+        kind, place, detail = err.kind, err.place, err.detail
+    else:
+        name, module = failing_module(None, err.__traceback__)
+        frame = _user_frame(err.__traceback__)
+        at = f" at {frame}" if frame else ""
+        kind, detail = type(err).__name__, _first_line(err)
+        if module is None:
+            deepest = _deepest_frame(err.__traceback__)
+            if "/dalign_core/" in deepest:
+                return None
+            library = deepest.split("site-packages/")[-1].split("/")[0] if "site-packages/" in deepest else \
+                deepest.rsplit("/", 1)[-1]
+            return (f"{library} raised {kind}{at} while the command read the model {model} or its --data: {detail}; "
+                    f"{check} (DALIGN_DEBUG=1 shows where)")
+        place = (f"in its submodule {name!r} ({type(module).__name__})" if name else
+                 f"in its forward ({type(module).__name__})") + at
+    return (f"the model {model} raised {kind} on the --data examples ({place}{layer}): {detail}; {check} "
+            "(DALIGN_DEBUG=1 shows where)")

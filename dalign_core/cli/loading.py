@@ -39,6 +39,7 @@ from urllib.parse import urlparse
 import torch
 
 from dalign_core._env import offline_variable
+from dalign_core.cli.regular_files import check_regular_files, check_revision_name
 
 __all__ = [
     "LoadError",
@@ -134,52 +135,9 @@ def revision_folders(folder: str | os.PathLike) -> list[str]:
     return sorted(names, key=key)
 
 
-def _check_revision_name(path: Path, revision: str) -> None:
-    """Refuse a local ``--revision`` that is not a folder name inside ``path``: an absolute path, ``.``, or one
-    that climbs out with ``..`` would load a checkpoint from elsewhere than ``--model``."""
-    parts = Path(revision).parts
-    if Path(revision).is_absolute() or not parts or any(part in (".", "..") for part in parts) or \
-            not os.path.normpath(path / revision).startswith(os.path.normpath(path) + os.sep):
-        present = revision_folders(path)
-        raise LoadError(
-            f"--revision {revision!r} is not the name of a revision folder inside the model folder {str(path)!r} "
-            "(it would load a checkpoint from outside --model); give a subfolder's name"
-            + (f", one of: {', '.join(present)}" if present else "") + ", or pass that checkpoint as --model"
-        )
-
-
-def _special_files(folder: Path) -> list[str]:
-    """Names of the entries of ``folder`` that are neither regular files nor folders (pipes, sockets, devices):
-    a library that opens one to read a checkpoint or tokenizer file would block, or fail deep inside."""
-    import stat
-
-    found = []
-    try:
-        entries = list(folder.iterdir())
-    except OSError:
-        return []
-    for entry in entries:
-        try:
-            mode = entry.stat().st_mode
-        except OSError:
-            continue
-        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-            found.append(entry.name)
-    return sorted(found)
-
-
-def _check_regular_files(folder: Path, what: str) -> None:
-    """Refuse a model or tokenizer folder that holds a pipe, socket or device (see :func:`_special_files`)."""
-    special = _special_files(folder)
-    if special:
-        raise LoadError(f"{what} {str(folder)!r} holds {', '.join(special[:5])}, which "
-                        f"{'is' if len(special) == 1 else 'are'} not a regular file (a pipe, socket or device): "
-                        "reading it could block forever; replace it with the file itself")
-
-
 def _local_revision(path: Path, spec: str, revision: str) -> ModelSource:
     """The checkpoint ``<path>/<revision>/`` of a revision-folder layout, or a LoadError listing those present."""
-    _check_revision_name(path, revision)
+    check_revision_name(path, revision, revision_folders(path))
     sub = path / revision
     if sub.is_dir() and (sub / "config.json").is_file():
         return ModelSource(spec, str(sub), local=True, revision=revision)
@@ -208,10 +166,10 @@ def resolve_model_source(spec: str, revision: str | None = None) -> ModelSource:
     if path.exists():
         if not path.is_dir():
             raise LoadError(f"--model {spec!r} is a file; pass the checkpoint folder (save_pretrained output) instead")
-        _check_regular_files(path, "model folder")
+        check_regular_files(path, "model folder")
         if revision is not None:
             source = _local_revision(path, spec, revision)
-            _check_regular_files(Path(source.path), "model folder")
+            check_regular_files(Path(source.path), "model folder")
             return source
         if not (path / "config.json").is_file():
             present = revision_folders(path)
@@ -461,7 +419,7 @@ def load_tokenizer(source: ModelSource | str, revision: str | None = None):
         if source.revision and not _has_tokenizer(folder) and _has_tokenizer(folder.parent):
             folder = folder.parent
             source = ModelSource(source.spec, str(folder), local=True, revision=source.revision)
-        _check_regular_files(folder, "tokenizer folder")
+        check_regular_files(folder, "tokenizer folder")
         if not _has_tokenizer(folder):
             raise LoadError(
                 f"folder {str(folder)!r} has no tokenizer (none of {', '.join(_TOKENIZER_FILES)}). Save the tokenizer "
