@@ -331,8 +331,9 @@ def cli_cases(ut, trial, fx: Fixtures) -> list:
                            "--redundancy-examples", "0", "--csv", p(name)]))
     out = trial.outs / "own_text.csv"
     cases.append(Case(fam, "--out over a CSV text file is replaced", "cli", "ok", [*gpt, "--out", str(out)],
-                      prepare=lambda: out.write_text("layer,d_align\nx,1\n"),
-                      check=lambda o: None if "transformer.h.1" in out.read_text() else "the CSV was not replaced"))
+                      prepare=lambda out=out: out.write_text("layer,d_align\nx,1\n"),
+                      check=lambda o, out=out: None if "transformer.h.1" in out.read_text() else
+                      "the CSV was not replaced"))
     empty = trial.outs / "own_empty.csv"
     cases.append(Case(fam, "--out over an empty .csv", "cli", "ok", [*gpt, "--out", str(empty)],
                       prepare=lambda: empty.write_text(""),
@@ -409,7 +410,8 @@ def cli_cases(ut, trial, fx: Fixtures) -> list:
                           check=lambda o, out=out, layer=layer: _patchy_check(ut, fx, out, layer)))
     out = new_out()
     cases.append(Case(fam, "an all-zero q is said in words", "cli", "ok",
-                      [*[a if a != p("patchy.pt") else p("deaf.pt") for a in arch], "--out", str(out)],
+                      [*[{p("patchy.pt"): p("deaf.pt"), "ownmods:patchy": "ownmods:deaf"}.get(a, a) for a in arch],
+                       "--out", str(out)],
                       check=lambda o, out=out: _zero_check(ut, o, out)))
     cases.append(Case(fam, "a sketch of d dimensions is said in words", "cli", "ok", [*arch, "--sketch-dim", "16"],
                       check=lambda o: None if "is not smaller than q's dimension d=16" in o.stdout else
@@ -502,9 +504,9 @@ def api_cases(ut, trial, fx: Fixtures, add: Callable[..., None]) -> None:
     def parallel(batch_key="features"):
         torch.manual_seed(0)
         inner = keyed().eval()
-        model = torch.nn.DataParallel(inner, device_ids=[] if not torch.cuda.is_available() else None)
-        Q = activation_gradients(model.cpu() if not torch.cuda.is_available() else model, "module.block",
-                                 {batch_key: x}, y)
+        model = torch.nn.DataParallel(inner.to("cuda" if torch.cuda.is_available() else "cpu"))
+        Q = activation_gradients(model, "module.block", {batch_key: x}, y)
+        inner.cpu()
         want = ut.reference_q(inner, "block", [x[i:i + 1] for i in range(12)],
                               lambda o, i: F.cross_entropy(o, y[i:i + 1]), indexed=True)
         return ut._q_check(Q.cpu(), want)
@@ -573,7 +575,8 @@ def api_cases(ut, trial, fx: Fixtures, add: Callable[..., None]) -> None:
 
     def in_mode(context):
         with context():
-            return mlp_ref(activation_gradients(plain_mlp(), "block", xs[:10], ys[:10]))
+            Q = activation_gradients(plain_mlp(), "block", xs[:10], ys[:10])
+        return mlp_ref(Q)  # the loop outside the context, with gradients
 
     add(g, "called under torch.no_grad() vs the loop", "ok", lambda: in_mode(torch.no_grad))
     add(g, "called with grad disabled vs the loop", "ok", lambda: in_mode(lambda: torch.set_grad_enabled(False)))

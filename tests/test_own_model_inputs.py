@@ -109,8 +109,7 @@ def test_a_data_parallel_wrapper_is_checked_against_the_module_it_wraps():
         def forward(self, features):
             return self.net(features)
 
-    model = torch.nn.DataParallel(Keyed().eval(), device_ids=[]) if not torch.cuda.is_available() else \
-        torch.nn.DataParallel(Keyed().eval())
+    model = torch.nn.DataParallel(Keyed().eval().to("cuda" if torch.cuda.is_available() else "cpu"))
     with pytest.raises(CaptureError, match="'feature' is not an argument of Keyed.forward"):
         activation_gradients(model, "module.net.0", {"feature": torch.randn(5, 4)}, torch.zeros(5, dtype=torch.long))
 

@@ -29,7 +29,9 @@ def insertion_points(model: nn.Module) -> list[str]:
     A block is a numbered child of a container (``….layers.3``, ``layer2.0``, ``encoder_layer_3``) whose
     class name ends in ``DecoderLayer``, ``EncoderLayer``, ``Layer``, ``Block`` or
     ``Bottleneck``; blocks nested inside another block are skipped. If none match,
-    the children of the longest ``ModuleList``/``Sequential`` are returned.
+    the composite children of every ``ModuleList`` (blocks kept in lists, in forward
+    order, also lists inside a ``ModuleDict``); failing that, the children of the
+    longest ``ModuleList``/``Sequential``.
     """
     names: list[str] = []
     for name, module in model.named_modules():
@@ -37,6 +39,13 @@ def insertion_points(model: nn.Module) -> list[str]:
             continue
         if _BLOCK_CLASS.search(type(module).__name__) and not any(name.startswith(p + ".") for p in names):
             names.append(name)
+    if names:
+        return names
+    for name, module in model.named_modules():  # blocks held in lists: every list of composite modules, in order
+        if isinstance(module, nn.ModuleList) and not any(name.startswith(p + ".") for p in names):
+            children = [f"{name}.{child}" if name else child for child, sub in module.named_children()
+                        if any(True for _ in sub.children())]
+            names += children
     if names:
         return names
     best: list[str] = []
