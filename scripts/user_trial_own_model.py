@@ -732,7 +732,8 @@ def api_cases(ut, trial, fx: Fixtures, add: Callable[..., None]) -> None:
                                                      hidden_dim=16, mlp_dim=32, num_classes=3).eval()
         images = torch.randn(12, 3, 16, 16, generator=torch.Generator().manual_seed(16))
         layer = "encoder.layers.encoder_layer_0"
-        got = accumulate_geometry(model, layer, [(images[i:i + 5], ys[i:i + 5]) for i in range(0, 12, 5)]).result()
+        labels = ys[:12]
+        got = accumulate_geometry(model, layer, [(images[i:i + 5], labels[i:i + 5]) for i in range(0, 12, 5)]).result()
         Q = ut.reference_q(model, layer, [images[i:i + 1] for i in range(12)],
                            lambda o, i: F.cross_entropy(o, ys[i:i + 1]), indexed=True)
         want = brute_force_geometry(Q.double().numpy())["d_align"]
