@@ -78,6 +78,9 @@ def test_a_misspelt_batch_key_is_refused_where_the_model_would_swallow_it(gpt2):
     right = activation_gradients(gpt2, "transformer.h.1", {"input_ids": ids, "attention_mask": mask})
     alone = activation_gradients(gpt2, "transformer.h.1", {"input_ids": ids[:1, :6]})
     torch.testing.assert_close(right[:1], alone, rtol=2e-4, atol=1e-7)  # the spelt key masks the padding
+    taken = activation_gradients(gpt2, "transformer.h.1", {"input_ids": ids, "attention_mask": mask,
+                                                          "return_dict": True, "output_attentions": False})
+    torch.testing.assert_close(taken, right)  # keys its decorators and TransformersKwargs read are not refused
 
 
 def test_a_plain_module_with_kwargs_refuses_a_near_name_and_warns_of_an_unknown_one():

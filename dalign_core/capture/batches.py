@@ -136,6 +136,8 @@ def _keyword_names(model: nn.Module) -> tuple[set[str], str]:
     if extra is None:
         return names, "none"
     typed = typing.get_args(extra.annotation) if typing.get_origin(extra.annotation) is typing.Unpack else ()
+    if type(model).__module__.startswith("transformers."):  # its decorators read these before the forward does
+        names = names | {"return_dict", "output_attentions", "output_hidden_states"}
     if typed and isinstance(getattr(typed[0], "__annotations__", None), dict):
         return names | set(typed[0].__annotations__), "closed"
     if type(model).__module__.startswith("transformers."):

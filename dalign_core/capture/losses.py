@@ -390,7 +390,7 @@ def _with_leaves(value: Any, batch: int, leaves: list[torch.Tensor]) -> Any:
 
 
 SEPARATION_TOLERANCE = 1e-3
-"""Relative size of ``∇(Σ w_i ℓ_i) − w ⊙ ∇(Σ ℓ_i)`` above which a loss couples the examples (rounding is ~1e-7)."""
+"""Relative size of ``∇(Σ w_i ℓ_i) − w ⊙ ∇(Σ ℓ_i)`` above which a loss couples the examples (rounding: ~1e-7)."""
 
 
 def check_losses_separate(loss_fn: LossFn, output: Any, targets: Any, losses: torch.Tensor) -> None:

@@ -24,7 +24,8 @@ def _what_to_check(args: argparse.Namespace) -> str:
     if getattr(args, "arch", None):
         return ("check that --data fits the model it builds (the input size and dtype: --image-size, --normalize, "
                 "--arch-kwargs)")
-    return "check that --data and --seq-len fit the model (its positions, vocabulary and the tokenizer it was trained with)"
+    return ("check that --data and --seq-len fit the model (its positions, vocabulary and the tokenizer it was "
+            "trained with)")
 
 
 def _layer_text(args: argparse.Namespace) -> str:
