@@ -2,7 +2,8 @@
 
 Adding ``--arch`` and the data options to a subcommand's parser; reading ``--out``, ``--csv`` and ``--hidden``;
 refusing, in one sentence, a ``--seq-len`` below 2, a ``--device`` this machine lacks, a ``--tokenizer`` that is a
-file, a negative ``--seed``, and an ``--out`` that cannot be written or would overwrite one of the command's inputs.
+file, a negative ``--seed``, and an ``--out`` that cannot be written, would overwrite one of the command's inputs, or
+names an existing file whose content is not CSV text.
 """
 
 from __future__ import annotations
@@ -84,7 +85,8 @@ def _check_out(path: Path, inputs: tuple = (), flag: str = "--out") -> None:
     """Refuse an ``--out`` that cannot be written, or should not be, before any work.
 
     Refused: an empty name, a folder, a path under a file, a folder without write access,
-    an existing file that is read-only or not a CSV (``.csv``), and any of ``inputs``
+    an existing file that is read-only, not a CSV (``.csv``) or, by its content, no CSV text
+    (binary data, NUL bytes, not UTF-8: a file that only carries the name), and any of ``inputs``
     (``(what, path)`` pairs: the --data file, the model folder, the tokenizer; a folder
     protects every file in it).
     """
