@@ -10,7 +10,13 @@ tensor and image data files and their damaged variants. It then tries, as a new 
 * ``python -m dalign_repro.experiments.<name>`` with a bad value for every config field (``--set``), bad
   ``--config`` files, bad ``--out`` targets, and small runs that must keep earlier results (``exp-*``);
 * the API: ``activation_gradients``, ``accumulate_geometry``, ``estimate_geometry``, ``geometry_from_gram`` and
-  the bounds, on each model kind, with misuse (``api-*``).
+  the bounds, on each model kind, with misuse (``api-*``);
+* an engineer's own model (issue 48, ``scripts/user_trial_own_model.py``: families ``own-cli-*`` and
+  ``api-own-*``): a ViT, a GRU language model, an MLP in nested containers, a LoRA-wrapped Linear and a
+  ``DataParallel`` wrapper against the single-example loop and a brute-force U-statistic; batch keys the forward
+  does not take, losses that couple the examples, ``--out`` files that carry a .csv name but hold no table, pipes
+  nobody writes to, ``--revision ..``, the model's own exceptions of every type, and the API's checks of inputs,
+  targets and grad mode.
 
 Each command case runs in a child process of its own (forked from a parent that has imported torch and
 transformers once, so a case costs a fraction of a second; a few run through the real ``dalign`` console script
@@ -288,8 +294,9 @@ def run_case(case: Case, trial: "Trial") -> Outcome:
 # API cases: one child per model kind, each case under an alarm
 
 
-class _Alarm(Exception):
-    pass
+class _Alarm(BaseException):
+    """A case's timeout: a BaseException, so that no ``except Exception`` on the way (the capture's own wrapping of
+    a model's errors among them) turns a hang into an answer."""
 
 
 def _own_clear_error(err: BaseException) -> bool:
@@ -561,6 +568,7 @@ class Trial:
         (broken / "cat" / "0.png").write_bytes(b"\x89PNG\r\n broken")
         # an experiment's earlier results, which a failing rerun must keep
         self.prior = self.outs / "prior"
+        self.own = _own_module().Fixtures(sys.modules[__name__], self)  # the third round's models and files
 
     def path(self, name: str) -> str:
         return str(self.inputs / name)
@@ -604,6 +612,19 @@ class Trial:
         Q = reference_q(model.eval(), layer, [x[i:i + 1] for i in range(n)],
                         lambda out, i: F.cross_entropy(out, y[i:i + 1]), indexed=True)
         return estimate_geometry(Q).d_align
+
+
+def _own_module():
+    """scripts/user_trial_own_model.py (the third round's cases), loaded beside this file."""
+    import importlib.util
+
+    name = "user_trial_own_model"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 def causal_loss(output, example):
@@ -1587,6 +1608,7 @@ def api_cases(trial: Trial) -> dict[str, list[Case]]:
     add(g, "b_align of a negative d_align", "refuse", lambda: b_align(-1.0, 10, 10))
     add(g, "b_align with M=0", "refuse", lambda: b_align(2.0, 0, 10))
     add(g, "b_align of NaN", "refuse", lambda: b_align(float("nan"), 10, 10))
+    _own_module().api_cases(sys.modules[__name__], trial, trial.own, add)
     return groups
 
 
@@ -1658,7 +1680,8 @@ def write_csv(path: Path, outcomes: list[Outcome]) -> None:
 def run_trial(root: Path, quick: bool = False, families: list[str] | None = None, verbose: bool = True
               ) -> list[Outcome]:
     trial = Trial(root)
-    command_cases = select(cli_cases(trial) + exp_cases(trial), quick, families)
+    own = _own_module().cli_cases(sys.modules[__name__], trial, trial.own)
+    command_cases = select(cli_cases(trial) + own + exp_cases(trial), quick, families)
     groups = api_cases(trial)
     api_selected = select([c for group in groups.values() for c in group], quick, families)
     chosen = {id(c) for c in api_selected}

@@ -59,5 +59,26 @@ def test_a_quick_trial_meets_the_bar(trial_module, tmp_path):
     table, met = trial_module.summarize(outcomes)
     families = {o.case.family for o in outcomes}
     assert len(outcomes) >= 100 and {"cli-estimate-llama", "exp-set-theory", "api-plain", "api-gpt2"} <= families
+    assert {"own-cli-streams", "own-cli-arch-errors", "api-own-keys", "api-own-losses", "api-own-models"} <= families
+    refused_valid = [o.case.name for o in outcomes if o.case.expect == "ok" and o.outcome == "clear error"]
+    assert not refused_valid, refused_valid
     assert {o.outcome for o in outcomes} >= {"ok", "clear error"}  # the reference checks ran and refusals were seen
     assert met, table
+
+
+def test_the_brute_force_u_statistic_is_an_independent_reference_that_can_disagree(trial_module):
+    """The third round's reference (distinct index tuples of the Gram matrix) agrees with the project's estimator
+    on the same q and tells apart a q 1% off, so a wrong capture cannot pass its check."""
+    import torch
+
+    own = trial_module._own_module()
+    generator = torch.Generator().manual_seed(0)
+    Q = torch.randn(10, 5, generator=generator, dtype=torch.float64) + 0.6
+    assert own.geometry_check(Q, Q) is None
+    assert own.geometry_check(Q, Q * 1.01) is not None
+    wide = own.brute_force_geometry(Q.numpy())
+    from dalign_core.geometry.estimators import estimate_geometry
+
+    got = estimate_geometry(Q)
+    for name in ("mean_sq", "mean_sq_sq", "directional", "cov_energy", "d_align"):
+        assert abs(getattr(got, name) - wide[name]) <= 1e-9 * max(1.0, abs(wide[name])), name

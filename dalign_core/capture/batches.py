@@ -7,15 +7,18 @@ pair ``(inputs, targets)`` (:func:`split_batch`).
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import numbers
+import typing
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from dalign_core.capture.refusals import CaptureError, _describe
+from dalign_core.capture.refusals import CaptureError, _describe, model_error
 
 if TYPE_CHECKING:
     from dalign_core.capture.losses import LossFn
@@ -52,7 +55,9 @@ def _check_token_ids(ids: Any, vocabulary: int | None, what: str) -> None:
 
 
 def _check_batch(model: nn.Module, inputs: Any, targets: Any, loss_fn: LossFn | None) -> None:
-    """Refuse inputs and targets of the wrong type before they reach the model (and fail deep inside torch)."""
+    """Refuse inputs and targets of the wrong type before they reach the model (and fail deep inside torch), and
+    a call the capture cannot differentiate (inside ``torch.inference_mode()``, a model on the meta device)."""
+    _check_grad_mode(model)
     if not isinstance(inputs, (torch.Tensor, Mapping)):
         raise CaptureError(
             "inputs must be a tensor or a mapping of keyword arguments such as {'input_ids': ..., 'attention_mask': ...}, "
@@ -76,7 +81,101 @@ def _check_batch(model: nn.Module, inputs: Any, targets: Any, loss_fn: LossFn | 
         raise CaptureError(f"targets hold {targets.shape[0]} example(s) but the inputs {first.shape[0]}; give one "
                            "target per example (the first axis of both is the examples)")
     if isinstance(inputs, Mapping):
+        _check_batch_keys(model, inputs)
         _check_token_batch(model, inputs)
+
+
+def _check_grad_mode(model: nn.Module) -> None:
+    """Refuse a capture inside ``torch.inference_mode()`` and a model whose weights are not there to differentiate
+    (on the meta device, or made inside inference mode). ``torch.no_grad()`` is fine: the capture enables
+    gradients for its own passes."""
+    if torch.is_inference_mode_enabled():
+        raise CaptureError(
+            "the capture was called inside torch.inference_mode(), where no gradient can be formed (enabling "
+            "gradients does not undo it); call it outside the inference_mode block (torch.no_grad() is fine)"
+        )
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if tensor.is_meta:
+            raise CaptureError(
+                f"the model's {name!r} is on the meta device (a shape without values: the weights were never "
+                "loaded), so no forward can run; load the weights (e.g. from_pretrained, or "
+                "model.to_empty(device=...) then load_state_dict) before capturing"
+            )
+        if tensor.is_inference():
+            raise CaptureError(
+                f"the model's {name!r} was created inside torch.inference_mode(), so autograd cannot use it; build "
+                "or load the model outside inference mode (or replace it with a clone made outside it)"
+            )
+
+
+_COMMON_KEYS = ("input_ids", "attention_mask", "token_type_ids", "position_ids", "inputs_embeds", "pixel_values",
+                "labels", "decoder_input_ids", "decoder_attention_mask", "head_mask", "past_key_values",
+                "cache_position", "pixel_mask", "input_values", "input_features")
+"""Batch keys of transformers models, against which a misspelt key is recognised."""
+
+
+def _forward_owner(model: nn.Module) -> nn.Module:
+    """The module whose forward reads the batch's keys: a ``DataParallel``/``DistributedDataParallel`` wrapper's
+    ``module``, else the model."""
+    while isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+        model = model.module
+    return model
+
+
+def _keyword_names(model: nn.Module) -> tuple[set[str], str]:
+    """The keyword arguments ``model``'s forward names, and how it takes others: "none" (they raise), "closed"
+    (``**kwargs`` typed as ``Unpack[TypedDict]``, whose keys are added; every transformers model's extra keys are
+    its ``TransformersKwargs``), "open" (an untyped ``**kwargs``, which may swallow any key) or "unknown" (no
+    signature to read)."""
+    try:
+        parameters = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return set(), "unknown"
+    names = {n for n, p in parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    extra = next((p for p in parameters.values() if p.kind == p.VAR_KEYWORD), None)
+    if extra is None:
+        return names, "none"
+    typed = typing.get_args(extra.annotation) if typing.get_origin(extra.annotation) is typing.Unpack else ()
+    if type(model).__module__.startswith("transformers."):  # its decorators read these before the forward does
+        names = names | {"return_dict", "output_attentions", "output_hidden_states"}
+    if typed and isinstance(getattr(typed[0], "__annotations__", None), dict):
+        return names | set(typed[0].__annotations__), "closed"
+    if type(model).__module__.startswith("transformers."):
+        try:
+            from transformers.utils.generic import TransformersKwargs
+        except ImportError:  # pragma: no cover - an older transformers: its extra keys are not known
+            return names, "open"
+        return names | set(TransformersKwargs.__annotations__), "closed"
+    return names, "open"
+
+
+def _check_batch_keys(model: nn.Module, inputs: Mapping) -> None:
+    """Refuse a batch key the model's forward does not take (a misspelt ``atention_mask`` would be swallowed by a
+    ``**kwargs`` and the padding scored as tokens); warn about one that only an untyped ``**kwargs`` takes."""
+    bad = [key for key in inputs if not isinstance(key, str)]
+    if bad:
+        raise CaptureError(f"the batch's keys must be strings (the forward's keyword arguments), got {bad[:3]!r}")
+    owner = _forward_owner(model)
+    names, extra = _keyword_names(owner)
+    if extra == "unknown" or (extra == "open" and not names):  # a pass-through forward(*args, **kwargs)
+        return
+    keys = [key for key in inputs if key != "labels" and key not in names]
+    where = f"{type(owner).__name__}.forward"
+    for key in keys:
+        near = difflib.get_close_matches(key, sorted(names | set(_COMMON_KEYS)), n=1, cutoff=0.75)
+        hint = f"; did you mean {near[0]!r}?" if near else ""
+        if extra != "open" or near:
+            takes = ", ".join(sorted(n for n in names if n not in ("self", "kwargs"))[:12])
+            raise CaptureError(
+                f"the batch's key {key!r} is not an argument of {where}" +
+                (" (its **kwargs would swallow it unread)" if extra != "none" else "") +
+                f"{hint} It takes: {takes}. Rename or drop the key: a key the model does not read (a misspelt "
+                "attention_mask) would change q without a word"
+            )
+        warnings.warn(
+            f"the batch's key {key!r} is not a named argument of {where}: it goes to its **kwargs, which may not "
+            "read it; if q should depend on it, pass it under the name the forward reads", UserWarning, stacklevel=4,
+        )
 
 
 _POSITION_FIELDS = ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length")
@@ -97,6 +196,11 @@ def _check_token_batch(model: nn.Module, inputs: Mapping) -> None:
     """Refuse token batches the model would read wrongly or fail on deep inside: no tokens, more positions than
     the model has, an attention mask whose shape is not the ids', or one with padding between real tokens."""
     ids = inputs.get("input_ids")
+    if isinstance(ids, torch.Tensor) and ids.ndim != 2:
+        fix = "add the batch axis: input_ids[None] (or .unsqueeze(0))" if ids.ndim == 1 else \
+            "flatten the extra axes into the examples' axis"
+        raise CaptureError(f"input_ids must be a 2-D tensor (batch, T) of token ids, got shape {tuple(ids.shape)}; "
+                           + fix)
     if isinstance(ids, torch.Tensor) and ids.ndim == 2:
         if ids.shape[1] == 0:
             raise CaptureError(f"input_ids of shape {tuple(ids.shape)} hold no tokens; pass at least one per example")
@@ -106,6 +210,7 @@ def _check_token_batch(model: nn.Module, inputs: Mapping) -> None:
                 f"input_ids hold sequences of {ids.shape[1]} tokens, longer than the {limit[1]} positions the model "
                 f"was built for (config.{limit[0]}); cut them to {limit[1]} tokens or fewer"
             )
+    _check_position_ids(model, inputs.get("position_ids"), ids)
     mask = inputs.get("attention_mask")
     if mask is None:
         return
@@ -127,6 +232,25 @@ def _check_token_batch(model: nn.Module, inputs: Mapping) -> None:
             )
 
 
+def _check_position_ids(model: nn.Module, positions: Any, ids: Any) -> None:
+    """Refuse ``position_ids`` that are not integers, of another shape than the ids, or outside the positions the
+    model has (its embedding would fail on them deep inside torch)."""
+    if positions is None:
+        return
+    if not isinstance(positions, torch.Tensor) or positions.is_floating_point() or positions.dtype == torch.bool:
+        raise CaptureError(f"position_ids must be an integer tensor (batch, T), got {_describe(positions)}")
+    if isinstance(ids, torch.Tensor) and positions.shape != ids.shape and positions.shape != ids.shape[1:] and \
+            positions.shape != (1, *ids.shape[1:]):
+        raise CaptureError(f"position_ids have shape {tuple(positions.shape)}, input_ids {tuple(ids.shape)}; give "
+                           "one position per token (the ids' shape)")
+    limit = position_limit(model)
+    if positions.numel() and (int(positions.min()) < 0 or (limit is not None and int(positions.max()) >= limit[1])):
+        bad = int(positions.min()) if int(positions.min()) < 0 else int(positions.max())
+        top = f"0..{limit[1] - 1} (config.{limit[0]})" if limit else "0 or more"
+        raise CaptureError(f"position_ids hold {bad}, outside the model's positions {top}; number each example's "
+                           "tokens from 0")
+
+
 def _float_dtype(model: nn.Module) -> torch.dtype | None:
     """The floating dtype of all of the model's floating parameters; None when there are none or several."""
     dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
@@ -143,8 +267,11 @@ def _as_long(value: Any) -> Any:
 
 def conform_batch(model: nn.Module, inputs: Any, targets: Any, device: torch.device | None = None) -> tuple[Any, Any]:
     """``(inputs, targets)`` on the model's device as it takes them: int32 (any integer) token ids and labels as
-    int64, floating inputs in the model's floating dtype (float32 inputs for a float64 model)."""
+    int64, floating inputs in the model's floating dtype (float32 inputs for a float64 model), and tensors made
+    inside ``torch.inference_mode()`` as ordinary clones."""
     device = _device_of(model) if device is None else device
+    # a tensor made inside torch.inference_mode() cannot enter autograd; its clone (made here, outside) can
+    inputs, targets = (_map_tensors(v, lambda t: t.clone() if t.is_inference() else t) for v in (inputs, targets))
     if isinstance(inputs, Mapping):
         inputs = {k: _as_long(v) if k in ("input_ids", "labels") else v for k, v in inputs.items()}
     elif _embedding_rows(model) is not None:
@@ -225,13 +352,36 @@ def split_batch(batch: Any) -> tuple[Any, Any]:
     return batch, None
 
 
-def call_model(model: nn.Module, inputs: Any) -> Any:
+def _describe_inputs(inputs: Any) -> str:
+    """The inputs as an error message names them: each tensor's key, shape and dtype."""
     if isinstance(inputs, Mapping):
-        kwargs = {k: v for k, v in inputs.items() if k != "labels"}
-        if hasattr(getattr(model, "config", None), "use_cache") or "use_cache" in _forward_params(model):
-            kwargs.setdefault("use_cache", False)  # no key/value cache: it only costs memory here
-        return model(**kwargs)
-    return model(inputs)
+        parts = [f"{k} {tuple(v.shape)} {str(v.dtype).replace('torch.', '')}" if isinstance(v, torch.Tensor)
+                 else f"{k} {type(v).__name__}" for k, v in inputs.items()]
+        return "inputs {" + ", ".join(parts[:6]) + "}"
+    if isinstance(inputs, torch.Tensor):
+        return f"inputs of shape {tuple(inputs.shape)} ({str(inputs.dtype).replace('torch.', '')})"
+    return f"inputs {_describe(inputs)}"
+
+
+def call_model(model: nn.Module, inputs: Any) -> Any:
+    """``model`` called on ``inputs`` (a mapping as keyword arguments, without ``labels``; anything else as the
+    one argument). An exception of the model's own becomes a :class:`~dalign_core.capture.refusals.ModelError`
+    that names the submodule that raised and the inputs it was given (the original is its ``__cause__``)."""
+    try:
+        if isinstance(inputs, Mapping):
+            kwargs = {k: v for k, v in inputs.items() if k != "labels"}
+            if hasattr(getattr(model, "config", None), "use_cache") or "use_cache" in _forward_params(model):
+                kwargs.setdefault("use_cache", False)  # no key/value cache: it only costs memory here
+            return model(**kwargs)
+        return model(inputs)
+    except CaptureError:  # a refusal from the capture's own hook
+        raise
+    except RuntimeError as err:  # an in-place op on a leaf the hook made: the capture says what it means
+        if "leaf Variable that requires grad" in str(err):
+            raise
+        raise model_error(model, err, _describe_inputs(inputs)) from err
+    except Exception as err:  # noqa: BLE001  (the user's model: any type it raises is its own)
+        raise model_error(model, err, _describe_inputs(inputs)) from err
 
 
 def _forward_params(model: nn.Module) -> set[str]:

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from dalign_core.capture.batches import call_model
-from dalign_core.capture.losses import _logits, _positions_for_left_padding, _resolve_task, per_example_loss
+from dalign_core.capture.losses import _logits, _positions_for_left_padding, _resolve_task, call_loss, per_example_loss
 from dalign_core.capture.refusals import CaptureError
 
 __all__ = ["layer_gradients", "primary_output"]
@@ -105,7 +105,7 @@ def _forward_to_losses(model, modules: dict[str, nn.Module], inputs, targets, ta
                         "exactly once per forward"
                     )
             if loss_fn is not None:
-                losses = loss_fn(output, targets)
+                losses = call_loss(loss_fn, output, targets)  # its errors and returns checked, coupling refused
             else:  # the task read from the model here, where the model is known
                 logits = _logits(output, logits_index)
                 losses = per_example_loss(logits, inputs, targets, _resolve_task(model, task, logits))

@@ -15,6 +15,8 @@ __all__ = ["insertion_points", "resolve_layers"]
 
 
 _BLOCK_CLASS = re.compile(r"(DecoderLayer|EncoderLayer|Layer|Block|Bottleneck)$")
+_NUMBERED = re.compile(r"(^|_)\d+$")
+"""A numbered child: ``3`` in a ModuleList, or ``encoder_layer_3`` in a named Sequential (torchvision's ViT)."""
 
 
 def _module_names(model: nn.Module) -> list[str]:
@@ -24,17 +26,26 @@ def _module_names(model: nn.Module) -> list[str]:
 def insertion_points(model: nn.Module) -> list[str]:
     """Dotted names of the model's residual blocks (decoder layers), in forward order.
 
-    A block is a numbered child of a container (``….layers.3``, ``layer2.0``) whose
+    A block is a numbered child of a container (``….layers.3``, ``layer2.0``, ``encoder_layer_3``) whose
     class name ends in ``DecoderLayer``, ``EncoderLayer``, ``Layer``, ``Block`` or
     ``Bottleneck``; blocks nested inside another block are skipped. If none match,
-    the children of the longest ``ModuleList``/``Sequential`` are returned.
+    the composite children of every ``ModuleList`` (blocks kept in lists, in forward
+    order, also lists inside a ``ModuleDict``); failing that, the children of the
+    longest ``ModuleList``/``Sequential``.
     """
     names: list[str] = []
     for name, module in model.named_modules():
-        if not name or not name.rsplit(".", 1)[-1].isdigit():
+        if not name or not _NUMBERED.search(name.rsplit(".", 1)[-1]):
             continue
         if _BLOCK_CLASS.search(type(module).__name__) and not any(name.startswith(p + ".") for p in names):
             names.append(name)
+    if names:
+        return names
+    for name, module in model.named_modules():  # blocks held in lists: every list of composite modules, in order
+        if isinstance(module, nn.ModuleList) and not any(name.startswith(p + ".") for p in names):
+            children = [f"{name}.{child}" if name else child for child, sub in module.named_children()
+                        if any(True for _ in sub.children())]
+            names += children
     if names:
         return names
     best: list[str] = []

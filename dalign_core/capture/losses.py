@@ -7,6 +7,7 @@ whose attention is bidirectional is refused (:func:`causal_lm_problem`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -15,9 +16,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from dalign_core.capture.batches import _as_long, _forward_params
-from dalign_core.capture.refusals import CaptureError, _describe
+from dalign_core.capture.refusals import CaptureError, ModelError, _describe, _first_line, _user_frame
 
-__all__ = ["IGNORE_INDEX", "TASKS", "LossFn", "per_example_loss", "causal_lm_problem"]
+__all__ = ["IGNORE_INDEX", "TASKS", "LossFn", "per_example_loss", "causal_lm_problem", "call_loss",
+           "check_losses_separate"]
 
 
 IGNORE_INDEX = -100
@@ -197,6 +199,7 @@ def per_example_loss(output: Any, inputs: Any, targets: Any = None, task: str = 
     if task == "classification":
         if targets is None:
             raise CaptureError("a classifier needs targets (the labels of the batch) to define each example's loss")
+        _check_classification_targets(logits, targets)
         logits = _at_least_float32(logits)
         if isinstance(targets, torch.Tensor) and targets.is_floating_point():  # class probabilities
             targets = targets.to(logits.dtype)
@@ -242,6 +245,34 @@ def per_example_loss(output: Any, inputs: Any, targets: Any = None, task: str = 
             "drop them"
         )
     return token_loss.sum(dim=1) / counts
+
+
+def _check_classification_targets(logits: torch.Tensor, targets: Any) -> None:
+    """Refuse classifier targets cross-entropy would misread or fail on inside torch: logits that are not
+    (batch, classes), targets that are neither class indices (batch,) nor class probabilities (batch, classes)."""
+    if logits.ndim != 2:
+        raise CaptureError(
+            f"a classification loss needs logits of shape (batch, classes), got {tuple(logits.shape)}; for per-token "
+            "logits pass task='token_classification', 'masked_lm' or 'causal_lm'"
+        )
+    if not isinstance(targets, torch.Tensor):
+        raise CaptureError(f"classifier targets must be a tensor of class indices (batch,), got {_describe(targets)}")
+    batch, classes = logits.shape
+    if targets.dtype == torch.bool or targets.is_complex():
+        raise CaptureError(f"classifier targets must be class indices (an integer tensor of shape ({batch},)) or "
+                           f"class probabilities (float, ({batch}, {classes})), got {_describe(targets)}")
+    if targets.is_floating_point():
+        if tuple(targets.shape) != (batch, classes):
+            hint = "; whole-number class labels: convert them with .long()" if targets.ndim == 1 else ""
+            raise CaptureError(
+                f"float classifier targets are read as class probabilities and must have the logits' shape "
+                f"({batch}, {classes}), got {tuple(targets.shape)}{hint}"
+            )
+        return
+    if tuple(targets.shape) != (batch,):
+        hint = "; squeeze the extra axis: targets.view(-1)" if targets.numel() == batch else ""
+        raise CaptureError(f"classifier targets must be class indices of shape ({batch},), one per example, got "
+                           f"shape {tuple(targets.shape)}{hint}")
 
 
 def _token_loss(logits: torch.Tensor, inputs: Any, targets: Any, task: str) -> torch.Tensor:
@@ -301,3 +332,117 @@ def _positions_for_left_padding(model: nn.Module, inputs: Any, task: str, loss_f
         )
     real = (inputs["attention_mask"] != 0).long()
     return {**inputs, "position_ids": (real.cumsum(dim=1) - 1).clamp(min=0)}
+
+
+def call_loss(loss_fn: LossFn, output: Any, targets: Any, batch: int | None = None) -> torch.Tensor:
+    """``loss_fn(output, targets)``: its exceptions as a :class:`~dalign_core.capture.refusals.ModelError`, and
+    what it returns checked: a floating tensor of shape (batch,) (``batch``: the examples, when known) whose
+    example i depends on example i's output alone (:func:`check_losses_separate`)."""
+    try:
+        losses = loss_fn(output, targets)
+    except CaptureError:
+        raise
+    except Exception as err:  # noqa: BLE001  (the user's loss: any type it raises is its own)
+        frame = _user_frame(err.__traceback__)
+        raise ModelError(
+            f"loss_fn raised {type(err).__name__}" + (f" at {frame}" if frame else "") + f": {_first_line(err)}; it "
+            f"is called as loss_fn(output, targets) with the model's output ({_describe(output)}) and the targets "
+            f"({_describe(targets)}), and must return the per-example losses (batch,)",
+            model="loss_fn", kind=type(err).__name__, place="in loss_fn" + (f" at {frame}" if frame else ""),
+            detail=_first_line(err),
+        ) from err
+    if not isinstance(losses, torch.Tensor):
+        raise CaptureError(f"loss_fn must return a tensor of per-example losses (batch,), got {_describe(losses)}")
+    if not losses.is_floating_point():
+        raise CaptureError(f"loss_fn must return floating per-example losses (batch,), got {_describe(losses)}; a "
+                           "loss that is an integer has no gradient")
+    if losses.ndim != 1 or (batch is not None and losses.shape[0] != batch):
+        want = f"({batch},)" if batch is not None else "(batch,)"
+        raise CaptureError(f"per-example losses must have shape {want}, one per example, got {tuple(losses.shape)}"
+                           + ("; use reduction='none'" if losses.ndim == 0 else ""))
+    check_losses_separate(loss_fn, output, targets, losses)
+    return losses
+
+
+def _with_leaves(value: Any, batch: int, leaves: list[torch.Tensor]) -> Any:
+    """``value`` (a model output) rebuilt with each floating tensor whose first axis is the ``batch`` examples
+    replaced by a detached copy that requires grad (collected in ``leaves``); raises TypeError when a container
+    cannot be rebuilt."""
+    if isinstance(value, torch.Tensor):
+        if value.is_floating_point() and value.ndim and value.shape[0] == batch:
+            leaf = value.detach().requires_grad_(True)
+            leaves.append(leaf)
+            return leaf
+        return value.detach()
+    if isinstance(value, Mapping):
+        items = {k: _with_leaves(v, batch, leaves) for k, v in value.items()}
+        return items if type(value) is dict else type(value)(**items)  # transformers' ModelOutput takes keywords
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+        return type(value)(*(_with_leaves(v, batch, leaves) for v in value))
+    if isinstance(value, (tuple, list)):
+        return type(value)(_with_leaves(v, batch, leaves) for v in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.replace(value, **{f.name: _with_leaves(getattr(value, f.name), batch, leaves)
+                                             for f in dataclasses.fields(value) if f.init})
+    if value is None or isinstance(value, (int, float, str, bool)):
+        return value
+    raise TypeError(type(value).__name__)
+
+
+SEPARATION_TOLERANCE = 1e-3
+"""Relative size of ``∇(Σ w_i ℓ_i) − w ⊙ ∇(Σ ℓ_i)`` above which a loss couples the examples (rounding: ~1e-7)."""
+
+
+def check_losses_separate(loss_fn: LossFn, output: Any, targets: Any, losses: torch.Tensor) -> None:
+    """Refuse a ``loss_fn`` whose example i's loss depends on other examples' outputs.
+
+    One backward pass of ``Σ_i ℓ_i`` gives each example's own gradient only when ℓ_i depends on output row i
+    alone. With ``ℓ_i = l_i − mean(l)`` every q is exactly 0, and with any batch statistic in the loss each row
+    mixes the others'. The test: the loss is evaluated again on detached copies of the output's batch-first
+    tensors, and the gradient of ``Σ w_i ℓ_i`` (fixed random weights w) must equal ``w_j`` times row j of the
+    gradient of ``Σ ℓ_i`` for every example j — exactly what a separable loss gives, and what a coupled one does
+    not. Costs two backward passes through the loss alone (not the model). An output that cannot be rebuilt, or a
+    loss that does not read it, is not judged here.
+    """
+    batch = losses.shape[0]
+    if batch < 2:
+        return
+    leaves: list[torch.Tensor] = []
+    try:
+        copy = _with_leaves(output, batch, leaves)
+    except Exception:  # noqa: BLE001  (a container that cannot be rebuilt: not judged)
+        return
+    if not leaves:
+        return
+    with torch.enable_grad():
+        try:
+            again = loss_fn(copy, targets)
+        except Exception:  # noqa: BLE001  (it ran on the real output; a copy it cannot take is not judged)
+            return
+        if not isinstance(again, torch.Tensor) or again.shape != losses.shape or not again.requires_grad:
+            return
+        weights = torch.rand(batch, generator=torch.Generator().manual_seed(0), dtype=torch.float64) + 0.5
+        weights = weights.to(again.device, again.dtype)
+        plain = torch.autograd.grad(again.sum(), leaves, retain_graph=True, allow_unused=True)
+        weighted = torch.autograd.grad((again * weights).sum(), leaves, allow_unused=True)
+    gap = torch.zeros(batch, dtype=torch.float64)
+    scale = 0.0
+    for g1, g2 in zip(plain, weighted):
+        if g1 is None or g2 is None:
+            continue
+        expected = weights.view(-1, *[1] * (g1.ndim - 1)) * g1
+        gap += (g2 - expected).double().flatten(1).norm(dim=1).cpu() ** 2
+        scale = max(scale, float(g2.double().norm()), float(expected.double().norm()))
+    if scale == 0.0:
+        return
+    rows = torch.nonzero(gap.sqrt() > SEPARATION_TOLERANCE * scale).flatten().tolist()
+    if rows:
+        zero = float(max(g.double().norm() for g in plain if g is not None)) <= SEPARATION_TOLERANCE * scale
+        raise CaptureError(
+            f"loss_fn couples the examples: the losses of the batch depend on other examples' outputs (example(s) "
+            f"{rows[:10]} get gradient from the others' losses"
+            + ("; the summed loss does not depend on the output at all, so every q would be exactly 0" if zero else "")
+            + "), e.g. through a batch mean such as l - l.mean() or a normalisation over the batch. One backward pass "
+            "of the summed loss then does not give each example's own q; return each example's own loss, computed "
+            "from its own output row (reduction='none', no statistics across the batch)"
+        )

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["CaptureError", "check_capturable", "check_not_compiled"]
+__all__ = ["CaptureError", "ModelError", "check_capturable", "check_not_compiled", "model_error"]
 
 
 _RANDOM_PROBABILITY_ATTRS = ("p", "drop_prob", "drop_rate", "drop_path_prob", "drop_path_rate", "dropout_prob",
@@ -25,6 +25,23 @@ _ATTN_DROPOUT_ATTRS = ("attention_dropout", "attn_dropout", "attention_probs_dro
 
 class CaptureError(ValueError):
     """The model, layer or batch would give wrong activation gradients; the message says why and what to do."""
+
+
+class ModelError(CaptureError):
+    """The user's model (or ``loss_fn``) raised an exception of its own on the batch it was given.
+
+    ``model`` is the model's class name, ``where`` the dotted name of the innermost submodule that was running
+    ("" for the model's own forward), ``kind`` the original exception's type name; ``__cause__`` is the original
+    exception, with its traceback."""
+
+    def __init__(self, message: str, *, model: str = "", where: str = "", kind: str = "", place: str = "",
+                 detail: str = ""):
+        super().__init__(message)
+        self.model, self.where, self.kind = model, where, kind
+        self.place = place
+        """Where it raised, in words: "in its submodule 'x' (Linear)" or "in its forward"."""
+        self.detail = detail
+        """The first line of the original exception's message."""
 
 
 def _describe(value: Any) -> str:
@@ -135,3 +152,64 @@ def check_capturable(model: nn.Module) -> None:
             f"cannot capture per-example activation gradients: {shown}. Call model.eval() first "
             "(or set the dropout probabilities to 0); the capture never changes the model's mode itself."
         )
+
+
+def _first_line(err: BaseException) -> str:
+    """The first non-empty line of an exception's message (at most 300 characters), or its type's name."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[0][:300] if lines else type(err).__name__
+
+
+def failing_module(root: nn.Module | None, traceback: Any) -> tuple[str, nn.Module | None]:
+    """``(dotted name, module)`` of the innermost ``nn.Module`` whose call was running when ``traceback`` was
+    raised ("" and ``root`` when only ``root``'s own forward was; ``("", None)`` when no module call was).
+
+    Read from the frames of ``nn.Module.__call__`` in the traceback: each holds the module it calls as ``self``.
+    ``root`` None: the outermost module called is taken as the root."""
+    called: list[nn.Module] = []
+    while traceback is not None:
+        frame = traceback.tb_frame
+        if frame.f_code.co_name in ("_call_impl", "_wrapped_call_impl") and \
+                frame.f_code.co_filename.endswith(("module.py",)):
+            module = frame.f_locals.get("self")
+            if isinstance(module, nn.Module) and (not called or called[-1] is not module):
+                called.append(module)
+        traceback = traceback.tb_next
+    if not called:
+        return "", None
+    root = called[0] if root is None else root
+    innermost = called[-1]
+    if innermost is root:
+        return "", root
+    for name, module in root.named_modules():
+        if module is innermost:
+            return name, module
+    return "", innermost
+
+
+def _user_frame(traceback: Any) -> str:
+    """``file:line in function`` of the innermost frame outside torch and dalign_core ("" if none): where the
+    user's own code raised, or called the torch function that did."""
+    found = ""
+    while traceback is not None:
+        code = traceback.tb_frame.f_code
+        path = code.co_filename.replace("\\", "/")
+        if "/torch/" not in path and "/dalign_core/" not in path and not path.startswith("<frozen"):
+            found = f"{path.rsplit('/', 1)[-1]}:{traceback.tb_lineno} in {code.co_name}"
+        traceback = traceback.tb_next
+    return found
+
+
+def model_error(model: nn.Module, err: BaseException, given: str) -> ModelError:
+    """The :class:`ModelError` for an exception ``err`` that ``model``'s forward raised on ``given`` (a short
+    description of the inputs): which submodule was running, where in the user's code, and what to check."""
+    name, module = failing_module(model, err.__traceback__)
+    where = f"in its submodule {name!r} ({type(module).__name__})" if name else "in its forward"
+    frame = _user_frame(err.__traceback__)
+    place = where + (f" at {frame}" if frame else "")
+    return ModelError(
+        f"{type(model).__name__} raised {type(err).__name__} {place} on {given}: {_first_line(err)}. Check that the "
+        "inputs fit the model (their keys, shapes and dtypes, and the size it was built for); the model's own "
+        "traceback is this error's __cause__",
+        model=type(model).__name__, where=name, kind=type(err).__name__, place=place, detail=_first_line(err),
+    )

@@ -10,7 +10,11 @@ data.
 * :mod:`~dalign_core.cli.redundancy_check`: the redundancy check every subcommand runs, and its warning.
 * :mod:`~dalign_core.cli.loading`: models from a folder, a hub id or ``--arch``, and their tokenizers.
 * :mod:`~dalign_core.cli.examples`: the examples: text files and datasets as token batches, tensor files, image
-  folders.
+  folders; a --data pipe read with a timeout.
+* :mod:`~dalign_core.cli.regular_files`: no pipe, socket or device in a model or tokenizer folder; a --revision
+  inside --model.
+* :mod:`~dalign_core.cli.failures`: one line for what the user's model or data raised, naming the model, the
+  submodule and the layer.
 
 Only :mod:`~dalign_core.cli.loading` and :mod:`~dalign_core.cli.examples` import torch when loaded; the others load
 it inside the commands, so ``dalign --help`` is instant and Ctrl-C while torch loads is caught.

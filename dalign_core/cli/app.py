@@ -90,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_data_options(lay, required=False)
     lay.add_argument("--redundancy-examples", type=int, default=64,
                      help="with --data: examples for each block's redundancy fraction (default: 64)")
+    lay.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     rank = sub.add_parser(
         "rank", help="order the insertion points by each predictor of where to grow",
         description=("Order a model's insertion points (residual blocks) by each predictor of where an inserted "
@@ -116,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="examples of the redundancy check (warns above 0.9; 0: skip; default: 64)")
     rank.add_argument("--csv", type=_out_file, default=None,
                       help="write every number to this CSV file (atomically; never over an input or a non-CSV file)")
+    rank.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     return parser
 
 
@@ -135,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     """Run the parsed command; a refused input is one line on stderr and exit status 1."""
-    from dalign_core.capture.refusals import CaptureError
+    from dalign_core.capture.refusals import CaptureError, ModelError
+    from dalign_core.cli.failures import failure_line
     from dalign_core.cli.loading import LoadError
 
     try:
@@ -147,16 +150,17 @@ def _run(args: argparse.Namespace) -> int:
         elif args.command == "rank":
             rank(args)
     except (LoadError, CaptureError, ValueError, OSError) as err:
-        one_line = re.sub(r"\s*\n\s*", " ", str(err).strip())  # a message quoted from a library may span lines
+        if isinstance(err, ModelError) and env_flag("DALIGN_DEBUG"):
+            raise
+        text = failure_line(err, args) if isinstance(err, ModelError) else str(err)
+        one_line = re.sub(r"\s*\n\s*", " ", text.strip())  # a message quoted from a library may span lines
         print(f"dalign: error: {one_line}", file=sys.stderr)
         return EXIT_ERROR
-    except RuntimeError as err:  # an --arch model that cannot run on --data (shapes, dtypes): its own error, one line
-        if getattr(args, "arch", None) is None or env_flag("DALIGN_DEBUG"):
+    except Exception as err:  # noqa: BLE001  (the user's model or data, any type: one line; our own bug: raised)
+        line = None if env_flag("DALIGN_DEBUG") else failure_line(err, args)
+        if line is None:
             raise
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        print(f"dalign: error: the model --arch {args.arch} builds raised {type(err).__name__} on the --data examples "
-              f"({first}); check that --data fits the model (--arch-kwargs, --image-size; DALIGN_DEBUG=1 shows "
-              "where)", file=sys.stderr)
+        print("dalign: error: " + re.sub(r"\s*\n\s*", " ", line.strip()), file=sys.stderr)
         return EXIT_ERROR
     return EXIT_OK
 

@@ -61,9 +61,31 @@ def _uncertified(row: dict) -> bool:
     return low is None or not low > 0
 
 
+def _zero_note(records: list[dict]) -> str:
+    """Where q is exactly 0 for every example: d_align is 0 by construction, which more examples do not change."""
+    zero = [r["layer"] for r in records if r.get("q_all_zero")]
+    if not zero:
+        return ""
+    return ("\nnote: q is exactly 0 for every example at " + ", ".join(zero[:5]) + (", …" if len(zero) > 5 else "")
+            + ": the loss does not change with that layer's output on these examples (nothing after it reaches the "
+            "loss, or the loss is flat there), so ||mu||^2, d_par, d_2 and d_align are 0 by construction and certify "
+            "nothing; more examples will not change that: capture at another layer, or check the model and data.")
+
+
+def _sketch_note(records: list[dict]) -> str:
+    """A sketch that is no smaller than q: it saves nothing and only approximates what q itself gives exactly."""
+    large = [r for r in records if r.get("sketch_dim") and r.get("d") and r["sketch_dim"] >= r["d"]]
+    if not large:
+        return ""
+    r = large[0]
+    return (f"\nnote: --sketch-dim {r['sketch_dim']} is not smaller than q's dimension d={r['d']}: the sketch saves "
+            "no memory and only approximates the geometry q itself gives; drop --sketch-dim for the exact estimate "
+            f"(a sketch pays only for k well below d).")
+
+
 def _certificate_note(records: list[dict], pct: str) -> str:
     """A warning when a d_align interval reaches 0, so that the B_align estimate is not read as a certificate."""
-    weak = [r["layer"] for r in records if _uncertified(r)]
+    weak = [r["layer"] for r in records if _uncertified(r) and not r.get("q_all_zero")]
     if not weak:
         return ""
     n = records[0]["n"]
@@ -97,7 +119,8 @@ def format_table(records: list[dict], confidence: float) -> str:
             [f"B_align at d_align's {pct} lower end (certificate)", _fmt(r["b_align_at_lo"]), ""],
         ]
         table = _render(["quantity", "estimate", f"{pct} CI"], rows, ["l", "r", "l"])
-        return header + "\n" + table + _certificate_note(records, pct) + _undefined_note(records)
+        return (header + "\n" + table + _zero_note(records) + _certificate_note(records, pct) + _undefined_note(records)
+                + _sketch_note(records))
     ranked = sorted(records, key=lambda r: r["rank"])
     rows = [
         [str(r["rank"]), r["layer"], _fmt(r["mean_sq"]), _fmt(r["d_par"]), _fmt(r["d_2"]), _fmt(r["d_align"]),
@@ -115,7 +138,8 @@ def format_table(records: list[dict], confidence: float) -> str:
     headers = ["rank", "layer", "||mu||^2", "d_par", "d_2", "d_align", f"d_align {pct} CI", "B_exact", "B_align",
                "B_align@lo"]
     table = _render(headers, rows, ["r", "l", "r", "r", "r", "r", "l", "r", "r", "r"])
-    return header + "\n" + table + _certificate_note(ranked, pct) + _undefined_note(ranked)
+    return (header + "\n" + table + _zero_note(ranked) + _certificate_note(ranked, pct) + _undefined_note(ranked)
+            + _sketch_note(ranked))
 
 
 CSV_COLUMNS = [
@@ -127,7 +151,7 @@ CSV_COLUMNS = [
     "d_align", "d_align_lo", "d_align_hi", "d_align_se",
     "b_exact", "b_align", "b_align_lo", "b_align_hi", "b_align_at_lo",
     "mean_sq_sq", "directional", "cov_energy", "method", "sketch_dim", "wall_time_s",
-    "redundancy", "redundant_with",
+    "redundancy", "redundant_with", "q_all_zero",
 ]
 
 
@@ -304,6 +328,7 @@ def _report_estimate(args: argparse.Namespace, accumulators: dict, owned: dict, 
             confidence=args.confidence, b_exact=geometry.b_exact(M, K), wall_time_s=round(wall, 3),
             **_b_align_columns(row, M, K),
         )
+        row["q_all_zero"] = accumulator.n > 0 and not bool((accumulator.gram().diagonal() > 0).any())
         check = owned.get((name, args.reduction))
         row.update(redundancy=check["fraction"] if check else None,
                    redundant_with=_owner(check) if check and _is_redundant(check) else None)

@@ -10,7 +10,10 @@
 from __future__ import annotations
 
 import argparse
+import codecs
 import os
+import select
+import stat
 import sys
 import warnings
 from pathlib import Path
@@ -56,7 +59,85 @@ def _chunks_from_texts(texts: Iterable[str], tokenizer, examples: int, seq_len: 
     return sequences
 
 
+DATA_WAIT_S = 10.0
+"""How long a --data pipe (or other stream) may stay silent before it is refused (``DALIGN_DATA_TIMEOUT``)."""
+
+
+def _data_wait() -> float:
+    """Seconds to wait for each read of a --data stream: ``DALIGN_DATA_TIMEOUT`` or :data:`DATA_WAIT_S`."""
+    text = os.environ.get("DALIGN_DATA_TIMEOUT", "").strip()
+    if not text:
+        return DATA_WAIT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise LoadError(f"DALIGN_DATA_TIMEOUT must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def _stream_kind(path: Path) -> str:
+    """"" for a regular file; "pipe (FIFO)" or "character device" for a stream --data reads with a timeout."""
+    mode = path.stat().st_mode
+    if stat.S_ISREG(mode):
+        return ""
+    if stat.S_ISFIFO(mode):
+        return "pipe (FIFO)"
+    if stat.S_ISCHR(mode):
+        return "character device"
+    kind = "socket" if stat.S_ISSOCK(mode) else "block device" if stat.S_ISBLK(mode) else "special file"
+    raise LoadError(f"data path {str(path)!r} is a {kind}, not a regular file; --data needs a UTF-8 text file")
+
+
+def _stream_blocks(path: Path, kind: str, block_bytes: int = 1 << 16) -> Iterator[str]:
+    """The text of a pipe or device, block by block, each read waiting at most :func:`_data_wait` seconds.
+
+    A FIFO that no process writes to would block ``open`` and ``read`` forever; here it is opened without
+    blocking and every read waits for data with a timeout, so a silent stream is refused in one sentence."""
+    wait = _data_wait()
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as err:
+        raise LoadError(f"data file {str(path)!r} ({kind}) cannot be opened: {err.strerror or err}") from err
+    decoder = codecs.getincrementaldecoder("utf-8-sig")()
+    offset = 0
+    try:
+        while True:
+            ready, _, _ = select.select([fd], [], [], wait)
+            if not ready:
+                raise LoadError(
+                    f"data file {str(path)!r} is a {kind}, not a regular file, and nothing arrived on it within "
+                    f"{wait:g} s (is a process writing to it?); pass a regular text file, or start the writer first "
+                    "(DALIGN_DATA_TIMEOUT sets the wait)"
+                )
+            try:
+                chunk = os.read(fd, block_bytes)
+            except BlockingIOError:
+                continue
+            if b"\x00" in chunk:
+                raise LoadError(f"data file {str(path)!r} ({kind}) sends binary data (NUL bytes at byte offset "
+                                f"{offset + chunk.index(0)}), not UTF-8 text: --data needs text")
+            try:
+                text = decoder.decode(chunk, final=not chunk)
+            except UnicodeDecodeError as err:
+                raise LoadError(f"data file {str(path)!r} ({kind}) is not UTF-8 text (bytes "
+                                f"{chunk[err.start:err.start + 4]!r} near byte offset {offset + err.start}); convert "
+                                "it, e.g. `iconv -f latin1 -t utf-8`, before it reaches --data") from err
+            offset += len(chunk)
+            if text:
+                yield text
+            if not chunk:  # end of the stream: every writer has closed it
+                return
+    finally:
+        os.close(fd)
+
+
 def _file_blocks(path: Path, block_chars: int = 1 << 20) -> Iterator[str]:
+    kind = _stream_kind(path)
+    if kind:
+        yield from _stream_blocks(path, kind)
+        return
     try:
         with path.open("r", encoding="utf-8-sig", errors="strict") as handle:  # a leading BOM is dropped
             block: list[str] = []
@@ -111,8 +192,9 @@ def check_data_file(path: str | os.PathLike) -> Path:
         raise LoadError(f"data path {str(path)!r} is a directory; --data needs a UTF-8 text file (one file)")
     if not path.exists():
         raise LoadError(f"data file {str(path)!r} does not exist")
-    if not os.access(path, os.R_OK):  # a pipe or /dev/fd/N is not a regular file, and is fine to read
+    if not os.access(path, os.R_OK):  # a pipe or /dev/fd/N is not a regular file, and is read with a timeout
         raise LoadError(f"data file {str(path)!r} cannot be read (no read permission)")
+    _stream_kind(path)  # a socket or a block device is refused here; a pipe is read with a timeout
     return path
 
 
@@ -216,6 +298,10 @@ def _image_folder_examples(args: argparse.Namespace, path: Path, examples: int) 
     chosen = order[:examples].tolist()
     images, labels = [], []
     for index in chosen:
+        file = Path(folder.samples[index][0])
+        if not file.is_file():
+            raise LoadError(f"{str(file)!r} in the image folder is not a regular file (a pipe, device or socket), "
+                            "which could block reading it forever; remove it or replace it with an image")
         try:
             image, label = folder[index]
         except Exception as err:  # noqa: BLE001  (PIL raises many kinds for a damaged image)
@@ -248,6 +334,10 @@ def _tensor_examples(spec: str, examples: int) -> tuple[torch.Tensor, torch.Tens
 
 
     path = Path(spec).expanduser()
+    if path.exists() and not path.is_file():
+        raise LoadError(f"--data {spec!r} is not a regular file (a pipe, device or socket), which torch.load cannot "
+                        "read; with --arch it is a .pt file of {'inputs': tensor, 'targets': tensor} (torch.save) "
+                        "or an image folder")
     if not path.is_file():
         raise LoadError(f"--data {spec!r} does not exist; with --arch it is a .pt file of "
                         "{'inputs': tensor, 'targets': tensor} (torch.save) or an image folder (one subfolder per "

@@ -83,7 +83,8 @@ def _layers(args: argparse.Namespace) -> None:
     if len(sequences) < 4:
         raise ValueError(f"{args.data} gives only {len(sequences)} example(s) of up to {args.seq_len} tokens; the "
                          "redundancy check needs at least 4: use more text or a smaller --seq-len")
-    owned = _redundancy_by_layer(model, names, sequences, args.batch_size, ("shared", "full"))
+    owned = _redundancy_by_layer(model, names, sequences, args.batch_size, ("shared", "full"),
+                                 progress=not getattr(args, "quiet", False))
     print(format_redundancy(names, owned, len(sequences)))
 
 
@@ -106,6 +107,7 @@ def _layers_arch(args: argparse.Namespace) -> None:
     if len(targets) < 4:
         raise ValueError(f"{args.data} gives only {len(targets)} example(s); the redundancy check needs at least 4")
     batches = _arch_batches(inputs, targets, args.batch_size)(0, len(targets))
-    rows = redundancy_rows(model, names, _with_progress(batches, "redundancy check"), reductions=("shared", "full"))
+    rows = redundancy_rows(model, names, _with_progress(batches, "redundancy check", not getattr(args, "quiet", False)),
+                           reductions=("shared", "full"))
     owned = {(row["layer"], row["reduction"]): row for row in rows}
     print(format_redundancy(names, owned, len(targets)))

@@ -39,6 +39,7 @@ from urllib.parse import urlparse
 import torch
 
 from dalign_core._env import offline_variable
+from dalign_core.cli.regular_files import check_regular_files, check_revision_name
 
 __all__ = [
     "LoadError",
@@ -136,6 +137,7 @@ def revision_folders(folder: str | os.PathLike) -> list[str]:
 
 def _local_revision(path: Path, spec: str, revision: str) -> ModelSource:
     """The checkpoint ``<path>/<revision>/`` of a revision-folder layout, or a LoadError listing those present."""
+    check_revision_name(path, revision, revision_folders(path))
     sub = path / revision
     if sub.is_dir() and (sub / "config.json").is_file():
         return ModelSource(spec, str(sub), local=True, revision=revision)
@@ -164,8 +166,11 @@ def resolve_model_source(spec: str, revision: str | None = None) -> ModelSource:
     if path.exists():
         if not path.is_dir():
             raise LoadError(f"--model {spec!r} is a file; pass the checkpoint folder (save_pretrained output) instead")
+        check_regular_files(path, "model folder")
         if revision is not None:
-            return _local_revision(path, spec, revision)
+            source = _local_revision(path, spec, revision)
+            check_regular_files(Path(source.path), "model folder")
+            return source
         if not (path / "config.json").is_file():
             present = revision_folders(path)
             if present:
@@ -414,6 +419,7 @@ def load_tokenizer(source: ModelSource | str, revision: str | None = None):
         if source.revision and not _has_tokenizer(folder) and _has_tokenizer(folder.parent):
             folder = folder.parent
             source = ModelSource(source.spec, str(folder), local=True, revision=source.revision)
+        check_regular_files(folder, "tokenizer folder")
         if not _has_tokenizer(folder):
             raise LoadError(
                 f"folder {str(folder)!r} has no tokenizer (none of {', '.join(_TOKENIZER_FILES)}). Save the tokenizer "
@@ -464,6 +470,9 @@ def _load_arch(args: argparse.Namespace, device):
     if not isinstance(model, nn.Module):
         raise ValueError(f"--arch {args.arch!r} returned a {type(model).__name__}, not a torch.nn.Module")
     path = Path(args.model).expanduser()
+    if path.exists() and not path.is_file() and not path.is_dir():
+        raise LoadError(f"--model {args.model!r} is not a regular file (a pipe, socket or device), which could block "
+                        "reading it forever; with --arch it is the state dict file (.pt or .safetensors)")
     if not path.is_file():
         raise LoadError(f"--model {args.model!r} does not exist or is not a file; with --arch it is the state dict "
                         "(torch.save(model.state_dict(), 'weights.pt') or a .safetensors file)")

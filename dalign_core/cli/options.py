@@ -2,7 +2,8 @@
 
 Adding ``--arch`` and the data options to a subcommand's parser; reading ``--out``, ``--csv`` and ``--hidden``;
 refusing, in one sentence, a ``--seq-len`` below 2, a ``--device`` this machine lacks, a ``--tokenizer`` that is a
-file, a negative ``--seed``, and an ``--out`` that cannot be written or would overwrite one of the command's inputs.
+file, a negative ``--seed``, and an ``--out`` that cannot be written, would overwrite one of the command's inputs, or
+names an existing file whose content is not CSV text.
 """
 
 from __future__ import annotations
@@ -84,7 +85,8 @@ def _check_out(path: Path, inputs: tuple = (), flag: str = "--out") -> None:
     """Refuse an ``--out`` that cannot be written, or should not be, before any work.
 
     Refused: an empty name, a folder, a path under a file, a folder without write access,
-    an existing file that is read-only or not a CSV (``.csv``), and any of ``inputs``
+    an existing file that is read-only, not a CSV (``.csv``) or, by its content, no CSV text
+    (binary data, NUL bytes, not UTF-8: a file that only carries the name), and any of ``inputs``
     (``(what, path)`` pairs: the --data file, the model folder, the tokenizer; a folder
     protects every file in it).
     """
@@ -112,10 +114,36 @@ def _check_out(path: Path, inputs: tuple = (), flag: str = "--out") -> None:
         if not path.is_file() or path.suffix.lower() != ".csv":
             raise ValueError(f"{flag} {str(path)!r} exists and is not a CSV file (.csv); it would be replaced: choose "
                              "a new file name or a .csv file")
+        problem = _not_csv_text(path)
+        if problem:
+            raise ValueError(f"{flag} {str(path)!r} is named .csv but {problem}, so it is not a table this command "
+                             "wrote and would be destroyed; choose a new file name (or move that file away first)")
         if not path.stat().st_mode & 0o222 or not os.access(path, os.W_OK):
             raise ValueError(f"{flag} {str(path)!r} is read-only; choose another file name, or make it writable "
                              f"(chmod u+w {str(path)!r})")
     require_writable(flag, path, folder)
+
+
+_CSV_PROBE_BYTES = 1 << 16
+
+
+def _not_csv_text(path: Path) -> str:
+    """Why the existing file ``path`` is not CSV text ("" when it is, or is empty): read from its first 64 KiB,
+    which must be UTF-8 without NUL bytes (a table), not binary data that merely carries a .csv name."""
+    import codecs
+
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(_CSV_PROBE_BYTES)
+    except OSError as err:
+        return f"cannot be read ({err.strerror or err})"
+    if b"\x00" in head:
+        return "holds binary data (NUL bytes)"
+    try:
+        codecs.getincrementaldecoder("utf-8-sig")().decode(head, final=len(head) < _CSV_PROBE_BYTES)
+    except UnicodeDecodeError as err:
+        return f"is not UTF-8 text (bytes {head[err.start:err.start + 4]!r} at byte offset {err.start})"
+    return ""
 
 
 def _same_or_inside(path: Path, given: Path) -> bool:

@@ -204,7 +204,8 @@ def rank(args: argparse.Namespace) -> list[dict]:
     owned = {}
     if args.redundancy_examples:
         checked = redundancy_rows(model, layers, _with_progress(batches(0, min(n, args.redundancy_examples)),
-                                                                "redundancy check"), reductions=(args.reduction,))
+                                                                "redundancy check", not getattr(args, "quiet", False)),
+                                  reductions=(args.reduction,))
         owned = {row["layer"]: row for row in checked}
     block_index = {name: i for i, name in enumerate(insertion_points(model))} if args.layer == "all" else {}
     for row in rows:
