@@ -187,11 +187,11 @@ def test_an_interrupted_study_resumes_from_its_finished_models(toy_source, monke
 def test_a_changed_sweep_makes_the_table_stale(toy_source, monkeypatch):
     config = _config()
     interventions.run(config, out_dir=toy_source)
-    assert not interventions._sweeps_changed(config, toy_source)
+    assert not interventions.sweeps_changed("interventions", config, toy_source, interventions.SOURCES)
     changed = interventions.Source(lambda profile: ToyConfig(steps=40, checkpoint_steps=(0, 20, 40)), _run_toy_sweep,
                                    lambda c: FAMILY)
     monkeypatch.setitem(interventions.SOURCES, "toy", changed)
-    assert interventions._sweeps_changed(config, toy_source)
+    assert interventions.sweeps_changed("interventions", config, toy_source, interventions.SOURCES)
 
 
 def test_models_of_unchanged_sweeps_are_taken_from_the_table(toy_source, monkeypatch):
@@ -206,7 +206,7 @@ def test_models_of_unchanged_sweeps_are_taken_from_the_table(toy_source, monkeyp
     csv_before = (toy_source / "interventions.csv").read_bytes()
     computed, real = [], interventions.model_rows
     monkeypatch.setattr(interventions, "model_rows", lambda *a, **k: computed.append(a[-1]["model"]) or real(*a, **k))
-    monkeypatch.setattr(interventions, "_sweeps_changed", lambda *a: True)  # as if another family's sweep changed
+    monkeypatch.setattr(interventions, "sweeps_changed", lambda *a: True)  # as if another family's sweep changed
 
     interventions.run(config, out_dir=toy_source)
     assert computed == [] and (toy_source / "interventions.csv").read_bytes() == csv_before

@@ -133,6 +133,29 @@ def sweep_changed(experiment: str, name: str, family_facts: dict, experiment_con
     return changed
 
 
+def sweeps_changed(experiment: str, config: ExperimentConfig, out_dir: str | Path, sources: dict[str, Any]) -> bool:
+    """Whether the existing ``<out>/<experiment>.json`` table was computed on other sweep models than the families of
+    ``config`` have now, or recorded a family as "not run" whose sweep has results now (then: recompute).
+
+    ``sources``: family name → its source (``.config(profile)``, ``.runs_table(name)``), as the studies keep them."""
+    from dalign_repro.report.results import results_current
+
+    path = Path(out_dir) / f"{experiment}.json"
+    if not path.is_file():
+        return False
+    families = json.loads(path.read_text()).get("families", {})
+    for name in config.families:
+        used = families.get(name, {})
+        experiment_config = sources[name].config(config.profile)
+        if sweep_changed(experiment, name, used, experiment_config):
+            return True
+        if used.get("status") == "not run" and results_current(out_dir, (sources[name].runs_table(name),),
+                                                                experiment_config):
+            log.info("%s: the %s sweep has results now; recomputing", experiment, name)
+            return True
+    return False
+
+
 def earlier_results(experiment: str, table: str, config: ExperimentConfig, out_dir: str | Path,
                     models: list[TrainedModel]) -> dict[str, dict]:
     """Job name → ``{"rows": …, "facts": …}`` of each model whose rows the study's existing table already holds.

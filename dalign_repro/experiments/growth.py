@@ -48,7 +48,7 @@ from dalign_core.device import resolve_device
 from dalign_repro.config import ExperimentConfig, default_results_dir
 from dalign_repro.experiments._models import (TrainedModel, check_counts_by_family, checkpoints_present,
                                              count_by_family, earlier_results, remove_model_jobs, run_model_jobs,
-                                             sweep_changed, trained_models)
+                                             sweeps_changed, trained_models)
 from dalign_repro.experiments._runner import main, run_experiment
 from dalign_repro.experiments import llama_depth
 from dalign_repro.experiments.interventions import SOURCES as SWEEP_SOURCES
@@ -286,29 +286,9 @@ def run(config: Config, out_dir: str | Path | None = None, force: bool = False) 
     """Grow every family's trained models at every insertion point (skipped when current, unless ``force``)."""
     out_dir = Path(out_dir) if out_dir is not None else default_results_dir(config.profile)
     written = run_experiment("growth", TABLES, config, lambda c, out: compute(c, out, reuse=not force),
-                             out_dir=out_dir, force=force or _sweeps_changed(config, out_dir), sharded=True)
+                             out_dir=out_dir, force=force or sweeps_changed("growth", config, out_dir, SOURCES), sharded=True)
     remove_model_jobs("growth", config, out_dir)  # the table holds every model's rows now
     return written
-
-
-def _sweeps_changed(config: Config, out_dir: Path) -> bool:
-    """Whether a family's sweep models, or their availability, differ from what the existing table used."""
-    import json
-
-    path = out_dir / "growth.json"
-    if not path.is_file():
-        return False
-    families = json.loads(path.read_text()).get("families", {})
-    for name in config.families:
-        used = families.get(name, {})
-        experiment_config = SOURCES[name].config(config.profile)
-        if sweep_changed("growth", name, used, experiment_config):
-            return True
-        if used.get("status") == "not run" and results_current(out_dir, (SOURCES[name].runs_table(name),),
-                                                                experiment_config):
-            log.info("growth: the %s sweep has results now; recomputing", name)
-            return True
-    return False
 
 
 if __name__ == "__main__":

@@ -49,7 +49,6 @@ again, deterministically.
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -65,7 +64,7 @@ from dalign_repro.config import ExperimentConfig, default_results_dir, measureme
 from dalign_repro.experiments import llama_width, pythia_width, resnet_width
 from dalign_repro.experiments._models import (TrainedModel, check_counts_by_family, chosen_runs, count_by_family,
                                              earlier_results, in_regime, remove_model_jobs, run_model_jobs,
-                                             sweep_changed, trained_models)
+                                             sweeps_changed, trained_models)
 from dalign_repro.experiments._runner import main, run_experiment
 from dalign_repro.sweep.family import Family, SweepConfig, count, take
 from dalign_repro.studies.interventions.compute import KINDS, optimizer_step_decrease, train_decrease_draws
@@ -374,19 +373,9 @@ def run(config: Config, out_dir: str | Path | None = None, force: bool = False) 
         source = SOURCES[name]
         source.run(source.config(config.profile), out_dir=out_dir)  # skipped when its tables are current
     written = run_experiment("interventions", TABLES, config, lambda c, out: compute(c, out, reuse=not force),
-                             out_dir=out_dir, force=force or _sweeps_changed(config, out_dir), sharded=True)
+                             out_dir=out_dir, force=force or sweeps_changed("interventions", config, out_dir, SOURCES), sharded=True)
     remove_model_jobs("interventions", config, out_dir)  # the tables hold every model's rows now
     return written
-
-
-def _sweeps_changed(config: Config, out_dir: Path) -> bool:
-    """Whether a family's sweep models differ from those the existing table was computed on (then: recompute)."""
-    path = out_dir / "interventions.json"
-    if not path.is_file():
-        return False
-    families = json.loads(path.read_text()).get("families", {})
-    return any(sweep_changed("interventions", name, families.get(name, {}), SOURCES[name].config(config.profile))
-               for name in config.families)
 
 
 if __name__ == "__main__":
