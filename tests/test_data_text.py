@@ -24,7 +24,8 @@ from dalign_repro.data.manifest import (
     sha256_file,
     verify_file,
 )
-from dalign_repro.data.text import TextCorpus, load_corpus, load_shakespeare, load_text_dir, split_documents
+from dalign_repro.data.corpora import load_corpus
+from dalign_repro.data.text import TextCorpus, load_shakespeare, load_text_dir, split_documents
 
 WORKS = [f"work_{i:02d}" for i in range(12)]
 

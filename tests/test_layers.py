@@ -113,3 +113,27 @@ def test_every_module_imports():
                 if not hasattr(importlib.import_module(head), leaf):
                     missing.append(f"{module.__name__} line {line}: no {target}")
     assert not missing, "; ".join(missing)
+
+
+def test_no_import_cycle_between_modules():
+    """No two modules import each other, directly or round a longer loop (at any depth of the file, type-only
+    imports included): a cycle means two concepts that are one, or one split in the wrong place."""
+    names = {_name(path): path for path in _modules()}
+    edges = {name: {t for _, target in _imports(path) for t in (target, target.rpartition(".")[0])
+                    if t in names and t != name and not (ROOT / Path(*t.split("."))).is_dir()}
+             for name, path in names.items()}
+    cycles, state = [], {}
+
+    def visit(name: str, trail: list[str]) -> None:
+        state[name] = "open"
+        for target in sorted(edges[name]):
+            if state.get(target) == "open":
+                cycles.append(" -> ".join(trail[trail.index(target):] + [target]))
+            elif target not in state:
+                visit(target, trail + [target])
+        state[name] = "done"
+
+    for name in sorted(names):
+        if name not in state:
+            visit(name, [name])
+    assert not cycles, "import cycles: " + "; ".join(cycles)

@@ -9,7 +9,7 @@ import pytest
 from dalign_repro.sweep import trend
 from dalign_repro.config import REPO_ROOT
 from dalign_repro.data import python_sources
-from dalign_repro.data.text import load_corpus
+from dalign_repro.data.corpora import load_corpus
 from dalign_repro.experiments import llama_context
 from dalign_repro.report.results import read_table
 

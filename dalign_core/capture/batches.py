@@ -13,15 +13,12 @@ import numbers
 import typing
 import warnings
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
 from dalign_core.capture.refusals import CaptureError, _describe, model_error
-
-if TYPE_CHECKING:
-    from dalign_core.capture.losses import LossFn
 
 __all__ = ["conform_batch", "position_limit", "split_batch", "call_model", "to_device", "targets_from_labels"]
 
@@ -54,7 +51,7 @@ def _check_token_ids(ids: Any, vocabulary: int | None, what: str) -> None:
         )
 
 
-def _check_batch(model: nn.Module, inputs: Any, targets: Any, loss_fn: LossFn | None) -> None:
+def _check_batch(model: nn.Module, inputs: Any, targets: Any, loss_fn: Callable[[Any, Any], torch.Tensor] | None) -> None:
     """Refuse inputs and targets of the wrong type before they reach the model (and fail deep inside torch), and
     a call the capture cannot differentiate (inside ``torch.inference_mode()``, a model on the meta device)."""
     _check_grad_mode(model)

@@ -39,6 +39,7 @@ from urllib.parse import urlparse
 import torch
 
 from dalign_core._env import offline_variable
+from dalign_core.cli.errors import LoadError
 from dalign_core.cli.regular_files import check_regular_files, check_revision_name
 
 __all__ = [
@@ -55,10 +56,6 @@ __all__ = [
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "spiece.model")
 _PROBE_TIMEOUT_S = 3.0
-
-
-class LoadError(RuntimeError):
-    """A model, tokenizer or data set could not be loaded; the message says what to do."""
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from dalign_core.cli.errors import LoadError
+
 __all__ = ["check_regular_files", "check_revision_name"]
 
 
@@ -20,8 +22,6 @@ def check_revision_name(path: Path, revision: str, present: list[str]) -> None:
     parts = Path(revision).parts
     if Path(revision).is_absolute() or not parts or any(part in (".", "..") for part in parts) or \
             not os.path.normpath(path / revision).startswith(os.path.normpath(path) + os.sep):
-        from dalign_core.cli.loading import LoadError
-
         raise LoadError(
             f"--revision {revision!r} is not the name of a revision folder inside the model folder {str(path)!r} "
             "(it would load a checkpoint from outside --model); give a subfolder's name"
@@ -53,8 +53,6 @@ def check_regular_files(folder: Path, what: str) -> None:
     """Refuse a model or tokenizer folder that holds a pipe, socket or device (see :func:`_special_files`)."""
     special = _special_files(folder)
     if special:
-        from dalign_core.cli.loading import LoadError
-
         raise LoadError(f"{what} {str(folder)!r} holds {', '.join(special[:5])}, which "
                         f"{'is' if len(special) == 1 else 'are'} not a regular file (a pipe, socket or device): "
                         "reading it could block forever; replace it with the file itself")

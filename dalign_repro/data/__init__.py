@@ -30,9 +30,9 @@ from dalign_repro.data.supply import (
     require_sequences,
     training_epochs,
 )
+from dalign_repro.data.corpora import load_corpus
 from dalign_repro.data.text import (
     TextCorpus,
-    load_corpus,
     load_hf_text,
     load_shakespeare,
     load_text_dir,

@@ -71,7 +71,7 @@ def shakespeare_llama(width: int, layers: int, steps: int, seed: int = 0, *, con
 
     from dalign_core.atomic import atomic_path
     from dalign_repro.data.manifest import default_cache_dir
-    from dalign_repro.data.text import load_corpus
+    from dalign_repro.data.corpora import load_corpus
 
     if min(width, layers, steps, context, batch, works) < 1 or width % 4:
         raise ValueError(f"shakespeare_llama: width={width} must be a positive multiple of 4 (4 heads), and layers, "
