@@ -164,7 +164,7 @@ def typed_value(kind: Any, value: Any) -> Any:
             return value
         if option is str and isinstance(value, str):
             return value
-    raise ValueError(f"{value!r} is not a {_type_name(kind)}")
+    raise ValueError(f"{value!r} is not of type {_type_name(kind)}")
 
 
 def _toml_text(value: Any) -> str:
@@ -487,7 +487,7 @@ def require_items(config: Any, name: str, least: float, *, whole: bool = True, p
     kind = "whole numbers" if whole else "numbers"
     span = f"at least {least:g}" if most is None else f"from {least:g} to {most:g}"
     allowed = (f"it must be a non-empty list of {'(M, K) pairs of ' if pairs else ''}{kind} {span}"
-               + (" (e.g. 4x4,16x16)" if pairs else ""))
+               + (" (e.g. [[4, 4], [16, 16]])" if pairs else ""))
     values = list(items) if isinstance(items, (tuple, list)) else None
     if pairs and values is not None:
         if not all(isinstance(pair, (tuple, list)) and len(pair) == 2 for pair in values):
@@ -547,7 +547,7 @@ class ExperimentConfig:
             value = getattr(self, name, None)
             if isinstance(value, (tuple, list)):
                 require(self, name, bool(value) and all(_whole(v) and v >= 1 for v in numbers(value)),
-                        "each budget must be a whole number of at least 1 (pairs as MxK, e.g. 4x4,16x16)")
+                        "each budget must be a whole number of at least 1 (pairs as [M, K], e.g. [[4, 4], [16, 16]])")
 
     @classmethod
     def for_profile(cls, profile: str = "cpu", **overrides):
