@@ -9,9 +9,11 @@ A profile names a scale at which every experiment runs:
 * ``gpu``: minutes on one GPU (each chapter within a short window);
 * ``paper``: the paper's scales, hours on GPUs.
 
-Any field of a profile's config can be changed without editing the library: ``--set field=value``
-on an experiment's command line, ``make notebooks SET='seeds=2 steps=300'``, or a notebook's
-``overrides`` parameter, all parsed by :func:`parse_overrides` by the field's type. A config that
+Each experiment's profiles are a TOML file beside its module, ``profiles/<experiment>.toml``, a table per
+profile (:func:`read_profiles`, read by :meth:`ExperimentConfig.for_profile`). Any field of a profile's config
+can be changed without editing them: ``--set field=value`` on an experiment's command line, ``make notebooks
+SET='seeds=2 widths=[32, 64]'``, or a notebook's ``overrides`` parameter, each value a TOML value checked against
+the field's type by :func:`parse_overrides`. A config that
 differs from its profile's writes its results to a folder of its own,
 ``results/<profile>+<hash of the differences>/`` (:func:`default_results_dir`), never over the
 profile's.
@@ -41,8 +43,8 @@ except ModuleNotFoundError:  # Python 3.10: the same parser as a package (the re
     import tomli as tomllib
 
 __all__ = ["PROFILES", "REPO_ROOT", "SOURCE_ROOT", "STEP_SCHEDULES", "ExperimentConfig", "check_profile", "default_results_dir",
-           "measurement_only", "added_field", "overrides_tag", "parse_overrides", "work_root", "require", "require_at_least",
-           "require_items", "MAX_SEED"]
+           "measurement_only", "added_field", "overrides_tag", "parse_overrides", "profile_file", "read_profiles",
+           "typed_value", "work_root", "require", "require_at_least", "require_items", "MAX_SEED"]
 
 PROFILES = ("smoke", "lab", "cpu", "gpu", "paper")
 """smoke: seconds, for tests; lab: a classroom's five minutes a chapter; cpu: the default reproduction on a laptop;
