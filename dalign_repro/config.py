@@ -175,18 +175,18 @@ def _toml_text(value: Any) -> str:
     return json.dumps(value)
 
 
+def _sample(kind: Any) -> Any:
+    """A plain value of the annotated type ``kind`` (its first type other than None), for an example."""
+    option = next(o for o in _options(kind) if o is not type(None))
+    args = typing.get_args(option)
+    if typing.get_origin(option) is tuple:
+        return [_sample(args[0])] * 2 if len(args) == 2 and args[1] is Ellipsis else [_sample(a) for a in args]
+    return {int: 3, float: 0.01, bool: True, str: "text"}.get(option, "text")
+
+
 def _example(name: str, kind: Any, default: Any) -> str:
     """``name=<value>`` in TOML for the one-line error of a bad value: the field's default where it has one."""
-    if default is None or default is dataclasses.MISSING:
-        samples = {int: 3, float: 0.01, bool: True, str: "text"}
-        option = next(o for o in _options(kind) if o is not type(None))
-        origin, args = typing.get_origin(option), typing.get_args(option)
-        if origin is tuple:
-            one = samples.get(args[0], 1) if args else 1
-            default = [one, one] if args and args[-1] is Ellipsis else [samples.get(a, 1) for a in args]
-        else:
-            default = samples.get(option, "none")
-    return f"{name}={_toml_text(default)}"
+    return f"{name}={_toml_text(_sample(kind) if default is None else default)}"
 
 
 def _parse_text(kind: Any, text: str) -> Any:

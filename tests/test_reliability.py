@@ -198,7 +198,8 @@ def test_an_out_that_is_a_file_or_read_only_is_refused_before_any_work(tmp_path,
 
 def test_print_config_writes_yaml_that_config_reads_back(tmp_path, capsys):
     _runner.main(theory.Config, lambda *a, **k: None,
-                 argv=["--profile", "smoke", "--set", "trials=500", "--set", "budgets=[[4, 4], [8, 8]]", "--print-config"])
+                 argv=["--profile", "smoke", "--set", "trials=500", "--set", "budgets=[[4, 4], [8, 8]]",
+                       "--print-config"])
     text = capsys.readouterr().out
     assert "trials: 500" in text and theory.Config.for_profile("smoke", trials=500, budgets=((4, 4), (8, 8))
                                                               ).config_hash() in text

@@ -254,8 +254,8 @@ def main(config_cls: type[ExperimentConfig], run: Callable, description: str | N
     ``--profile --seed --set --config --print-config --out --checkpoints --force``, and ``--dry-run`` where the
     experiment has one (build the data and every model, time a few steps, print the projected wall time).
     ``--set field=value`` (repeatable) changes any field of the profile's config, the value read as a TOML value and
-    checked against the field's type (:func:`dalign_repro.config.parse_overrides`); ``--config FILE.yaml`` changes those the file names (``--set``
-    goes on top; ``--print-config`` writes such a file). The results of a changed config go to
+    checked against the field's type (:func:`dalign_repro.config.parse_overrides`); ``--config FILE.yaml`` changes
+    those the file names (``--set`` goes on top; ``--print-config`` writes such a file). The results of a changed config go to
     ``results/<profile>+<hash>/`` unless ``--out`` names a folder; with ``--out``, the trained models'
     checkpoints go to ``<out>/checkpoints`` (``--checkpoints`` or ``$DALIGN_CHECKPOINTS`` to choose), so nothing
     is written outside the folders named.
