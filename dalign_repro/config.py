@@ -288,12 +288,14 @@ PROFILE_FOLDER = "profiles"
 
 def profile_file(config_cls: type) -> Path | None:
     """The profile file of ``config_cls``: ``profiles/<module>.toml`` beside the module of the first class in its
-    method resolution order that has one (a subclass in a test reads its experiment's file); None if none has."""
+    method resolution order that has one (a subclass in a test reads its experiment's file); None if none has.
+
+    The file is named by the module's file, not its name: under ``python -m dalign_repro.experiments.<name>`` (and
+    ``python -m dalign_repro <name>``) the module is ``__main__``."""
     for klass in config_cls.__mro__:
-        module = sys.modules.get(klass.__module__)
-        source = getattr(module, "__file__", None)
+        source = getattr(sys.modules.get(klass.__module__), "__file__", None)
         if source:
-            path = Path(source).parent / PROFILE_FOLDER / f"{klass.__module__.rsplit('.', 1)[-1]}.toml"
+            path = Path(source).parent / PROFILE_FOLDER / f"{Path(source).stem}.toml"
             if path.is_file():
                 return path
     return None

@@ -11,10 +11,13 @@ its pin here, with that profile's results regenerated.
 from __future__ import annotations
 
 import fnmatch
+import os
 import hashlib
 import importlib
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import NamedTuple
 
@@ -256,3 +259,12 @@ def test_print_config_is_read_back_by_config(name, profile, tmp_path, capsys):
     _runner.main(config_cls, lambda config, out_dir=None, force=False: seen.update(config=config),
                  argv=["--config", str(tmp_path / "config.yaml"), "--out", str(tmp_path / "out")])
     assert seen["config"] == wanted and seen["config"].config_hash() == wanted.config_hash()
+
+
+@pytest.mark.parametrize("entry", [["-m", "dalign_repro.experiments.theory"], ["-m", "dalign_repro", "theory"]])
+def test_python_m_reads_the_experiments_profile_file(entry, tmp_path):
+    """Under ``python -m`` the config's module is ``__main__``: its profiles must still come from its own file."""
+    done = subprocess.run([sys.executable, *entry, "--profile", "smoke", "--print-config"], capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert done.returncode == 0, done.stderr
+    assert f"(config hash {PINS['theory', 'smoke'].config})" in done.stdout
