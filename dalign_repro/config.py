@@ -206,6 +206,19 @@ def _parse_text(kind: Any, text: str) -> Any:
     raise ValueError(f"{text!r} is not a TOML value")
 
 
+def _split_assignments(text: str) -> list[str]:
+    """``"a=1 b=[2, 3] c=\"x y=z\""`` -> ``["a=1", "b=[2, 3]", "c=\"x y=z\""]``: split at the spaces before a
+    ``name=`` that lie outside quotes and brackets."""
+    words, start = [], 0
+    for space in re.finditer(r"\s+(?=[A-Za-z_]\w*\s*=)", text):
+        before = text[start:space.start()]
+        if before.count('"') % 2 == 0 and before.count("'") % 2 == 0 and before.count("[") == before.count("]"):
+            words.append(before)
+            start = space.end()
+    words.append(text[start:])
+    return [word.strip() for word in words if word.strip()]
+
+
 def _assignments(text: "str | Iterable[str] | Mapping[str, Any] | None") -> list[tuple[str, Any]]:
     """``"a=1 b=[2, 3]"`` (assignments separated by the space before each ``name=``), a list of ``"a=1"`` (one each)
     or a mapping -> [(name, value)]."""
@@ -213,11 +226,10 @@ def _assignments(text: "str | Iterable[str] | Mapping[str, Any] | None") -> list
         return []
     if isinstance(text, Mapping):
         return list(text.items())
-    # One string (make's SET=, a notebook's overrides): a new assignment starts at each space before `name=`, so a
-    # value keeps its spaces and quotes ("widths=[32, 64] corpus=\"dir:/a b\""). A list (the repeated --set): one
-    # assignment per item.
-    words = ([word for word in re.split(r"\s+(?=[A-Za-z_]\w*\s*=)", text.strip()) if word]
-             if isinstance(text, str) else [str(part) for part in text])
+    # One string (make's SET=, a notebook's overrides): a new assignment starts at each space before `name=` outside
+    # a TOML string or array, so a value keeps its spaces and quotes ("widths=[32, 64] corpus=\"dir:/a b=c\""). A
+    # list (the repeated --set): one assignment per item.
+    words = _split_assignments(text) if isinstance(text, str) else [str(part) for part in text]
     pairs = []
     for word in words:
         name, sep, value = word.partition("=")

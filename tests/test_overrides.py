@@ -54,6 +54,7 @@ def test_values_are_parsed_by_the_fields_type():
     assert parse_overrides(resnet_width.Config, ['dataset="cifar10"']) == parse_overrides(
         resnet_width.Config, ["dataset=cifar10"]) == dict(dataset="cifar10")
     assert parse_overrides(llama_width.Config, "corpus=dir:/a b seeds=3") == dict(corpus="dir:/a b", seeds=3)
+    assert parse_overrides(llama_width.Config, 'corpus="dir:/a b=c" seeds=3') == dict(corpus="dir:/a b=c", seeds=3)
     # a float field takes an int as written (the hash of a profile's value stays the one it had)
     assert parse_overrides(resnet_width.Config, "max_epochs=250 lr_width_exponent=0.5") == dict(
         max_epochs=250, lr_width_exponent=0.5)
