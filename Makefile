@@ -34,8 +34,9 @@ JB := $(PY) -c 'import sys; from jupyter_book.cli.main import main; sys.argv[0] 
 space := $() $()
 ONLY ?=
 FORCE ?=
-# Overrides of the profile's config for the notebooks run, e.g. SET='seeds=2 steps=300' (with ONLY=...:
-# each chapter's config must have the fields). Their results go to results/<profile>+<hash>/.
+# Overrides of the profile's config for the notebooks run, each value a TOML value, e.g.
+# SET='seeds=2 widths=[32, 64]' (with ONLY=...: each chapter's config must have the fields). Their results go to
+# results/<profile>+<hash>/.
 SET ?=
 # STRICT=1: make book fails when the chapters were not all executed at one profile (default: each says so).
 STRICT ?=
@@ -75,7 +76,7 @@ help: ## list the targets
 		awk -F'\t' '{ printf "  make %-10s %s\n", $$1, $$2 }'
 	@echo
 	@echo "Variables: PROFILE=$(subst $(space),|,$(PROFILES)) (default cpu)  ONLY=<notebook stem>  FORCE=1|0"
-	@echo "           SET='field=value ...' (overrides, e.g. SET='seeds=2 steps=300'; results in results/<profile>+<hash>)"
+	@echo "           SET='field=value ...' (overrides, TOML values: SET='seeds=2 widths=[32, 64]'; results in results/<profile>+<hash>)"
 	@echo "           STRICT=1 (make book refuses chapters executed at different profiles)"
 	@echo "           PYTEST_ARGS='...'  BENCH_OUT=results/bench  PYTHON_BOOT=python3.11  PORT=8000 (make serve)"
 	@echo "           DATA_DIR=<folder with CIFAR archives or Fashion-MNIST files you already have> (make data)"

@@ -9,9 +9,11 @@ A profile names a scale at which every experiment runs:
 * ``gpu``: minutes on one GPU (each chapter within a short window);
 * ``paper``: the paper's scales, hours on GPUs.
 
-Any field of a profile's config can be changed without editing the library: ``--set field=value``
-on an experiment's command line, ``make notebooks SET='seeds=2 steps=300'``, or a notebook's
-``overrides`` parameter, all parsed by :func:`parse_overrides` by the field's type. A config that
+Each experiment's profiles are a TOML file beside its module, ``profiles/<experiment>.toml``, a table per
+profile (:func:`read_profiles`, read by :meth:`ExperimentConfig.for_profile`). Any field of a profile's config
+can be changed without editing them: ``--set field=value`` on an experiment's command line, ``make notebooks
+SET='seeds=2 widths=[32, 64]'``, or a notebook's ``overrides`` parameter, each value a TOML value checked against
+the field's type by :func:`parse_overrides`. A config that
 differs from its profile's writes its results to a folder of its own,
 ``results/<profile>+<hash of the differences>/`` (:func:`default_results_dir`), never over the
 profile's.
@@ -29,15 +31,20 @@ import json
 import math
 import os
 import re
-import shlex
+import sys
 import types
 import typing
 from pathlib import Path
 from typing import Any, ClassVar, Iterable, Mapping
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser as a package (the repro extra requires it there)
+    import tomli as tomllib
+
 __all__ = ["PROFILES", "REPO_ROOT", "SOURCE_ROOT", "STEP_SCHEDULES", "ExperimentConfig", "check_profile", "default_results_dir",
-           "measurement_only", "added_field", "overrides_tag", "parse_overrides", "work_root", "require", "require_at_least",
-           "require_items", "MAX_SEED"]
+           "measurement_only", "added_field", "overrides_tag", "parse_overrides", "profile_file", "read_profiles",
+           "typed_value", "work_root", "require", "require_at_least", "require_items", "MAX_SEED"]
 
 PROFILES = ("smoke", "lab", "cpu", "gpu", "paper")
 """smoke: seconds, for tests; lab: a classroom's five minutes a chapter; cpu: the default reproduction on a laptop;
@@ -110,11 +117,10 @@ def overrides_tag(overrides: Mapping[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------------------
-# Overrides: ``field=value`` text parsed by the field's type
+# Typed values: a profile file's values and ``field=value`` overrides, read as TOML and checked by the field's type
 
 _NONE_WORDS = ("none", "null")
-_TRUE_WORDS = ("1", "true", "yes", "on")
-_FALSE_WORDS = ("0", "false", "no", "off")
+"""The words that give None to a field whose type allows it (TOML has no null)."""
 
 
 def _type_name(kind: Any) -> str:
@@ -124,152 +130,263 @@ def _type_name(kind: Any) -> str:
     return str(kind).replace("typing.", "")
 
 
-def _parse_scalar(kind: type, text: str) -> Any:
-    word = text.strip()
-    if kind is bool:
-        if word.lower() in _TRUE_WORDS:
-            return True
-        if word.lower() in _FALSE_WORDS:
-            return False
-        raise ValueError(f"{word!r} is not a bool (true/false, yes/no, 1/0)")
-    if kind is int:
-        try:
-            return int(word)
-        except ValueError:
+def _options(kind: Any) -> tuple[Any, ...]:
+    """The members of a union type (``kind`` alone when it is none)."""
+    return typing.get_args(kind) if typing.get_origin(kind) in (typing.Union, types.UnionType) else (kind,)
+
+
+def _takes_text(kind: Any) -> bool:
+    """Whether a field of type ``kind`` holds a string (``str``, ``str | None``)."""
+    return str in _options(kind)
+
+
+def typed_value(kind: Any, value: Any) -> Any:
+    """``value`` (as TOML, YAML or Python give it: lists, ints, floats, bools, strings) as a value of the annotated
+    type ``kind``: a list becomes a tuple (item by item, pairs included), an int is a float where a float is asked
+    for (kept as written, so its hash is the one it had), and ``"none"`` is None where ``kind`` allows it.
+    Raises ValueError when the value is not of the type."""
+    options = _options(kind)
+    if type(None) in options and (value is None or (isinstance(value, str) and value.strip().lower() in _NONE_WORDS)):
+        return None
+    for option in (o for o in options if o is not type(None)):
+        origin, args = typing.get_origin(option), typing.get_args(option)
+        if origin is tuple and isinstance(value, (list, tuple)):
+            items = args[:1] * len(value) if len(args) == 2 and args[1] is Ellipsis else args
+            if len(items) != len(value):
+                continue
             try:
-                number = float(word)
+                return tuple(typed_value(item, element) for item, element in zip(items, value))
             except ValueError:
-                number = None
-            if number is not None and number.is_integer():  # 1e3
-                return int(number)
-            raise ValueError(f"{word!r} is not an int") from None
-    if kind is float:
-        try:
-            return float(word)
-        except ValueError:
-            raise ValueError(f"{word!r} is not a float") from None
-    if kind is str:
-        quoted = len(word) >= 2 and word[0] == word[-1] and word[0] in "'\""
-        return word[1:-1] if quoted else text  # "llama" as Python writes a string: the quotes are not the name
-    raise ValueError(f"values of type {_type_name(kind)} cannot be given as text")
+                continue
+        if option is bool and isinstance(value, bool):
+            return value
+        if option is int and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if option is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return value
+        if option is str and isinstance(value, str):
+            return value
+    raise ValueError(f"{value!r} is not of type {_type_name(kind)}")
 
 
-def _closing(text: str) -> int:
-    """The index of the bracket that closes ``text[0]`` (-1 if none)."""
-    depth = 0
-    for index, char in enumerate(text):
-        depth += char in "(["
-        depth -= char in ")]"
-        if depth == 0:
-            return index
-    return -1
+def _toml_text(value: Any) -> str:
+    """A value as a TOML value (what ``--set field=`` takes): JSON writes ints, floats, bools, strings and lists as
+    TOML does."""
+    return json.dumps(value)
 
 
-def _split_items(text: str) -> list[str]:
-    """``32,64`` or ``(32, 64)`` or ``[32 64]`` -> ['32', '64']; ``4x4,16x16`` / ``(4,4),(16,16)`` keep their pairs."""
-    body = text.strip()
-    if body[:1] in "([" and _closing(body) == len(body) - 1:  # one bracket around it all
-        body = body[1:-1]
-    items, depth, current = [], 0, ""
-    for char in body:
-        if char in "([":
-            depth += 1
-        elif char in ")]":
-            depth -= 1
-        if char == "," and depth == 0:
-            items.append(current)
-            current = ""
-        else:
-            current += char
-    items.append(current)
-    items = [item.strip() for item in items]
-    if len(items) > 1 and items[-1] == "":  # a trailing comma, as Python writes a one-item tuple: ("llama",)
-        items = items[:-1]
-    return [] if items == [""] else items
+def _sample(kind: Any) -> Any:
+    """A plain value of the annotated type ``kind`` (its first type other than None), for an example."""
+    option = next(o for o in _options(kind) if o is not type(None))
+    args = typing.get_args(option)
+    if typing.get_origin(option) is tuple:
+        return [_sample(args[0])] * 2 if len(args) == 2 and args[1] is Ellipsis else [_sample(a) for a in args]
+    return {int: 3, float: 0.01, bool: True, str: "text"}.get(option, "text")
 
 
-def _parse_value(kind: Any, text: str) -> Any:
-    """``text`` as a value of the annotated type ``kind``; ValueError saying what was expected."""
-    origin, args = typing.get_origin(kind), typing.get_args(kind)
-    if origin in (typing.Union, types.UnionType):
-        options = [a for a in args if a is not type(None)]
-        if type(None) in args and text.strip().lower() in _NONE_WORDS + ("",):
-            return None
-        errors = []
-        for option in options:
-            try:
-                return _parse_value(option, text)
-            except ValueError as error:
-                errors.append(str(error))
-        raise ValueError("; ".join(errors))
-    if origin is tuple:
-        items = _split_items(text)
-        if len(args) == 2 and args[1] is Ellipsis:
-            element = args[0]
-            if typing.get_origin(element) is tuple:  # pairs: 4x4,16x16 or 4:4,16:16 or (4,4),(16,16)
-                items = [re.sub(r"^\s*(\S+?)\s*[x:]\s*(\S+)\s*$", r"\1,\2", item) if "," not in item else item
-                         for item in items]
-            return tuple(_parse_value(element, item) for item in items)
-        if len(items) != len(args):
-            raise ValueError(f"{text!r} has {len(items)} item(s), not {len(args)}")
-        return tuple(_parse_value(element, item) for element, item in zip(args, items))
-    if isinstance(kind, type):
-        return _parse_scalar(kind, text)
-    raise ValueError(f"values of type {_type_name(kind)} cannot be given as text")
+def _example(name: str, kind: Any, default: Any) -> str:
+    """``name=<value>`` in TOML for the one-line error of a bad value: the field's default where it has one."""
+    return f"{name}={_toml_text(_sample(kind) if default is None else default)}"
+
+
+def _parse_text(kind: Any, text: str) -> Any:
+    """``--set`` text as TOML (``[32, 64]``, ``[[4, 4], [16, 16]]``, ``1e-3``, ``true``, ``"llama"``); a bare word
+    (``each_width``, ``dir:/a b``) is a string where the field holds one, and ``none`` is None where it allows it."""
+    try:
+        document = tomllib.loads(f"v = {text}")
+    except tomllib.TOMLDecodeError:
+        document = None
+    if document is not None and list(document) == ["v"]:
+        return typed_value(kind, document["v"])
+    word = text.strip()
+    if word.lower() in _NONE_WORDS and type(None) in _options(kind):
+        return None
+    if _takes_text(kind) and word:
+        return word
+    raise ValueError(f"{text!r} is not a TOML value")
+
+
+def _split_assignments(text: str) -> list[str]:
+    """``"a=1 b=[2, 3] c=\"x y=z\""`` -> ``["a=1", "b=[2, 3]", "c=\"x y=z\""]``: split at the spaces before a
+    ``name=`` that lie outside quotes and brackets."""
+    words, start = [], 0
+    for space in re.finditer(r"\s+(?=[A-Za-z_]\w*\s*=)", text):
+        before = text[start:space.start()]
+        if before.count('"') % 2 == 0 and before.count("'") % 2 == 0 and before.count("[") == before.count("]"):
+            words.append(before)
+            start = space.end()
+    words.append(text[start:])
+    return [word.strip() for word in words if word.strip()]
 
 
 def _assignments(text: "str | Iterable[str] | Mapping[str, Any] | None") -> list[tuple[str, Any]]:
-    """``"a=1 b=2,3"`` (shell words; quotes keep spaces), a list of ``"a=1"`` (one each) or a mapping -> [(name, value)]."""
+    """``"a=1 b=[2, 3]"`` (assignments separated by the space before each ``name=``), a list of ``"a=1"`` (one each)
+    or a mapping -> [(name, value)]."""
     if text is None:
         return []
     if isinstance(text, Mapping):
         return list(text.items())
-    # One string: shell words (quotes keep spaces). A list (the repeated --set): one assignment per item.
-    words = shlex.split(text) if isinstance(text, str) else [str(part) for part in text]
+    # One string (make's SET=, a notebook's overrides): a new assignment starts at each space before `name=` outside
+    # a TOML string or array, so a value keeps its spaces and quotes ("widths=[32, 64] corpus=\"dir:/a b=c\""). A
+    # list (the repeated --set): one assignment per item.
+    words = _split_assignments(text) if isinstance(text, str) else [str(part) for part in text]
     pairs = []
     for word in words:
         name, sep, value = word.partition("=")
         if not sep or not name.strip():
-            raise ValueError(f"override {word!r} is not field=value (e.g. steps=300, widths=32,64)")
+            raise ValueError(f"override {word!r} is not field=value (e.g. steps=300, widths=[32, 64])")
         pairs.append((name.strip(), value))
     return pairs
 
 
+def _fields(config_cls: type) -> dict[str, tuple[Any, Any]]:
+    """``{field: (annotated type, default)}`` of a config dataclass."""
+    hints = typing.get_type_hints(config_cls)
+    return {f.name: (hints.get(f.name, f.type),
+                     f.default if f.default is not dataclasses.MISSING else
+                     (f.default_factory() if f.default_factory is not dataclasses.MISSING else None))
+            for f in dataclasses.fields(config_cls)}
+
+
+def _unknown_field(config_cls: type, name: str, fields: Iterable[str]) -> str:
+    near = difflib.get_close_matches(name, list(fields), n=3)
+    hint = f"; did you mean {' or '.join(near)}?" if near else ""
+    return (f"{config_cls.__module__}.{config_cls.__qualname__} has no field {name!r}{hint} "
+            f"Its fields: {', '.join(sorted(f for f in fields if f != 'profile'))}")
+
+
 def parse_overrides(config_cls: type["ExperimentConfig"],
                     text: "str | Iterable[str] | Mapping[str, Any] | None", **defaults: Any) -> dict[str, Any]:
-    """``{field: value}`` from ``field=value`` text, each value parsed by the field's type in ``config_cls``.
+    """``{field: value}`` from ``field=value`` text, each value read as a TOML value and checked by the field's type.
 
-    ``text`` is one string of whitespace-separated assignments (``"seeds=2 steps=300 widths=32,64"``,
-    what ``make notebooks SET=...`` and a notebook's ``overrides`` parameter hold), a list of them (the
-    repeated ``--set`` of the command line), or a mapping (values taken as they are when not strings).
-    Types: ``int`` (``300``, ``20_000``, ``1e3``), ``float``, ``bool`` (true/false), ``str``, tuples
-    (``widths=32,64``; pairs as ``budgets=4x4,16x16``), and ``None`` (``none``) where the field allows it.
-    ``defaults`` are returned beneath the parsed values (a notebook's ``seed=seed``).
+    ``text`` is one string of assignments (``"seeds=2 steps=300 widths=[32, 64]"``, what ``make notebooks SET=...``
+    and a notebook's ``overrides`` parameter hold; each new assignment starts at the space before its ``name=``), a
+    list of them (the repeated ``--set`` of the command line), or a mapping (a ``--config`` file's; strings in it
+    are read as text unless the field holds strings, other values checked as they are). Values are TOML's:
+    ``300``, ``20_000``, ``1e-3``, ``true``, ``"cifar10"``, arrays ``[32, 64]`` and pairs ``[[4, 4], [16, 16]]``
+    (tuples by the field's type); a bare word (``lr_fit=each_width``) is a string where the field holds one, and
+    ``none`` is None where the field allows it. ``defaults`` are returned beneath the parsed values (a notebook's
+    ``seed=seed``).
 
     The result goes to ``Config.for_profile(profile, **result)``. An unknown field, ``profile`` (chosen with
-    ``--profile``) or a value of the wrong type raises ValueError naming the field and its type.
+    ``--profile``) or a value of the wrong type raises ValueError in one line naming the field, its type and an
+    example.
     """
-    hints = typing.get_type_hints(config_cls)
-    fields = {f.name: hints.get(f.name, f.type) for f in dataclasses.fields(config_cls)}
+    fields = _fields(config_cls)
     values = dict(defaults)
     for name, raw in _assignments(text):
         if name == "profile":
             raise ValueError("override profile=...: the profile is chosen on its own (--profile, PROFILE=, the "
                              "notebook's profile parameter), not as an override")
         if name not in fields:
-            near = difflib.get_close_matches(name, fields, n=3)
-            hint = f"; did you mean {' or '.join(near)}?" if near else ""
-            raise ValueError(f"{config_cls.__module__}.{config_cls.__qualname__} has no field {name!r}{hint} "
-                             f"Its fields: {', '.join(sorted(f for f in fields if f != 'profile'))}")
-        kind = fields[name]
-        if not isinstance(raw, str):
-            values[name] = raw
-            continue
+            raise ValueError(_unknown_field(config_cls, name, fields))
+        kind, default = fields[name]
         try:
-            values[name] = _parse_value(kind, raw)
+            from_text = isinstance(raw, str) and not (isinstance(text, Mapping) and _takes_text(kind))
+            values[name] = _parse_text(kind, raw) if from_text else typed_value(kind, raw)
         except ValueError as error:
-            raise ValueError(f"override {name}={raw!r}: {name} is {_type_name(kind)}, and {error}") from None
+            shown = raw if isinstance(raw, str) else _toml_text(raw)
+            raise ValueError(f"override {name}={shown}: {name} is {_type_name(kind)} and {error}; give e.g. "
+                             f"{_example(name, kind, default)}") from None
     return values
+
+
+# ---------------------------------------------------------------------------
+# Profiles as files: <experiment module's folder>/profiles/<module>.toml, a table per profile
+
+PROFILE_FOLDER = "profiles"
+"""The folder beside an experiment's module that holds its profile file (``profiles/<module>.toml``)."""
+
+
+def profile_file(config_cls: type) -> Path | None:
+    """The profile file of ``config_cls``: ``profiles/<module>.toml`` beside the module of the first class in its
+    method resolution order that has one (a subclass in a test reads its experiment's file); None if none has.
+
+    The file is named by the module's file, not its name: under ``python -m dalign_repro.experiments.<name>`` (and
+    ``python -m dalign_repro <name>``) the module is ``__main__``."""
+    for klass in config_cls.__mro__:
+        source = getattr(sys.modules.get(klass.__module__), "__file__", None)
+        if source:
+            path = Path(source).parent / PROFILE_FOLDER / f"{Path(source).stem}.toml"
+            if path.is_file():
+                return path
+    return None
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as handle:
+            return tomllib.load(handle)
+    except tomllib.TOMLDecodeError as error:
+        raise ValueError(f"profile file {path} is not valid TOML ({error})") from None
+
+
+def _profile_tables(path: Path) -> dict[str, dict[str, Any]]:
+    """The tables of a profile file, checked to be profiles, as TOML gives them."""
+    tables = _read_toml(path)
+    for profile, table in tables.items():
+        if profile not in PROFILES or not isinstance(table, dict):
+            raise ValueError(f"profile file {path}: [{profile}] is not a profile table; the tables are "
+                             f"{', '.join(PROFILES)}")
+    return tables
+
+
+def _profile_table(path: Path, profile: str, seen: tuple[str, ...] = ()) -> dict[str, Any]:
+    """One table of a profile file, its ``extends = "<file>.<profile>"`` replaced by that table (of
+    ``profiles/<file>.toml`` in the same folder, itself resolved) beneath its own keys."""
+    values = dict(_profile_tables(path)[profile])
+    base = values.pop("extends", None)
+    if base is None:
+        return values
+    stem, dot, other = str(base).rpartition(".")
+    if not dot or other not in PROFILES or not path.with_name(f"{stem}.toml").is_file():
+        raise ValueError(f"profile file {path} [{profile}]: extends = {base!r} must name a table of a profile file "
+                         "beside it as '<file>.<profile>', e.g. 'llama_width.smoke'")
+    here = f"{path.stem}.{profile}"
+    if base in seen + (here,):
+        raise ValueError(f"profile file {path} [{profile}]: extends comes back to itself "
+                         f"({' -> '.join(seen + (here, base))})")
+    base_table = _profile_tables(path.with_name(f"{stem}.toml"))
+    if other not in base_table:
+        raise ValueError(f"profile file {path} [{profile}]: extends = {base!r}, and {stem}.toml has no [{other}]")
+    return {**_profile_table(path.with_name(f"{stem}.toml"), other, seen + (here,)), **values}
+
+
+def read_profiles(config_cls: type) -> Mapping[str, Mapping[str, Any]]:
+    """``{profile: {field: value}}`` of ``config_cls`` from its profile file (:func:`profile_file`), each value
+    checked and typed by its field (TOML arrays become tuples); ``{}`` when it has no file. A field the config
+    does not have, or a value not of the field's type, raises ValueError naming the file, the table and the field."""
+    path = profile_file(config_cls)
+    if path is None:
+        return types.MappingProxyType({})
+    fields = _fields(config_cls)
+    profiles = {}
+    for profile in _profile_tables(path):
+        values = {}
+        for name, value in _profile_table(path, profile).items():
+            if name not in fields or name == "profile":
+                raise ValueError(f"profile file {path} [{profile}]: {_unknown_field(config_cls, name, fields)}")
+            kind, default = fields[name]
+            try:
+                values[name] = typed_value(kind, value)
+            except ValueError as error:
+                raise ValueError(f"profile file {path} [{profile}]: {name} is {_type_name(kind)} and {error}; "
+                                 f"write e.g. {_example(name, kind, default).replace('=', ' = ', 1)}") from None
+        profiles[profile] = types.MappingProxyType(values)
+    return types.MappingProxyType(profiles)
+
+
+class _ProfilesOfFile:
+    """``Config.PROFILES``: the profiles of the config's file, read once per class (:func:`read_profiles`). A class
+    may set ``PROFILES = {...}`` itself instead (a test's config)."""
+
+    def __init__(self):
+        self._read: dict[type, Mapping[str, Mapping[str, Any]]] = {}
+
+    def __get__(self, instance: Any, owner: type) -> Mapping[str, Mapping[str, Any]]:
+        if owner not in self._read:
+            self._read[owner] = read_profiles(owner)
+        return self._read[owner]
 
 
 STEP_SCHEDULES = ("warmup_steps", "checkpoint_steps", "all_layer_steps", "train_pool_steps")
@@ -386,7 +503,7 @@ def require_items(config: Any, name: str, least: float, *, whole: bool = True, p
     kind = "whole numbers" if whole else "numbers"
     span = f"at least {least:g}" if most is None else f"from {least:g} to {most:g}"
     allowed = (f"it must be a non-empty list of {'(M, K) pairs of ' if pairs else ''}{kind} {span}"
-               + (" (e.g. 4x4,16x16)" if pairs else ""))
+               + (" (e.g. [[4, 4], [16, 16]])" if pairs else ""))
     values = list(items) if isinstance(items, (tuple, list)) else None
     if pairs and values is not None:
         if not all(isinstance(pair, (tuple, list)) and len(pair) == 2 for pair in values):
@@ -405,12 +522,13 @@ def require_items(config: Any, name: str, least: float, *, whole: bool = True, p
 class ExperimentConfig:
     """Base class of every experiment's config dataclass.
 
-    Subclasses are frozen dataclasses with a ``profile`` and a ``seed`` field and a
-    class attribute ``PROFILES`` mapping each profile name to the field values that
-    differ from the defaults.  ``Config.for_profile("cpu", seed=3)`` builds one.
+    Subclasses are frozen dataclasses with a ``profile`` and a ``seed`` field. Their profiles live in a TOML
+    file beside the experiment's module, ``profiles/<module>.toml``, a table per profile holding the field values
+    that differ from the defaults (:func:`read_profiles`); ``PROFILES`` maps each profile name to them, and a class
+    may set ``PROFILES = {...}`` in code instead. ``Config.for_profile("cpu", seed=3)`` builds one.
     """
 
-    PROFILES: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
+    PROFILES: ClassVar[Mapping[str, Mapping[str, Any]]] = _ProfilesOfFile()
 
     def __post_init__(self):
         """Check the fields every config may share (a subclass checks its own and calls this): ``seed``; no NaN in
@@ -445,7 +563,7 @@ class ExperimentConfig:
             value = getattr(self, name, None)
             if isinstance(value, (tuple, list)):
                 require(self, name, bool(value) and all(_whole(v) and v >= 1 for v in numbers(value)),
-                        "each budget must be a whole number of at least 1 (pairs as MxK, e.g. 4x4,16x16)")
+                        "each budget must be a whole number of at least 1 (pairs as [M, K], e.g. [[4, 4], [16, 16]])")
 
     @classmethod
     def for_profile(cls, profile: str = "cpu", **overrides):
@@ -457,8 +575,10 @@ class ExperimentConfig:
         """
         check_profile(profile)
         if cls.PROFILES and profile not in cls.PROFILES:  # never run one profile's sizes under another's name
+            where = profile_file(cls)
             raise ValueError(f"{cls.__qualname__} defines no settings for profile {profile!r} "
-                             f"(it has {', '.join(cls.PROFILES)}); add them to its PROFILES")
+                             f"(it has {', '.join(cls.PROFILES)}); add a [{profile}] table to "
+                             f"{where if where is not None else 'its PROFILES'}")
         values = dict(cls.PROFILES.get(profile, {}))
         values.update(_rescaled_schedules(cls, values, overrides))
         values.update(overrides)

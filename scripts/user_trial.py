@@ -973,32 +973,33 @@ SHARED_SWEEP = "llama_width"  # the sweep fields every width family shares are t
 LEGITIMATE = {
     # (field, value) pairs a bad-value sweep would guess wrong: these values mean something
     ("lr_width_exponent", "-1"),  # the learning rate's power of width: a rule, not a count
-    ("milestones", ""),  # no drops of the learning rate: a constant schedule
-    ("retention_step_fractions", ""),  # the field's neutral value (no steps stated against training)
-    ("optimizer_steps", ""),  # no optimizer-step readings (their check takes an empty list by design)
-    ("matched_loss_offsets", ""),  # no matched-loss levels: the matched-loss readings are skipped
-    ("retention_steps", ""),  # no fixed retention steps (retention_step_fractions may still give some)
-    ("retention_eval_steps", ""),  # no grid step measured on E (the steps stated against training still are)
-    ("retention_eval_kinds", ""),  # no kind measured on E: in-sample retention only
+    ("milestones", "[]"),  # no drops of the learning rate: a constant schedule
+    ("retention_step_fractions", "[]"),  # the field's neutral value (no steps stated against training)
+    ("optimizer_steps", "[]"),  # no optimizer-step readings (their check takes an empty list by design)
+    ("matched_loss_offsets", "[]"),  # no matched-loss levels: the matched-loss readings are skipped
+    ("retention_steps", "[]"),  # no fixed retention steps (retention_step_fractions may still give some)
+    ("retention_eval_steps", "[]"),  # no grid step measured on E (the steps stated against training still are)
+    ("retention_eval_kinds", "[]"),  # no kind measured on E: in-sample retention only
 }
 """Judged from the code that reads each field (not run at scale): an empty list skips one measurement."""
 
 
 def _bad_values(kind: Any) -> list[str]:
-    """Values of a config field's type that no experiment should accept (or that are not of the type at all)."""
+    """Values of a config field's type that no experiment should accept (or that are not of the type at all), as
+    ``--set`` takes them: TOML values."""
     text = str(kind).replace("typing.", "")
-    if text.endswith("| None"):  # an empty value reads as None there, which these fields allow
-        return [value for value in _bad_values(text[: -len(" | None")]) if value]
+    if text.endswith("| None"):  # an empty list is left out there, as the empty value that read as None once was
+        return [value for value in _bad_values(text[: -len(" | None")]) if value != "[]"]
     if text.startswith("tuple[tuple"):
-        return ["0x0", "4x"]
-    if text.startswith("tuple[int"):
-        return ["", "-1"]
-    if text.startswith("tuple[float"):
-        return ["", "nan"]
-    if text.startswith("tuple[str"):  # names of models or revisions are only known where they are read: see RUN_FIELDS
-        return [""]
+        return ["[[0, 0]]", "[[4]]"]
     if text.startswith("tuple[int, int]"):
-        return ["0x0"]
+        return ["[0, 0]"]
+    if text.startswith("tuple[int"):
+        return ["[]", "[-1]"]
+    if text.startswith("tuple[float"):
+        return ["[]", "[nan]"]
+    if text.startswith("tuple[str"):  # names of models or revisions are only known where they are read: see RUN_FIELDS
+        return ["[]"]
     if text.startswith("int"):
         return ["-1", "abc"]
     if text.startswith("float"):
@@ -1012,7 +1013,7 @@ STRING_FIELDS = {"device": "tpu9", "lr_fit": "no_such_fit", "dtype": "int3", "au
 """Bad values of text fields a config can judge where it is built (``--print-config`` must refuse them)."""
 RUN_FIELDS = {("llama_width", "corpus"): "nosuchscheme:x", ("pythia_width", "architecture"): "transformerz",
               ("resnet_width", "dataset"): "no_such_dataset", ("resnet_width", "insertion_block"): "no_such_block",
-              ("resnet_width", "more_datasets"): "no_such_dataset", ("pythia_checkpoints", "text"): ""}
+              ("resnet_width", "more_datasets"): '["no_such_dataset"]', ("pythia_checkpoints", "text"): '""'}
 """Bad values a config may only find out about when it runs (a corpus, a data set, a name): tried in a smoke run."""
 
 

@@ -31,7 +31,7 @@ def _study(study: str, family: str, out: Path, ranks: int | None) -> subprocess.
     env.update(OMP_NUM_THREADS="1", DALIGN_WORKERS="1", PYTHONUNBUFFERED="1")
     launcher = [] if ranks is None else ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
     command = [sys.executable, *launcher, "-m" if ranks is None else "--module", f"dalign_repro.experiments.{study}",
-               "--profile", "smoke", "--set", f"families={family}", "--out", str(out)]
+               "--profile", "smoke", "--set", f'families=["{family}"]', "--out", str(out)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
     return done

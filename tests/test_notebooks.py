@@ -212,10 +212,10 @@ def test_set_reaches_the_notebook_and_the_config(tmp_path, kernel, results_root,
         "assert (config.trials, config.dims) == (100, (8, 16)), config\n"
         "print(default_results_dir(config).name)"))
     out = runner.execute(source, "smoke", tmp_path / "out", kernel, force=False, cell_timeout_s=120,
-                         overrides="trials=100 dims=8,16")
+                         overrides="trials=100 dims=[8, 16]")
     executed = nbformat.read(out, as_version=4)
     injected = executed.cells[_tagged(executed, "injected-parameters")[0]].source
-    assert "overrides = \"trials=100 dims=8,16\"" in injected  # the book shows the overrides beside the profile
+    assert "overrides = \"trials=100 dims=[8, 16]\"" in injected  # the book shows the overrides beside the profile
     printed = "".join(o.get("text", "") for o in executed.cells[-1].outputs)
     assert printed.startswith("smoke+") and printed.strip() != "smoke"  # its own results folder
     # The kernel talks over IPC: ipykernel's warning about unencrypted TCP never reaches the terminal.

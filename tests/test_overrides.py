@@ -38,35 +38,51 @@ COMMITTED_HASHES = {
 
 
 def test_values_are_parsed_by_the_fields_type():
-    parsed = parse_overrides(llama_width.Config, "seeds=2 steps=300 widths=32,64 run_sd=none lr_candidates=1e-3,3e-3 "
-                                                 "budgets=4x4,16x16 resamples=20_000 corpus='dir:/a b'", seed=1)
+    """Each value is a TOML value (arrays as tuples by the field's type); a bare word is a string where the field
+    holds one, and none is None where the field allows it."""
+    parsed = parse_overrides(llama_width.Config, "seeds=2 steps=300 widths=[32, 64] run_sd=none lr_candidates=[1e-3, "
+                                                 "3e-3] budgets=[[4, 4], [16, 16]] resamples=20_000 "
+                                                 'corpus="dir:/a b" lr_fit=each_width', seed=1)
     assert parsed == dict(seed=1, seeds=2, steps=300, widths=(32, 64), run_sd=None, lr_candidates=(1e-3, 3e-3),
-                          budgets=((4, 4), (16, 16)), resamples=20000, corpus="dir:/a b")
-    assert parse_overrides(llama_width.Config, ["budgets=(4,4),(16,16)", "all_layer_steps=None",
-                                                "checkpoint_steps=(0, 10, 20)", "widths=[8, 16]"]) == dict(
+                          budgets=((4, 4), (16, 16)), resamples=20000, corpus="dir:/a b", lr_fit="each_width")
+    assert parse_overrides(llama_width.Config, ["budgets=[[4, 4], [16, 16]]", "all_layer_steps=none",
+                                                "checkpoint_steps=[0, 10, 20]", "widths=[8,16]"]) == dict(
         budgets=((4, 4), (16, 16)), all_layer_steps=None, checkpoint_steps=(0, 10, 20), widths=(8, 16))
-    assert parse_overrides(resnet_width.Config, "augment=true more_datasets=cifar100") == dict(
+    assert parse_overrides(resnet_width.Config, 'augment=true more_datasets=["cifar100"]') == dict(
         augment=True, more_datasets=("cifar100",))
-    # as Python writes them: a one-item tuple's trailing comma, a quoted string
-    assert parse_overrides(resnet_width.Config, ['more_datasets=("cifar100",)', "dataset='cifar10'"]) == dict(
-        more_datasets=("cifar100",), dataset="cifar10")
+    # a TOML string and a bare word are the same string; a bare word keeps its spaces up to the next name=
+    assert parse_overrides(resnet_width.Config, ['dataset="cifar10"']) == parse_overrides(
+        resnet_width.Config, ["dataset=cifar10"]) == dict(dataset="cifar10")
+    assert parse_overrides(llama_width.Config, "corpus=dir:/a b seeds=3") == dict(corpus="dir:/a b", seeds=3)
+    assert parse_overrides(llama_width.Config, 'corpus="dir:/a b=c" seeds=3') == dict(corpus="dir:/a b=c", seeds=3)
+    # a float field takes an int as written (the hash of a profile's value stays the one it had)
+    assert parse_overrides(resnet_width.Config, "max_epochs=250 lr_width_exponent=0.5") == dict(
+        max_epochs=250, lr_width_exponent=0.5)
     assert parse_overrides(theory.Config, "") == {} and parse_overrides(theory.Config, None, seed=3) == {"seed": 3}
 
 
 @pytest.mark.parametrize("text, message", [
-    ("seeds=two", "seeds is int, and 'two' is not an int"),
-    ("seeds=2.5", "seeds is int"),
+    ("seeds=two", "seeds is int and 'two' is not a TOML value; give e.g. seeds=6"),
+    ("seeds=2.5", "seeds is int and 2.5 is not of type int"),
+    ("steps=1e3", "steps is int and 1000.0 is not of type int; give e.g. steps=600"),  # TOML's float, not an int
     ("widths=a,b", r"widths is tuple\[int, \.\.\.\]"),
+    ("widths=32", r"widths is tuple\[int, \.\.\.\] and 32 is not of type tuple\[int, \.\.\.\]; give e.g. "
+                  r"widths=\[32, 64, 128, 256\]"),
+    ("budgets=4x4,16x16", r"budgets is tuple\[tuple\[int, int\], \.\.\.\] and '4x4,16x16' is not a TOML value"),
+    ("budgets=[[4, 4, 4]]", r"give e.g. budgets=\[\[4, 4\], \[16, 16\], \[32, 32\], \[64, 64\]\]"),
     ("run_sd=abc", r"run_sd is float \| None"),
-    ("augment=maybe", None),
+    ("augment=maybe", "augment is bool"),
+    ("augment=yes", "augment is bool and 'yes' is not a TOML value; give e.g. augment=false"),
+    ("lr_fit=1", "lr_fit is str and 1 is not of type str"),
     ("sedes=2", "has no field 'sedes'; did you mean seeds"),
     ("profile=cpu", "profile is chosen on its own"),
     ("steps", "is not field=value"),
 ])
 def test_a_bad_override_names_the_field_and_its_type(text, message):
-    config_cls = resnet_width.Config if text.startswith("augment") else llama_width.Config
-    with pytest.raises(ValueError, match=message or "augment is bool"):
+    config_cls = resnet_width.Config if text.startswith(("augment", "budgets=[[")) else llama_width.Config
+    with pytest.raises(ValueError, match=message) as error:
         parse_overrides(config_cls, text)
+    assert "\n" not in str(error.value)  # one line
 
 
 def test_overriding_steps_moves_the_step_schedules_with_it():
@@ -180,7 +196,7 @@ def _main(argv, config_cls=theory.Config, dry_run=None):
 
 
 def test_set_on_the_command_line(results_root):
-    seen = _main(["--profile", "smoke", "--set", "trials=100", "--set", "dims=8,16", "--seed", "2"])
+    seen = _main(["--profile", "smoke", "--set", "trials=100", "--set", "dims=[8, 16]", "--seed", "2"])
     config = seen["config"]
     assert (config.trials, config.dims, config.seed) == (100, (8, 16), 2)
     assert seen["out_dir"] == results_root / f"smoke+{overrides_tag({'seed': 2, 'dims': [8, 16], 'trials': 100})}"
@@ -190,7 +206,7 @@ def test_set_on_the_command_line(results_root):
 
 
 @pytest.mark.parametrize("setting, message", [
-    ("trials=many", "trials is int, and 'many' is not an int"),
+    ("trials=many", "trials is int and 'many' is not a TOML value; give e.g. trials=20000"),
     ("trails=5", "has no field 'trails'; did you mean trials"),
 ])
 def test_a_bad_set_exits_with_a_clear_message(setting, message, capsys):
@@ -206,7 +222,7 @@ def test_set_through_python_m(results_root):
          "-m", "dalign_repro.experiments.theory", "--profile", "smoke", "--set", "dims=eight"],
         capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
     assert done.returncode == 2
-    assert "dims is tuple[int, ...], and 'eight' is not an int" in done.stderr
+    assert "dims is tuple[int, ...] and 'eight' is not a TOML value; give e.g. dims=[" in done.stderr
 
 
 # ---------------------------------------------------------------------------

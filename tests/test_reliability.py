@@ -127,9 +127,9 @@ def test_python_m_records_its_overrides_under_the_experiments_name(tmp_path):
 
 from dalign_repro.experiments import llama_width, pythia_width, resnet_width  # noqa: E402
 
-BAD_SWEEP_FIELDS = ["widths=0", "head_dim=0", "capture_batch=0", "validation_examples=0", "eval_examples=0",
+BAD_SWEEP_FIELDS = ["widths=[0]", "head_dim=0", "capture_batch=0", "validation_examples=0", "eval_examples=0",
                     "batch_size=0", "resamples=0", "pool_size=3", "seed=-1", "corpus=dir:/nonexistent"]
-BAD_THEORY_FIELDS = ["trials=0", "dims=", "budgets=0x0", "sketch_d=0", "seed=-1", "snrs=-1", "snrs=0"]
+BAD_THEORY_FIELDS = ["trials=0", "dims=[]", "budgets=[[0, 0]]", "sketch_d=0", "seed=-1", "snrs=[-1]", "snrs=[0]"]
 
 
 def _refused(config_cls, setting: str, capsys) -> str:
@@ -198,7 +198,8 @@ def test_an_out_that_is_a_file_or_read_only_is_refused_before_any_work(tmp_path,
 
 def test_print_config_writes_yaml_that_config_reads_back(tmp_path, capsys):
     _runner.main(theory.Config, lambda *a, **k: None,
-                 argv=["--profile", "smoke", "--set", "trials=500", "--set", "budgets=4x4,8x8", "--print-config"])
+                 argv=["--profile", "smoke", "--set", "trials=500", "--set", "budgets=[[4, 4], [8, 8]]",
+                       "--print-config"])
     text = capsys.readouterr().out
     assert "trials: 500" in text and theory.Config.for_profile("smoke", trials=500, budgets=((4, 4), (8, 8))
                                                               ).config_hash() in text

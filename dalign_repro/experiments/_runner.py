@@ -253,9 +253,9 @@ def main(config_cls: type[ExperimentConfig], run: Callable, description: str | N
 
     ``--profile --seed --set --config --print-config --out --checkpoints --force``, and ``--dry-run`` where the
     experiment has one (build the data and every model, time a few steps, print the projected wall time).
-    ``--set field=value`` (repeatable) changes any field of the profile's config, parsed by the field's type
-    (:func:`dalign_repro.config.parse_overrides`); ``--config FILE.yaml`` changes those the file names (``--set``
-    goes on top; ``--print-config`` writes such a file). The results of a changed config go to
+    ``--set field=value`` (repeatable) changes any field of the profile's config, the value read as a TOML value and
+    checked against the field's type (:func:`dalign_repro.config.parse_overrides`); ``--config FILE.yaml`` changes
+    those the file names (``--set`` goes on top; ``--print-config`` writes such a file). The results of a changed config go to
     ``results/<profile>+<hash>/`` unless ``--out`` names a folder; with ``--out``, the trained models'
     checkpoints go to ``<out>/checkpoints`` (``--checkpoints`` or ``$DALIGN_CHECKPOINTS`` to choose), so nothing
     is written outside the folders named.
@@ -270,9 +270,11 @@ def main(config_cls: type[ExperimentConfig], run: Callable, description: str | N
     parser.add_argument("--profile", choices=PROFILES, default=None, help="scale of the run (default: cpu)")
     parser.add_argument("--seed", type=int, default=None, help="override the profile's seed")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="overrides",
-                        help="change a field of the profile's config, e.g. --set steps=300 --set widths=32,64 "
-                             "(repeatable; values parsed by the field's type: ints, floats, tuples, strings, none); "
-                             "results then go to results/<profile>+<hash>/")
+                        help="change a field of the profile's config, e.g. --set steps=300 --set 'widths=[32, 64]' "
+                             "(repeatable; each value a TOML value checked against the field's type: 300, 1e-3, "
+                             "true, \"cifar10\", [32, 64], [[4, 4], [16, 16]]; a bare word is a string where the "
+                             "field holds one, none is None where it allows it); results then go to "
+                             "results/<profile>+<hash>/")
     parser.add_argument("--config", type=Path, default=None, metavar="FILE.yaml",
                         help="change the fields this YAML mapping names (as --print-config writes it; --set and "
                              "--seed go on top, --profile before it)")

@@ -19,7 +19,7 @@ import pandas as pd
 
 import dalign_repro
 from dalign_repro.claims.table import claims_table
-from dalign_repro.config import PROFILES, ExperimentConfig, default_results_dir
+from dalign_repro.config import ExperimentConfig, default_results_dir
 from dalign_repro.experiments._runner import main, run_experiment
 
 __all__ = ["Config", "TABLES", "run"]
@@ -33,8 +33,6 @@ class Config(ExperimentConfig):
 
     profile: str = "cpu"
     seed: int = 0
-
-    PROFILES = {profile: {} for profile in PROFILES}
 
 
 JUDGES = ("claims", "studies", "report", "sweep")

@@ -116,18 +116,6 @@ class Config(ExperimentConfig):
     confidence: float = 0.95
     device: str = "auto"
 
-    PROFILES = {
-        "smoke": dict(run_sweeps=True, failed_runs=True, max_points=None, examples=32, budgets=(4, 8), steps=(3, 8),
-                      batch_size=8, rates=(1e-3, 1e-2), repeats=2, eval_examples=32, runs_by_family=()),
-        "lab": dict(run_sweeps=True, failed_runs=True, max_points=None, examples=32, budgets=(4, 8), steps=(5, 15),
-                    batch_size=8, rates=(1e-3, 1e-2), repeats=2, eval_examples=32, runs_by_family=()),
-        "cpu": {},
-        "gpu": dict(max_points=None, examples=512, budgets=(16, 64), steps=(50, 300), batch_size=16,
-                    rates=(1e-3, 3e-3, 1e-2), repeats=10, eval_examples=1024, runs_by_family=()),
-        "paper": dict(runs_per_width=3, runs_by_family=(), max_points=None, examples=1024, budgets=(16, 64),
-                      steps=(50, 300), batch_size=32, rates=(1e-3, 3e-3, 1e-2), repeats=10, eval_examples=2048),
-    }
-
     def __post_init__(self):
         super().__post_init__()  # the checks every config shares (seed, NaN, device, ...)
         unknown = sorted(set(self.families) - set(SOURCES))

@@ -107,12 +107,6 @@ SOURCES: dict[str, Source] = {
 }
 
 
-OUT_OF_SAMPLE = dict(retention_on_evaluation=True, retention_step_fractions=(0.1, 0.3, 1.0))
-"""Retention on E at the grid and at steps stated against training (the profiles that measure it)."""
-SMOKE = dict(retention_budget=(8, 8), retention_draws=4, retention_steps=(1e-5, 1e-3, 1e-1), budgets=((4, 4),),
-             resamples=4, optimizer_steps=(10, 100), optimizer_resamples=2, **OUT_OF_SAMPLE)
-
-
 @dataclass(frozen=True)
 class Config(ExperimentConfig):
     """The intervention study (defaults: the ``cpu`` profile)."""
@@ -167,23 +161,6 @@ class Config(ExperimentConfig):
     """Width of the zero-output block (None: the insertion point's width)."""
     confidence: float = 0.95
     device: str = "auto"
-
-    PROFILES = {
-        "smoke": SMOKE,
-        "lab": SMOKE,  # the classroom profile: smoke-sized, minutes on a laptop on top of the lab sweeps
-        # Retention on E of the shared bias (the verdict's kind) at δ = 1e-5 (where first order holds on K), at the
-        # sign study's δ and at 0.1, 0.3 and 1 optimizer step: each a float64 pass over E per draw (every δ and kind
-        # of the grid would be 28 such passes per draw, and more than double the study).
-        # The draws predicting a decrease at δ = 1e-3 (2026-12-02 table): LLaMA 72%, Pythia 96%, ResNet-20 47%, so
-        # 16, 8 and 24 draws per model give about 46, 46 and 45 of them to the verdict (4, 6 and 4 models).
-        "cpu": dict(OUT_OF_SAMPLE, retention_eval_steps=(1e-5, 1e-3), retention_eval_kinds=("bias",),
-                    retention_draws_by_family=(("llama", 16), ("resnet", 24))),
-        "gpu": dict(runs_per_width=3, retention_budget=(64, 64), retention_draws=16, budgets=((16, 16), (64, 64)),
-                    resamples=200, optimizer_resamples=50, **OUT_OF_SAMPLE),
-        "paper": dict(runs_per_width=3, retention_budget=(128, 128), retention_draws=32,
-                      budgets=((16, 16), (64, 64), (128, 128)), resamples=1000, optimizer_resamples=100,
-                      **OUT_OF_SAMPLE),
-    }
 
     def __post_init__(self):
         super().__post_init__()  # the checks every config shares (seed, NaN, device, ...)

@@ -83,28 +83,6 @@ class Config(LlamaConfig):
     """The shared q of a LLaMA decoder layer is owned by no trained parameter (measured in the width chapter)."""
     unit_contexts: tuple[int, ...] = (32,)
 
-    PROFILES = {
-        "smoke": dict(
-            contexts=(16, 32), tokens_per_step=64, pool_tokens=1024, seeds=2, widths=(16, 32), head_dim=16,
-            vocab_size=512, steps=20, warmup_steps=2, lr_candidates=(1e-2, 3e-2), lr_trial_fraction=0.5,
-            checkpoint_steps=(0, 10, 15, 20), all_layer_steps=None, train_pool_steps=None, capture_batch=32,
-            budgets=((2, 2), (4, 4)), resamples=500, unit_contexts=(16,), corpus="shakespeare",
-        ),
-        "lab": dict(seeds=1, widths=(32, 64), contexts=(128, 1024), lr_candidates=(1e-2,), lr_fit="each_width",
-                    lr_extend=0, lr_trial_fraction=1.0, checkpoint_steps=(0, 300, 600), resamples=2_000),
-        "cpu": {},
-        "gpu": dict(widths=(768, 1024, 1536), depth=8, head_dim=64, contexts=(256, 1024, 4096), tokens_per_step=32_768,
-                    pool_tokens=1_048_576, steps=300, warmup_steps=30, lr_candidates=(2e-4, 6e-4, 2e-3),
-                    checkpoint_steps=(0, 100, 200, 225, 250, 275, 300), all_layer_steps=(300,),
-                    train_pool_steps=(300,), insertion_layer=3, autocast_dtype="bfloat16", resamples=10_000),
-        "paper": dict(widths=(512, 1024, 2048, 3072), depth=8, head_dim=64, contexts=(256, 1024, 4096),
-                      tokens_per_step=65_536, pool_tokens=2_097_152, vocab_size=8192, steps=5_000, warmup_steps=250,
-                      lr_candidates=(3e-4, 1e-3, 3e-3),
-                      checkpoint_steps=(0, 1000, 2500, 3750, 4000, 4250, 4500, 4750, 5000),
-                      all_layer_steps=(5000,), train_pool_steps=(5000,), insertion_layer=3, autocast_dtype="bfloat16",
-                      prune_candidates=True),
-    }
-
     def __post_init__(self):
         require_at_least(self, {"min_sequences_per_step": 1})
         if not self.contexts or min(self.contexts) < 2:

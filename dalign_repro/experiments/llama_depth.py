@@ -57,18 +57,6 @@ class Config(LlamaConfig):
     resamples: int = 2_000
     insertion_layer: int = 1
 
-    PROFILES = {
-        "smoke": dict(LlamaConfig.PROFILES["smoke"], seeds=2, lr_candidates=(3e-2,), checkpoint_steps=(0, 20),
-                      all_layer_steps=(20,), resamples=200),
-        "lab": dict(widths=(32, 64), pool_size=256, eval_examples=256, validation_examples=256,
-                    budgets=((4, 4), (16, 16), (32, 32))),
-        "cpu": {},
-        "gpu": dict(LlamaConfig.PROFILES["gpu"], lr_candidates=(6e-4,), prune_candidates=False, seeds=2,
-                    checkpoint_steps=(0, 300), all_layer_steps=(300,), train_pool_steps=None, resamples=2_000),
-        "paper": dict(LlamaConfig.PROFILES["paper"], seeds=2, checkpoint_steps=(0, 5000), all_layer_steps=(5000,),
-                      train_pool_steps=None),
-    }
-
 
 class LlamaDepthFamily(LlamaFamily):
     """The LLaMA family with the depth as a regime column and no sample-unit study (see the module docstring)."""

@@ -85,57 +85,6 @@ class Config(LMSweepConfig):
     unit_contexts: tuple[int, ...] = (32, 64, 128)
     """Contexts of the sample-unit study, measured on the first seed of each width."""
 
-    PROFILES = {
-        "smoke": dict(
-            seeds=2, widths=(16, 32, 48), head_dim=16, context=32, vocab_size=512, steps=20, warmup_steps=2,
-            lr_candidates=(1e-2, 3e-2), checkpoint_steps=(0, 10, 14, 17, 20), all_layer_steps=None,
-            train_pool_steps=None, pool_size=64, run_sd=None, lr_trial_fraction=0.5,
-            eval_examples=32, validation_examples=32, capture_batch=32, budgets=((2, 2), (4, 4)), resamples=1_000,
-            unit_contexts=(16, 32), checkpoint_pool_size=32,
-        ),
-        # A classroom's run: the cpu design with 2 seeds of 3 widths and one rate per width (the one the cpu sweep
-        # chose, 1e-2 x 32/N), no rate trials and lighter measurement. Its 600 steps are what a model needs to pass
-        # the bigram baseline (4.36 nats): at 300 steps N = 32 stayed at 4.61 (context 128) and 4.78 (context 64).
-        # Widths 32 / 64 / 96, 5 analysis checkpoints and a pool of 256 (widths to 128, 13 checkpoints and a pool of
-        # 512 took 8 min). Measured 2026-12-02 on 2 idle cores, `make notebooks ONLY=02_llama_width PROFILE=lab`:
-        # 5.8 min for the chapter (the sweep 325 s), every model past its baseline (held-out 4.11 to 4.23).
-        "lab": dict(
-            widths=(32, 64, 96), seeds=2, lr_candidates=(1e-2,), lr_fit="each_width", lr_extend=0,
-            lr_trial_fraction=1.0,
-            checkpoint_steps=(0, 100, 400, 500, 600), all_layer_steps=(0, 600), train_pool_steps=(0, 600),
-            pool_size=256, eval_examples=256, validation_examples=256,
-            budgets=((4, 4), (16, 16), (32, 32)), resamples=2_000, redundancy_examples=128,
-            unit_contexts=(32, 128), checkpoint_pool_size=None,
-        ),
-        "cpu": {},
-        # The paper's shapes (depth 8, head dim 64) at widths 512-1,024 and context 256, sized for one 9-minute call
-        # on one H200 (a 15-minute window, start-up included). An earlier design (widths 512/1024/1536, context 128,
-        # 3 rates x 3 seeds per width, 300 steps) took about 190 s per width on one H200 (2026-11-30), and N = 512
-        # did not beat the bigram model in 300 steps (4.40 against 4.32). Hence: 400 steps of 16 x 256 tokens (the
-        # same tokens a step), the rate fitted at N = 512 and carried as 1/N with the full-length check at 1,024,
-        # 3 seeds (the power the cpu design buys with 6 is out of reach in the window), and a pool of 384 held-out
-        # sequences with an evaluation set of 384 (Shakespeare's held-out works hold about 900 sequences of 256).
-        # Projected, not yet run: no GPU was lent on 2026-12-04. Finished jobs are kept in results/gpu/partial/, so a second call completes a sweep that a window cut short.
-        "gpu": dict(
-            widths=(512, 768, 1024), depth=8, head_dim=64, context=256, batch_size=16, steps=400, warmup_steps=40,
-            seeds=3, run_sd=None, lr_candidates=(4e-4, 1.2e-3, 3.6e-3), train_pool_steps=(0, 400),
-            all_layer_steps=(0, 200, 400), checkpoint_steps=(0, 50, 100, 200, 300, 325, 350, 375, 400),
-            pool_size=384, eval_examples=384, validation_examples=384, budgets=((4, 4), (16, 16), (32, 32), (48, 48)),
-            insertion_layer=3, autocast_dtype="bfloat16", prune_candidates=True, resume_points=1, resamples=10_000,
-            checkpoint_pool_size=None, unit_contexts=(64, 128, 256),
-        ),
-        # The paper's widths. Shakespeare holds 1.45M training tokens: 5,000 steps of 64 x 256 tokens would be
-        # 56 epochs (the run warns), so bring a larger corpus: corpus="dir:/path" or "hf:<dataset>".
-        "paper": dict(
-            widths=(512, 1024, 1536, 2048, 2560, 3072), depth=8, head_dim=64, context=256, vocab_size=8192,
-            batch_size=64, steps=5_000, warmup_steps=250, lr_candidates=(3e-4, 1e-3, 3e-3),
-            checkpoint_steps=(0, 100, 300, 1000, 2000, 3350, 3550, 3750, 3950, 4150, 4350, 4550, 4750, 5000),
-            all_layer_steps=(0, 1000, 3350, 5000),
-            train_pool_steps=(0, 1000, 5000), insertion_layer=3, unit_contexts=(64, 128, 256),
-            autocast_dtype="bfloat16", prune_candidates=True, checkpoint_pool_size=None,
-        ),
-    }
-
     def __post_init__(self):
         super().__post_init__()
         if not 0 <= self.insertion_layer < self.depth:

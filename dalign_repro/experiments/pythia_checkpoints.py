@@ -94,19 +94,6 @@ class Config(ExperimentConfig):
     dtype: str = "float32"
     """Dtype the weights are loaded in (``torch.<dtype>``); float32 whatever the stored dtype by default."""
 
-    PROFILES = {
-        "smoke": dict(names=("pythia-tiny",), revisions=("step0", "step1000"), tiny_checkpoints=True,
-                      layer_fractions=(0.5, 1.0), examples=16, seq_len=32, batch_size=8, device="cpu"),
-        # A classroom's run (network needed, no GPU): the smallest released model at its first, an early and its last
-        # checkpoint.
-        "lab": dict(names=("pythia-14m",), revisions=("step0", "step1000", "step143000"), examples=64, seq_len=128,
-                    batch_size=16),
-        "cpu": {},
-        "gpu": dict(examples=512, seq_len=512, batch_size=32),
-        # 6.9b in float32: 28 GB of weights; batches of 8 x 512 tokens, about 70 GB in all by estimate (not measured).
-        "paper": dict(names=SMALL + ("pythia-2.8b", "pythia-6.9b"), examples=1024, seq_len=512, batch_size=8),
-    }
-
     def __post_init__(self):
         super().__post_init__()  # the checks every config shares (seed, NaN, device, ...)
         if not self.names or not self.revisions or not self.layer_fractions:

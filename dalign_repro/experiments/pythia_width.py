@@ -91,47 +91,6 @@ class Config(LMSweepConfig):
     design can detect from 0.56 to 0.92 (6 layers) and from 0.68 to 1.28 (12 layers), for 12 minutes."""
     budgets: tuple[tuple[int, int], ...] = ((4, 4), (16, 16), (32, 32), (64, 64))
 
-    PROFILES = {
-        "smoke": dict(
-            seeds=2, widths=(16, 32, 48), heads=(2, 2, 2), deep_depth=3, deep_widths=(16, 32, 48),
-            deep_heads=(2, 2, 2), depth=2, context=32, vocab_size=512, steps=20, warmup_steps=2,
-            lr_candidates=(1e-2, 3e-2), checkpoint_steps=(0, 10, 14, 17, 20), train_pool_steps=None, pool_size=64,
-            all_layer_steps=None, run_sd=None, lr_trial_fraction=0.5,
-            eval_examples=32, validation_examples=32, capture_batch=32, budgets=((2, 2), (4, 4)), resamples=1_000,
-            width_scale=8,
-        ),
-        # A classroom's run. The 6-layer regime alone (no deep one), 2 seeds of widths 48 / 64 / 96 (N = 32 barely
-        # passed the bigram model in the cpu sweep's 500 steps) for 400 steps at one rate per width (1e-2 x 48/N), no
-        # rate trials, 5 analysis checkpoints and a pool of 256: wide slope intervals, and the chapter states the
-        # slope it could detect. Widths to 128 for 500 steps took 12 min. Measured 2026-12-02 on 2 idle cores, `make
-        # notebooks ONLY=03_pythia_width PROFILE=lab`: 6.4 min for the chapter (the sweep 366 s), every model past
-        # its baseline (4.36), N = 48 only just (4.33-4.34).
-        "lab": dict(
-            widths=(48, 64, 96), heads=(3, 4, 6), deep_depth=None, seeds=2, steps=400, warmup_steps=40,
-            lr_candidates=(1e-2,), lr_extend=0, lr_trial_fraction=1.0, checkpoint_steps=(0, 100, 270, 335, 400),
-            all_layer_steps=(0, 400), train_pool_steps=(0, 400), pool_size=256, eval_examples=256,
-            validation_examples=256, budgets=((4, 4), (16, 16), (32, 32)), resamples=2_000,
-            redundancy_examples=128,
-        ),
-        "cpu": {},
-        # Pythia's real 6-layer widths, and a 16-layer regime at three widths, in minutes on one GPU.
-        "gpu": dict(
-            widths=(128, 256, 512), heads=(4, 8, 8), width_scale=1, deep_depth=16, deep_widths=(256, 384, 512),
-            deep_heads=(8, 8, 8), context=128, batch_size=32, steps=1000, warmup_steps=100,
-            lr_candidates=(1e-3, 3e-3, 1e-2), checkpoint_steps=(0, 100, 300, 700, 850, 1000),
-            train_pool_steps=(0, 1000), pool_size=1024, autocast_dtype="bfloat16", resume_points=1, all_layer_steps=None,
-            prune_candidates=True, resamples=10_000,
-        ),
-        # The released checkpoints are measured by pythia_checkpoints; this trains the 6-layer widths to 5k steps.
-        "paper": dict(
-            widths=(128, 256, 512), heads=(4, 8, 8), width_scale=1, deep_depth=32, deep_widths=(512, 768, 1024),
-            deep_heads=(8, 8, 8), context=256, vocab_size=8192, batch_size=64, steps=5000, warmup_steps=250,
-            lr_candidates=(3e-4, 1e-3, 3e-3), checkpoint_steps=(0, 300, 1000, 2000, 3500, 4000, 4500, 5000),
-            train_pool_steps=(0, 1000, 3500, 5000), pool_size=2048, autocast_dtype="bfloat16", prune_candidates=True,
-            all_layer_steps=None,
-        ),
-    }
-
     def __post_init__(self):
         super().__post_init__()
         for widths, heads, what in ((self.widths, self.heads, ""), (self.deep_widths, self.deep_heads, "deep_")):

@@ -101,46 +101,6 @@ class Config(SweepConfig):
     every width (commit 624f17e), where a floor of 0.85 had failed 7 of 16 runs that beat the class-prior
     baseline by 1.8 nats or more."""
 
-    PROFILES = {
-        "smoke": dict(
-            dataset="synthetic", widths=(4, 8, 12), seeds=2, steps=30, batch_size=32, warmup_steps=3,
-            lr_candidates=(0.05, 0.1), checkpoint_steps=(0, 10, 20, 25, 30), train_pool_steps=None, pool_size=64,
-            all_layer_steps=None, run_sd=None, lr_trial_fraction=0.5,
-            eval_examples=128, validation_examples=64, validation_images=200, capture_batch=64,
-            budgets=((2, 2), (4, 4)), resamples=1_000, min_test_accuracy=0.5,
-        ),
-        # A classroom's run: 5.4 min for its chapter on 2 idle cores (measured 2026-12-02 with `make notebooks
-        # ONLY=04_resnet_width PROFILE=lab`, in NCHW order; every model at 0.81-0.85 test accuracy). Fashion-MNIST,
-        # 2 seeds of k = 0.5 / 0.75 / 1 for 300 steps at one rate, 0.05, with no rate fit (the cpu sweep's short
-        # trials choose between 0.025 and 0.2 across widths and runs); the test-accuracy floor is 0.7 (the cpu runs
-        # reached 0.85 in 500 steps; guessing scores 0.1). Wide slope intervals, as at LLaMA's.
-        "lab": dict(
-            widths=(8, 12, 16), seeds=2, steps=300, warmup_steps=20, lr_candidates=(0.05,), lr_extend=0,
-            lr_trial_fraction=1.0,
-            checkpoint_steps=(0, 50, 100, 200, 213, 225, 238, 250, 263, 275, 288, 300), all_layer_steps=(0, 300),
-            train_pool_steps=(0, 300), pool_size=256, eval_examples=512, validation_examples=512,
-            validation_images=2000, capture_batch=128, budgets=((4, 4), (16, 16), (32, 32)), resamples=5_000,
-            redundancy_examples=128, min_test_accuracy=0.7,
-        ),
-        "cpu": {},
-        # Minutes on one GPU: CIFAR-10 through its archive (make data PROFILE=gpu), 10 epochs at batch 128.
-        "gpu": dict(
-            dataset="cifar10", widths=(16, 32, 64, 128), batch_size=128, steps=3900, warmup_steps=0,
-            lr_candidates=(0.05, 0.1, 0.2), augment=True, checkpoint_steps=(0, 400, 1300, 2600, 3250, 3900),
-            train_pool_steps=(0, 3900), pool_size=1024, eval_examples=2048, budgets=((4, 4), (16, 16), (64, 64)),
-            min_test_accuracy=0.8, resume_points=2, all_layer_steps=None,
-        ),
-        # He et al.'s recipe: 200 epochs of 45k images at batch 128 (70,400 steps), k = 1 ... 8, both CIFARs.
-        "paper": dict(
-            dataset="cifar10", more_datasets=("cifar100",), widths=(16, 32, 64, 128), batch_size=128,
-            steps=70_400, warmup_steps=0, lr_candidates=(0.05, 0.1, 0.2), augment=True,
-            checkpoint_steps=(0, 3520, 17600, 35200, 52800, 56320, 63360, 70400),
-            train_pool_steps=(0, 35200, 70400), pool_size=2048, eval_examples=4096, validation_examples=2048,
-            budgets=((4, 4), (16, 16), (64, 64), (128, 128)), min_test_accuracy=0.88, max_epochs=250,
-            all_layer_steps=None,
-        ),
-    }
-
     def __post_init__(self):
         super().__post_init__()
         bad = [w for w in self.widths if w < 1]

@@ -54,25 +54,6 @@ class Config(ExperimentConfig):
     sketch_sizes: tuple[int, ...] = (64, 256, 1024, 4096)
     sketch_replicates: int = 5
 
-    PROFILES = {
-        "smoke": dict(
-            noise_laws=("gaussian", "rademacher"), spectra=("power",), dims=(8,), budgets=((4, 4),), snrs=(1.0,),
-            trials=2_000, estimator_n=16, estimator_dims=(8, 64), estimator_replicates=20,
-            sketch_d=256, sketch_n=32, sketch_sizes=(32, 256), sketch_replicates=2,
-        ),
-        # A classroom's run: the cpu grid with fewer Monte Carlo trials and replicates (well under a minute).
-        "lab": dict(trials=10_000, estimator_replicates=50, sketch_replicates=3),
-        "cpu": {},
-        # The theory needs no GPU: the gpu profile only buys more Monte Carlo on the GPU machine's cores.
-        "gpu": dict(trials=50_000, estimator_replicates=200),
-        "paper": dict(
-            dims=(8, 64, 512), budgets=((2, 8), (16, 16), (64, 64)), snrs=(0.25, 0.5, 1.0, 2.0), trials=200_000,
-            estimator_n=256, estimator_dims=(16, 64, 256, 1024, 4096, 16384), estimator_replicates=500,
-            sketch_d=65536, sketch_n=1024, sketch_sizes=(256, 1024, 4096, 16384), sketch_replicates=10,
-        ),
-    }
-
-
     def __post_init__(self):
         """Every field checked where the config is built: one line naming the field, its value and what is allowed."""
         super().__post_init__()
