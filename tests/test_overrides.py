@@ -23,10 +23,11 @@ EXPERIMENTS = ("llama_width", "pythia_width", "resnet_width", "theory", "claims"
 # Config hashes of the committed profiles: results/<profile>/ are matched against these, so adding a profile or
 # the override machinery must never move them. A config change that moves one comes with that profile's results
 # regenerated (resnet_width cpu: the channels_last field, with the NHWC tables; llama_width cpu and smoke: the
-# checkpoint_pool_size field, with the cpu tables).
+# checkpoint_pool_size field, with the cpu tables; llama_width gpu: the design of 2026-12-04, widths 512-1,024 at
+# context 256, which has no committed table yet).
 COMMITTED_HASHES = {
     ("llama_width", "smoke"): "f622291612b8b5b4", ("llama_width", "cpu"): "23f87350d6da1cc1",
-    ("llama_width", "gpu"): "1eaa89c94bdc5e63", ("llama_width", "paper"): "806842b160eeb845",
+    ("llama_width", "gpu"): "99afcbf99e2dd940", ("llama_width", "paper"): "806842b160eeb845",
     ("pythia_width", "cpu"): "1bf10f8513a72337", ("resnet_width", "cpu"): "66360a02ed78cb23",
     ("theory", "cpu"): "9afd21668f24167d", ("claims", "cpu"): "cdb629be5f2bed61",
     ("pythia_checkpoints", "cpu"): "14c3fd0133313c9f",
