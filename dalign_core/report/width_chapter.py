@@ -25,8 +25,8 @@ from dalign_core.report.figure_style import (COLUMN_WIDTH, LABELS, empty, legend
                                              value_axis, width_axis)
 from dalign_core.sweep.trend import run_summaries
 
-__all__ = ["late_run_means", "verdict_numbers", "magnitude", "number", "verdict_figure", "trajectory_figure", "mean_figure",
-           "budget_figure", "checkpoint_row"]
+__all__ = ["late_run_means", "verdict_numbers", "magnitude", "number", "verdict_figure", "trajectory_figure",
+           "mean_figure", "budget_figure", "checkpoint_row"]
 
 DASH = "–"
 

@@ -73,8 +73,8 @@ def sweep_run(config: SweepConfig, family: Family, width: int, seed: int, lr: fl
 
     ``config`` is one sweep's config (one depth regime or data set: an element of ``config.sweeps()`` where the
     experiment has several); ``lr`` is the rate the sweep chose for that run (its ``<family>_runs`` table's ``lr``).
-    Loads the cached weights, or trains the run once (as the sweep did: deterministic algorithms on) and caches
-    them. Raises ``ValueError`` for a width the config does not sweep, ``RuntimeError`` if training diverges.
+    Loads the cached weights, or trains the run once as the sweep did (deterministic algorithms, one thread) and
+    caches them. Raises ``ValueError`` for a width the config does not sweep, ``RuntimeError`` if training diverges.
     """
     if width not in config.widths:
         raise ValueError(f"width {width} is not one of this sweep's widths {tuple(config.widths)}; pick one of them")
@@ -82,8 +82,13 @@ def sweep_run(config: SweepConfig, family: Family, width: int, seed: int, lr: fl
         raise ValueError(f"lr must be the positive rate the sweep chose for this run (its runs table), got {lr!r}")
     torch.use_deterministic_algorithms(True, warn_only=True)  # as run_sweep trains, so the weights are the sweep's
     splits, _, pools = prepare(config, family)
-    with _checkpoints_in_cache():
-        model = trained_model(config, family, splits, width, seed, lr)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the sweep's workers train (one thread each): the same sums in the same order
+    try:
+        with _checkpoints_in_cache():
+            model = trained_model(config, family, splits, width, seed, lr)
+    finally:
+        torch.set_num_threads(threads)
     heldout: Any = take(splits.test, pools.heldout)
     return SweepRun(model=model.eval(), heldout=family.batches(heldout, config.capture_batch),
                     examples=count(heldout), layer=family.primary_layer(config), width=width, seed=seed, lr=lr,
