@@ -60,3 +60,10 @@ def test_sweep_run_refuses_a_width_or_rate_the_sweep_did_not_train():
         sweep_run(config, llama_width.FAMILY, 1000, 0, 1e-2)
     with pytest.raises(ValueError, match="positive rate"):
         sweep_run(config, llama_width.FAMILY, config.widths[0], 0, 0.0)
+
+
+def test_agreement_says_same_or_how_far_apart():
+    assert wc.agreement(0.0108, 0.0108, short=True) == "the same number"
+    assert wc.agreement(0.0115, 0.0108, short=True).startswith("they differ by 6.5%")
+    assert "differ by 6.5%" in wc.agreement(0.0115, 0.0108)
+    assert wc.agreement(0.01, math.nan, short=True) == "the table has no row for this run"

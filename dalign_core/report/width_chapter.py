@@ -26,7 +26,7 @@ from dalign_core.report.figure_style import (COLUMN_WIDTH, LABELS, empty, legend
 from dalign_core.sweep.trend import run_summaries
 
 __all__ = ["late_run_means", "verdict_numbers", "magnitude", "number", "verdict_figure", "trajectory_figure",
-           "mean_figure", "budget_figure", "checkpoint_row"]
+           "mean_figure", "budget_figure", "checkpoint_row", "agreement"]
 
 DASH = "–"
 
@@ -199,3 +199,20 @@ def mean_figure(geometry: pd.DataFrame, trend: pd.DataFrame, layer: str | None, 
     ax.set(xlabel="width $N$ (seeds side by side)", ylabel=f"{LABELS['mean_sq']} with 95% interval")
     value_axis(ax, np.r_[rows.mean_sq, rows.get("mean_sq_lo", rows.mean_sq)])
     return fig
+
+
+def agreement(by_hand: float, table: float, short: bool = False) -> str:
+    """How a hand computation on a cached run agrees with the sweep's table for the same checkpoint, in words: the
+    same number, or the relative difference and why a retrained model can differ (float-level training differences
+    between machines). ``short``: the clause alone, for a parenthesis."""
+    if not (math.isfinite(by_hand) and math.isfinite(table)):
+        return "the table has no row for this run" if short else ""
+    if table == by_hand or (table and abs(by_hand / table - 1) < 5e-7):
+        return "the same number" if short else "The two are the same number: the cache holds the sweep's weights."
+    gap = abs(by_hand / table - 1) if table else math.inf
+    clause = f"they differ by {gap:.1%}"
+    if short:
+        return clause + ", as a model retrained elsewhere can"
+    return (f"The two differ by {gap:.1%}: the cached model was retrained, and training repeats bitwise only on the "
+            "machine and thread count that first ran it; across them it differs at float level, and one checkpoint's "
+            "geometry magnifies that.")
