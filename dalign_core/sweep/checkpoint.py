@@ -42,6 +42,8 @@ class SweepRun:
         examples: how many examples the held-out pool holds (the sum of the batches' sizes).
         layer: the family's primary insertion point (a dotted module name).
         width, seed, lr, steps: which run this is: its width N, seed, learning rate and training steps.
+        heldout_loss: the model's loss on the sweep's evaluation examples (nats), the number its runs table holds
+            for the run: a check that the cached model is the sweep's.
     """
 
     model: nn.Module
@@ -52,6 +54,7 @@ class SweepRun:
     seed: int
     lr: float
     steps: int
+    heldout_loss: float
 
 
 @contextlib.contextmanager
@@ -90,6 +93,7 @@ def sweep_run(config: SweepConfig, family: Family, width: int, seed: int, lr: fl
     finally:
         torch.set_num_threads(threads)
     heldout: Any = take(splits.test, pools.heldout)
+    heldout_loss, _ = family.evaluate(model.eval(), take(splits.test, pools.evaluation), config)
     return SweepRun(model=model.eval(), heldout=family.batches(heldout, config.capture_batch),
                     examples=count(heldout), layer=family.primary_layer(config), width=width, seed=seed, lr=lr,
-                    steps=config.steps)
+                    steps=config.steps, heldout_loss=float(heldout_loss))
