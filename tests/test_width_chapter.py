@@ -28,7 +28,7 @@ def test_verdict_numbers_glue_signed_numbers_and_dashes():
     assert empty["label"] == "not estimable at this scale"
 
 
-@pytest.mark.parametrize("value, text", [(0.0242, "0.0242"), (3.9, "3.9"), (3.75e-6, "3.8 × 10^−6"),
+@pytest.mark.parametrize("value, text", [(0.0242, "0.0242"), (3.9, "3.9"), (3.75e-6, "3.8 × 10⁻⁶"), (5.1e5, "5.1 × 10⁵"),
                                          (0.0, "0"), (math.nan, "–")])
 def test_number_reads_as_prose(value, text):
     assert wc.number(value) == text

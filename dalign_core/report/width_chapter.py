@@ -29,6 +29,7 @@ __all__ = ["late_run_means", "verdict_numbers", "magnitude", "number", "verdict_
            "mean_figure", "budget_figure", "checkpoint_row", "agreement"]
 
 DASH = "–"
+SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
 
 
 def late_run_means(geometry: pd.DataFrame, trend: pd.DataFrame, layer: str | None) -> pd.DataFrame:
@@ -62,13 +63,14 @@ def magnitude(geometry: pd.DataFrame, trend: pd.DataFrame, layer: str | None) ->
 
 
 def number(value: float) -> str:
-    """A d_align-sized number for prose: 3 significant digits, powers of ten below 0.001 (``3.8 × 10⁻⁶``)."""
+    """A d_align-sized number for prose (plain text, no math): 3 significant digits, powers of ten outside
+    0.001–100,000 written with superscripts (``3.8 × 10⁻⁶``)."""
     if not math.isfinite(value):
         return DASH
     if value == 0 or 1e-3 <= abs(value) < 1e5:
         return f"{value:.3g}"
     exponent = math.floor(math.log10(abs(value)))
-    return f"{value / 10 ** exponent:.2g} × 10^{exponent}".replace("^-", "^−")
+    return f"{value / 10 ** exponent:.2g} × 10{str(exponent).translate(SUPERSCRIPT)}"
 
 
 def checkpoint_row(geometry: pd.DataFrame, width: int, seed: int, step: int, layer: str,
