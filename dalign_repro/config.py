@@ -43,7 +43,7 @@ except ModuleNotFoundError:  # Python 3.10: the same parser as a package (the re
     import tomli as tomllib
 
 __all__ = ["PROFILES", "REPO_ROOT", "SOURCE_ROOT", "STEP_SCHEDULES", "ExperimentConfig", "check_profile", "default_results_dir",
-           "measurement_only", "added_field", "overrides_tag", "parse_overrides", "profile_file", "read_profiles",
+           "measurement_only", "added_field", "overrides_tag", "override_text", "parse_overrides", "profile_file", "read_profiles",
            "typed_value", "work_root", "require", "require_at_least", "require_items", "MAX_SEED"]
 
 PROFILES = ("smoke", "lab", "cpu", "gpu", "paper")
@@ -173,6 +173,12 @@ def _toml_text(value: Any) -> str:
     """A value as a TOML value (what ``--set field=`` takes): JSON writes ints, floats, bools, strings and lists as
     TOML does."""
     return json.dumps(value)
+
+
+def override_text(values: Mapping[str, Any]) -> str:
+    """``{field: value}`` as the ``field=value ...`` text that ``--set`` and ``make notebooks SET=`` read back
+    (``override_text({"steps": 150, "widths": (32, 64)})`` is ``"steps=150 widths=[32, 64]"``)."""
+    return " ".join(f"{name}={_toml_text(list(v) if isinstance(v, tuple) else v)}" for name, v in values.items())
 
 
 def _sample(kind: Any) -> Any:
