@@ -63,6 +63,17 @@ def test_an_untracked_table_is_rewritten_and_force_rewrites_a_committed_one(comm
     assert stored and len(table)
 
 
+def test_a_committed_folder_without_a_claims_table_gets_none(committed_results):
+    config, results = committed_results
+    other = results.parent / "gpu"
+    other.mkdir()
+    (other / "theory_alignment.csv").write_text("a\n1\n")
+    _git(other, "add", "theory_alignment.csv")
+    _git(other, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "gpu")
+    table, _, stored = claims.current(claims.Config.for_profile("gpu"), out_dir=other)
+    assert not stored and len(table) and sorted(p.name for p in other.iterdir()) == ["theory_alignment.csv"]
+
+
 def test_a_figure_style_change_does_not_make_the_claims_stale():
     modules = [path for folder in claims.JUDGES for path in
                (__import__("pathlib").Path(claims.dalign_core.__file__).parent / folder).rglob("*.py")]

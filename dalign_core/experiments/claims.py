@@ -85,15 +85,18 @@ def run(config: Config, out_dir: str | Path | None = None, force: bool = False) 
     return run_experiment("claims", TABLES, config, compute, out_dir=out_dir, force=force or stale)
 
 
-def committed(path: Path) -> bool:
-    """True when git tracks ``path`` (a committed file the book must leave as it was); False outside a git tree."""
-    path = Path(path)
+def committed(folder: Path) -> bool:
+    """True when git tracks a file in ``folder`` (a committed results folder, whose files the book must leave as they
+    were, and to which it adds none); False outside a git work tree or for a folder git does not track."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return False
     try:
-        subprocess.run(["git", "ls-files", "--error-unmatch", path.name], cwd=path.parent, check=True,
-                       capture_output=True, timeout=30)
+        listed = subprocess.run(["git", "ls-files", "--", "."], cwd=folder, check=True, capture_output=True,
+                                text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return False
-    return True
+    return bool(listed.stdout.strip())
 
 
 def current(config: Config, out_dir: str | Path | None = None, force: bool = False
@@ -101,10 +104,11 @@ def current(config: Config, out_dir: str | Path | None = None, force: bool = Fal
     """The claims table the current code judges from ``out_dir``'s tables, without rewriting a committed file.
 
     Returns ``(table, provenance, stored)``. ``stored`` is True when the table is the one in ``out_dir`` (up to date,
-    or just written there by :func:`run` because git does not track it: ``results/smoke``, ``results/lab``). Where
-    git tracks the folder's table and it is stale, the table is judged in memory, kept in the data cache under the
-    digest of its inputs (``$DALIGN_CACHE/claims/<digest>.csv``: a second reader judges nothing), ``stored`` is
-    False and ``provenance["inputs"]`` lists what it was judged from. ``force`` rewrites the folder's table anyway
+    or just written there by :func:`run` because git tracks nothing in that folder: ``results/smoke``,
+    ``results/lab``). In a committed folder (``results/cpu``, ``results/gpu``) whose table is stale or missing, the
+    table is judged in memory, kept in the data cache under the digest of its inputs
+    (``$DALIGN_CACHE/claims/<digest>.csv``: a second reader judges nothing), ``stored`` is False and
+    ``provenance["inputs"]`` lists what it was judged from. ``force`` writes the folder's table anyway
     (``make notebooks FORCE=1``).
     """
     from dalign_core.atomic import atomic_path
@@ -117,7 +121,7 @@ def current(config: Config, out_dir: str | Path | None = None, force: bool = Fal
     stored = json.loads(record.read_text()) if record.is_file() else {}
     if not force and stored.get("inputs") == inputs and csv.is_file():
         return (*read_table(out_dir, "claims"), True)
-    if force or not (committed(csv) or committed(record)):
+    if force or not committed(out_dir):
         run(config, out_dir, force=force)
         return (*read_table(out_dir, "claims"), True)
     digest = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
