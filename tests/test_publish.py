@@ -59,3 +59,22 @@ def test_binder_carries_the_repositorys_pins_and_marks_a_launch():
     assert "pip install --no-deps -e ." in (binder / "postBuild").read_text()
     start = (binder / "start").read_text()
     assert "DALIGN_LAUNCH_PROFILE=lab" in start and 'exec "$@"' in start
+
+
+def test_the_landing_page_reads_what_the_claims_chapter_glued(tmp_path):
+    """The landing page's verdicts are chapter 6's, read from its glued outputs: nothing typed, nothing judged twice."""
+    import nbformat
+
+    import dalign_findings
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("glue(...)", outputs=[
+        nbformat.v4.new_output("display_data", data={
+            "application/papermill.record/text/html": "<div id='dalign-claims-glance'></div>",
+            "application/papermill.record/text/plain": "<IPython.core.display.HTML object>"},
+            metadata={"scrapbook": {"name": "claims_glance", "mime_prefix": "application/papermill.record/"}}),
+        nbformat.v4.new_output("display_data", data={"text/plain": "'cpu'"}, metadata={}),
+    ])])
+    nbformat.write(nb, tmp_path / "06_claims.ipynb")
+    found = dalign_findings.glued(tmp_path / "06_claims.ipynb")
+    assert list(found) == ["claims_glance"]  # an ordinary output is no glued value
+    assert found["claims_glance"]["text/html"] == "<div id='dalign-claims-glance'></div>"
