@@ -202,7 +202,7 @@ def glued(nb) -> dict[str, object]:
             if not name:
                 continue
             data = {key.removeprefix(GLUE_PREFIX): value for key, value in output.get("data", {}).items()}
-            text = data.get("text/plain", data.get("text/markdown", ""))
+            text = data.get("text/markdown", data.get("text/plain", ""))  # a Markdown object's plain text is its repr
             text = "".join(text) if isinstance(text, list) else str(text)
             try:
                 values[name] = ast.literal_eval(text)
@@ -215,7 +215,7 @@ def _items(value) -> list[str]:
     """A value as the list of its items' texts: ``(32, 64)``, ``"32, 64"`` and ``"32 64"`` all read ['32', '64']."""
     if isinstance(value, (tuple, list)):
         return [item for v in value for item in _items(v)]
-    return [item for item in re.split(r"[\s,()\[\]']+", str(value)) if item]
+    return [item for item in re.split(r"[\s,()\[\]'`]+", str(value)) if item]
 
 
 @pytest.fixture(scope="module")

@@ -47,7 +47,7 @@ DPI = 140
 """Dots per inch of every figure, on screen and saved: :data:`COLUMN_WIDTH` × DPI = 700 px."""
 MIN_FONT_PT = 10.0
 """The smallest font of a figure (tick labels, legends, annotations): 19.4 px at :data:`DPI`."""
-PHONE_COLUMN_PX = 342
+PHONE_COLUMN_PX = 358
 """The width a figure is shown at on a 390-px phone: the article's column less its margins (measured in Chromium,
 sphinx-book-theme 1.3; ``tests/test_browser.py`` measures it again)."""
 RC = {
@@ -143,15 +143,23 @@ def legend(ax, ncols: int = 2, **kwargs) -> None:
 
 
 def legend_below(fig, axes, ncols: int = 3, **kwargs) -> None:
-    """One legend for the whole figure, below the axes: one entry per label across panels."""
+    """One legend for the whole figure, below the axes: one entry per label across panels.
+
+    At most ``ncols`` columns, and fewer where the entries would not fit the figure's width: a legend wider than the
+    figure would widen the saved image past the column (and shrink its labels on a phone)."""
     labelled: dict = {}
     for ax in np.atleast_1d(axes).flat:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             if not label.startswith("_"):
                 labelled.setdefault(label, handle)
-    if labelled:
-        fig.legend(labelled.values(), labelled.keys(), loc="outside lower center",
-                   ncols=min(ncols, len(labelled)), **kwargs)
+    if not labelled:
+        return
+    renderer = fig.canvas.get_renderer()
+    for columns in range(min(ncols, len(labelled)), 0, -1):
+        shown = fig.legend(labelled.values(), labelled.keys(), loc="outside lower center", ncols=columns, **kwargs)
+        if columns == 1 or shown.get_window_extent(renderer).width <= fig.bbox.width:
+            return
+        shown.remove()
 
 
 def failed_note(ax, count: int) -> None:
