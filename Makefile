@@ -107,10 +107,19 @@ book: $(STAMP) ## execute the notebooks, then build the HTML book with warnings 
 	$(LOCK) $(MAKE) --no-print-directory _book
 
 # The two steps of `make book` under one lock (make book takes it; the notebooks step inside does not again).
+# Building the book never changes a committed file: the state of the tracked files under results/ and notebooks/ is
+# taken before the build and compared after it (outside a git checkout there is nothing to compare). FORCE=1 asks to
+# recompute the results, so it may.
+COMMITTED_STATE := git status --porcelain --untracked-files=no -- results notebooks 2>/dev/null || true
 _book: LOCK :=
-_book: notebooks
+_book:
+	@mkdir -p book/_build && { $(COMMITTED_STATE); } > book/_build/.committed-before
+	$(MAKE) --no-print-directory notebooks LOCK=
 	$(JB) build book -W -n --keep-going
 	@touch $(BOOK_HTML)/.nojekyll
+	@$(if $(filter 1 yes true,$(strip $(FORCE))),true,{ $(COMMITTED_STATE); } | cmp -s - book/_build/.committed-before) || { \
+		echo "error: building the book changed committed files (git status -- results notebooks); a build must leave them as they were" >&2; \
+		exit 1; }
 	@echo
 	@echo "The book is at: $(abspath book/_build/html/index.html)"
 

@@ -44,7 +44,9 @@ warning goes again once they agree; ``--refuse-mixed`` (``make book STRICT=1``)
 fails instead.
 
 Kernels log errors only and read no user IPython profile (:func:`quiet_kernel`): no
-"Kernel is running over TCP without encryption" warning on the terminal for every chapter.
+"Kernel is running over TCP without encryption" warning on the terminal for every chapter. They never see
+``DALIGN_LAUNCH_PROFILE`` (a launched session's classroom profile, ``scripts/launch_cell.py``): an executed
+chapter runs at the profile given here.
 
 Usage::
 
@@ -86,6 +88,8 @@ OVERRIDES_PARAMETER = "overrides"
 CACHE_FILE = ".executed.json"
 """Beside the executed chapters (hidden from the book by _config.yml's ``chapters/.*``): each one's input digest."""
 BANNER_TAG = "dalign-mixed-build"
+LAUNCH_VARIABLE = "DALIGN_LAUNCH_PROFILE"
+"""Set in a launched session (binder/start, a chapter's first cell): the profile a launched chapter runs at."""
 
 
 def force_flag(value: str) -> bool:
@@ -155,15 +159,19 @@ def quiet_kernel():
     if not config.is_file() or config.read_text() != wanted:
         config.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(config, wanted)
-    saved = os.environ.get("IPYTHONDIR")
+    saved = {name: os.environ.get(name) for name in ("IPYTHONDIR", LAUNCH_VARIABLE)}
     os.environ["IPYTHONDIR"] = str(folder)
+    # A chapter launched on Binder runs at `lab` (scripts/launch_cell.py); one this script executes runs at the
+    # profile it is given, also inside such a session (`make notebooks PROFILE=cpu` in Binder's terminal).
+    os.environ.pop(LAUNCH_VARIABLE, None)
     try:
         yield
     finally:
-        if saved is None:
-            os.environ.pop("IPYTHONDIR", None)
-        else:
-            os.environ["IPYTHONDIR"] = saved
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def parameters_cell(nb):

@@ -20,9 +20,10 @@ for _name in OFFLINE_VARIABLES:
     os.environ.setdefault(_name, "1")
 
 
-SHARED_FILES = {"test_browser.py": "test_notebooks.py"}
+SHARED_FILES = {"test_browser.py": "test_notebooks.py", "test_exercises.py": "test_notebooks.py"}
 """Test files that run on the worker of another file under pytest-xdist: the browser test builds the book from
-the chapters that test_notebooks.py executed into the session's ``smoke_chapters`` folder."""
+the chapters that test_notebooks.py executed into the session's ``smoke_chapters`` folder, and the exercises test
+reads their glued values there."""
 
 OWN_SCOPE = ("tests/test_notebooks.py::test_notebook_runs_at_smoke_profile[07_your_model]",)
 """Tests that xdist may run on another worker than the rest of their file: chapter 7 reads no other chapter's
@@ -32,7 +33,7 @@ results, so it runs beside the chapters that share theirs (the browser test wait
 def _scheduling_rank(item) -> int:
     """Collection order: the chapters first (the longest scope), the tests of :data:`OWN_SCOPE` next, the browser
     test last (it builds the book from the chapters); the rest keep their order between."""
-    if item.path.name == "test_browser.py":
+    if item.path.name in SHARED_FILES:
         return 3
     if item.nodeid in OWN_SCOPE:
         return 1

@@ -22,7 +22,10 @@ screen at 1280 × 900 and is at most one screen tall), and that no page asks its
 It also opens every page at a phone's width (390 px) and in the theme's dark mode, and fails
 when the page itself scrolls sideways at 1280 or 390 px (an element wider than the window
 that no scrolling box of its own holds: wide math and tables must scroll inside their
-block or wrap; ``book/_static/dalign.css``). It saves a full-page screenshot of each page
+block or wrap; ``book/_static/dalign.css``), when an image is wider than the window or cut off by the box that
+holds it at either width, and when a figure is shrunk on the phone so far that its smallest label
+(``dalign_repro.report.figure_style.MIN_FONT_PT`` at its ``DPI``) falls under 9 px. The landing page must open
+with what the reproduction found (the verdicts counted and the claims grid) before its course path. It saves a full-page screenshot of each page
 in each view to ``book/_build/screenshots/``: ``<page>.png`` (1280 px), ``<page>@390.png``
 and ``<page>@dark.png``.
 
@@ -61,6 +64,7 @@ import pytest
 import yaml
 
 from dalign_repro.config import REPO_ROOT
+from dalign_repro.report import figure_style
 from tests.test_notebooks import _toc_files, chapter_lock
 
 BOOK = REPO_ROOT / "book"
@@ -70,6 +74,8 @@ CELL_TIMEOUT_S = 900
 PAGE_TIMEOUT_S = 60
 WINDOW = (1280, 900)
 PHONE_WIDTH = 390
+MIN_LABEL_PX = 9
+"""The smallest label a figure may show on a phone, in screen pixels (issue 46)."""
 MAX_SCREENSHOT_HEIGHT = 12000
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "[::1]"}
 LOCAL_SCHEMES = {"data", "blob", "file", "about"}
@@ -297,6 +303,8 @@ class PageReport:
     screenshot: Path | None = None
     overflow: dict[int, dict] = field(default_factory=dict)
     """Window width -> what OVERFLOW found there."""
+    images: dict[int, dict] = field(default_factory=dict)
+    """Window width -> what IMAGES found there."""
     phone_screenshot: Path | None = None
     dark_screenshot: Path | None = None
     dark_background: str = ""
@@ -390,6 +398,28 @@ return {width, scrolls, offenders};
 """
 
 
+# Runs in the page: where every image sits at this width, and whether a box that clips or scrolls cuts it off.
+IMAGES = r"""
+const width = document.documentElement.clientWidth;
+const column = document.querySelector(".bd-article");
+const clipper = (el) => {
+  for (let up = el.parentElement; up && up !== document.body; up = up.parentElement) {
+    if (["auto", "scroll", "hidden", "clip"].includes(getComputedStyle(up).overflowX)) return up;
+  }
+  return null;
+};
+const images = Array.from(document.images).filter((img) => img.getBoundingClientRect().width > 0).map((img) => {
+  const box = img.getBoundingClientRect();
+  const holder = clipper(img);
+  const hold = holder ? holder.getBoundingClientRect() : null;
+  return {src: (img.currentSrc || img.src || "").split("/").pop().slice(0, 60), left: box.left, right: box.right,
+          shown: box.width, natural: img.naturalWidth, figure: !!img.closest(".cell_output, figure"),
+          cut: hold ? Math.max(0, box.right - hold.right, hold.left - box.left) : 0};
+});
+return {width, column: column ? column.clientWidth : null, images};
+"""
+
+
 def _set_dark(driver, dark: bool) -> None:
     """The theme's dark (or light) mode, as its switch sets it."""
     mode = "dark" if dark else "light"
@@ -416,9 +446,11 @@ def reports(book_html, server, driver) -> dict[str, PageReport]:
         report.url = driver.current_url
         report.inspect = driver.execute_async_script(INSPECT)
         report.overflow[WINDOW[0]] = driver.execute_script(OVERFLOW)
+        report.images[WINDOW[0]] = driver.execute_script(IMAGES)
         report.screenshot = _screenshot(driver, page)
         _set_width(driver, PHONE_WIDTH)
         report.overflow[PHONE_WIDTH] = driver.execute_script(OVERFLOW)
+        report.images[PHONE_WIDTH] = driver.execute_script(IMAGES)
         report.phone_screenshot = _screenshot(driver, page, PHONE_WIDTH, "@390")
         _set_dark(driver, True)
         report.dark_background = driver.execute_script("return getComputedStyle(document.body).backgroundColor")
@@ -502,6 +534,44 @@ def test_no_page_scrolls_sideways(reports, width):
     assert not problems, f"pages that scroll sideways at {width} px:\n{problems}"
 
 
+@pytest.mark.parametrize("width", [WINDOW[0], PHONE_WIDTH])
+def test_no_image_is_wider_than_the_window(reports, width):
+    """Every image lies within the window and is not cut off by the box that holds it: no panel or legend lost."""
+    def describe(report):
+        found = report.images.get(width, {})
+        bad = [f"{img['src']} ({img['shown']:.0f} px, {img['left']:.0f} to {img['right']:.0f}"
+               + (f", {img['cut']:.0f} px cut off" if img["cut"] > 1 else "") + ")"
+               for img in found.get("images", [])
+               if img["left"] < -1 or img["right"] > found["width"] + 1 or img["cut"] > 1]
+        return bad and f"images past the {found['width']}-px window or cut off: {bad[:4]}"
+
+    assert any(r.images.get(width, {}).get("images") for r in reports.values()), "no image was measured at all"
+    problems = _problems(reports, describe)
+    assert not problems, f"at {width} px:\n{problems}"
+
+
+def test_figure_labels_stay_readable_on_a_phone(reports):
+    """A figure shrunk to the phone's column keeps labels of MIN_LABEL_PX and more (figure_style's smallest font at
+    the scale the page shows it); and the column figure_style assumes is the one the phone has."""
+    natural_label_px = figure_style.MIN_FONT_PT / 72 * figure_style.DPI
+
+    def describe(report):
+        found = report.images.get(PHONE_WIDTH, {})
+        small = [f"{img['src']} ({img['natural']} px drawn, shown {img['shown']:.0f}: labels "
+                 f"{natural_label_px * img['shown'] / img['natural']:.1f} px)"
+                 for img in found.get("images", []) if img["figure"] and img["natural"] > 0
+                 and natural_label_px * min(1.0, img["shown"] / img["natural"]) < MIN_LABEL_PX]
+        return small and f"figures with labels under {MIN_LABEL_PX} px: {small[:4]}"
+
+    problems = _problems(reports, describe)
+    assert not problems, f"at {PHONE_WIDTH} px (draw them at figure_style.COLUMN_WIDTH or narrower):\n{problems}"
+    columns = [r.images[PHONE_WIDTH]["column"] for r in reports.values()
+               if r.images.get(PHONE_WIDTH, {}).get("column")]
+    assert columns and min(columns) >= figure_style.PHONE_COLUMN_PX, (
+        f"the phone's column is {min(columns)} px, narrower than figure_style.PHONE_COLUMN_PX "
+        f"({figure_style.PHONE_COLUMN_PX}): set it to the measured width")
+
+
 def test_dark_mode_is_dark(reports):
     def brightness(css: str) -> float:
         numbers = [float(x) for x in re.findall(r"[\d.]+", css)[:3]]
@@ -548,6 +618,30 @@ def test_the_landing_page_has_a_course_path(book_html, server, driver, reports):
         return table ? Array.from(table.querySelectorAll("tbody tr")).map((tr) => tr.innerText) : null;""")
     assert plan, f"{root} has no two-week plan (table.dalign-plan)"
     assert any("make notebooks PROFILE=lab" in row for row in plan), "the plan says what runs at lab in class"
+    assert not any("ONLY=…" in row or "ONLY=..." in row for row in plan), "the plan's commands name their chapters"
+
+
+def test_the_landing_page_opens_with_what_was_found(book_html, server, driver, reports):
+    """Before the course path, the landing page counts the verdicts and shows the claims grid, its labels linked
+    to the chapters."""
+    toc = yaml.safe_load((BOOK / "_toc.yml").read_text(encoding="utf-8"))
+    driver.get(server + Path(toc["root"]).with_suffix(".html").as_posix())
+    found = driver.execute_script("""
+        const grid = document.getElementById("dalign-claims-glance");
+        const course = document.getElementById("course") || document.querySelector("table.dalign-course");
+        if (!grid || !course) return {grid: !!grid, course: !!course};
+        const position = grid.compareDocumentPosition(course);
+        return {grid: true, course: true, before: !!(position & Node.DOCUMENT_POSITION_FOLLOWING),
+                top: grid.getBoundingClientRect().top + window.scrollY,
+                links: Array.from(grid.querySelectorAll("a.verdict")).map((a) => a.getAttribute("href")),
+                counted: document.querySelector(".dalign-glance") ?
+                    document.querySelector(".dalign-glance").innerText : ""};""")
+    assert found["grid"], "the landing page has no claims grid (#dalign-claims-glance)"
+    assert found["course"] and found["before"], "the claims grid comes after the course path; it should come first"
+    assert re.search(r"width claims \(\d+ claim × scope checks?\)", found["counted"]), (
+        f"the landing page does not count the width verdicts: {found['counted'][:200]!r}")
+    assert found["links"] and all(re.fullmatch(r"chapters/\d\d_\w+\.html", href) for href in found["links"]), (
+        f"the grid's labels should link to chapters/NN_name.html: {found['links'][:4]}")
 
 
 def test_the_claims_page_opens_on_its_grid(book_html, server, driver, reports):

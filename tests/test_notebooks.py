@@ -22,12 +22,17 @@ from dalign_repro.config import PROFILES, REPO_ROOT
 from tests.conftest import OWN_SCOPE
 
 
-def _load_runner():
-    """scripts/execute_notebooks.py as a module (scripts/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("execute_notebooks", REPO_ROOT / "scripts" / "execute_notebooks.py")
+def _load_script(name: str):
+    """scripts/<name>.py as a module (scripts/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _load_runner():
+    """scripts/execute_notebooks.py as a module."""
+    return _load_script("execute_notebooks")
 
 
 runner = _load_runner()
@@ -87,6 +92,48 @@ def test_toc_lists_every_notebook_and_nothing_else():
     notebooks = {f"chapters/{nb.stem}" for nb in NOTEBOOKS}
     assert notebooks - chapters == set(), f"notebooks missing from book/_toc.yml: {sorted(notebooks - chapters)}"
     assert chapters - notebooks == set(), f"book/_toc.yml lists chapters with no notebook: {sorted(chapters - notebooks)}"
+
+
+launch_cell = _load_script("launch_cell")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_a_launched_chapter_installs_dalign_and_runs_at_lab(path):
+    """Opened by a launch button (Binder, Colab), the chapter's first code cell installs dalign when it is missing and
+    the cell after its parameters selects `lab` (scripts/launch_cell.py --write puts both in place)."""
+    nb = nbformat.read(path, as_version=4)
+    problems = launch_cell.problems(nb, launch_cell.repository())
+    assert not problems, f"{path.name}: {'; '.join(problems)}: run python scripts/launch_cell.py --write"
+
+
+def test_the_launch_cells_select_lab_only_when_launched(tmp_path, kernel, monkeypatch):
+    """A launched session (DALIGN_LAUNCH_PROFILE=lab) runs the chapter at lab; a build of the book, which removes the
+    variable from its kernels, keeps the profile it injects."""
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# Probe"), nbformat.v4.new_code_cell(
+        'profile = "cpu"\nseed = 0\nforce = False', metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_code_cell("print('profile', profile)")])
+    nb.metadata["kernelspec"] = {"name": kernel, "display_name": "Python 3", "language": "python"}
+    nb = launch_cell.apply(nb, "")
+    assert not launch_cell.problems(nb, "")
+    path = tmp_path / "97_launch.ipynb"
+    nbformat.write(nb, path)
+    monkeypatch.setenv("DALIGN_LAUNCH_PROFILE", "lab")
+    out = runner.execute(path, "smoke", tmp_path / "out", kernel, force=False, cell_timeout_s=120)
+    printed = "".join(o.get("text", "") for c in nbformat.read(out, as_version=4).cells for o in c.get("outputs", []))
+    assert "profile smoke" in printed  # the build's profile, whatever the session says
+    from nbclient import NotebookClient
+
+    launched = nbformat.read(path, as_version=4)
+    NotebookClient(launched, kernel_name=kernel, timeout=120).execute()  # as Binder runs it: the variable set
+    printed = "".join(o.get("text", "") for c in launched.cells for o in c.get("outputs", []))
+    assert "profile lab" in printed
+
+
+def test_the_sidebar_lists_the_chapters_in_their_numeric_order():
+    """The chapters call each other by number (the course table prints it): the sidebar runs 1, 2, 3 ..."""
+    toc = yaml.safe_load((REPO_ROOT / "book" / "_toc.yml").read_text())
+    numbers = [int(Path(f).name[:2]) for f in _toc_files(toc) if f.startswith("chapters/")]
+    assert numbers == sorted(numbers), f"book/_toc.yml lists the chapters as {numbers}"
 
 
 def test_makefile_accepts_exactly_the_library_profiles():

@@ -20,11 +20,19 @@ def test_tick_labels_are_plain_numbers_or_powers_of_ten():
 
 
 def test_style_sets_the_column_and_readable_fonts():
+    """Figures are drawn 700 px wide (the book's column at 1280 px), and their smallest labels stay at 9 px and more
+    when a phone shows them at its 390-px window's column (the browser test measures both)."""
+    from dalign_repro.report import figure_style
+
     plots.style()
     rc = plt.rcParams
-    assert rc["figure.figsize"][0] == plots.COLUMN_WIDTH and 100 <= rc["figure.dpi"] <= 110
+    assert rc["figure.figsize"][0] == plots.COLUMN_WIDTH
+    assert rc["figure.dpi"] == rc["savefig.dpi"] == figure_style.DPI
+    assert abs(plots.COLUMN_WIDTH * rc["figure.dpi"] - 700) <= 10, "a column-wide figure is 700 px"
     for key in ("font.size", "axes.labelsize", "xtick.labelsize", "ytick.labelsize", "legend.fontsize"):
         assert float(rc[key]) >= 10, key
+        assert figure_style.shown_font_px(float(rc[key])) >= 9, f"{key} under 9 px on a phone"
+    assert figure_style.shown_font_px(10, figure_width_in=9.5) < 9  # a figure wider than the column would not do
 
 
 def _widths_figure_inputs():

@@ -149,7 +149,9 @@ class CoursePlan(Directive):
             total = sum(t.seconds for t in costs if t) if costs and all(costs) else math.nan
             in_class = nodes.paragraph()
             if costs:
-                in_class += nodes.literal(text="make notebooks PROFILE=lab ONLY=…")
+                stems = session.get("in_class", [])
+                only = stems[0] if len(stems) == 1 else "'" + " ".join(stems) + "'"
+                in_class += nodes.literal(text=f"make notebooks PROFILE=lab ONLY={only}")
                 in_class += nodes.Text(f": chapter{'s' if len(costs) > 1 else ''} {runs}"
                                        + (f"; {timings.duration(total)} in all"
                                           if len(costs) > 1 and math.isfinite(total) else ""))

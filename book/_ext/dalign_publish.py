@@ -93,17 +93,45 @@ def widen_pages(app, config) -> None:
     options["secondary_sidebar_items"] = by_page
 
 
+def notebooks_install_from(book: Path) -> str:
+    """The address the chapters' launch cell installs dalign from when it is missing (``REPOSITORY`` in
+    ``notebooks/*.ipynb``, written by ``scripts/launch_cell.py`` from ``_config.yml``); "" when none names one."""
+    import json
+    import re
+
+    folder = book.parent / "notebooks"
+    found = set()
+    for path in sorted(folder.glob("[0-9][0-9]_*.ipynb")):
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        code = next(("".join(cell["source"]) for cell in cells if cell["cell_type"] == "code"), "")
+        match = re.search(r"^REPOSITORY = ['\"]([^'\"]*)['\"]", code, re.MULTILINE)
+        found.add(match.group(1).removesuffix(".git").rstrip("/") if match else "")
+    return found.pop() if len(found) == 1 else ""
+
+
+def launch_buttons(url: str, buttons: dict, install_from: str) -> dict:
+    """The launch buttons that can open a chapter at ``url``: Binder for any repository address (it builds the image
+    from ``binder/``); Colab only for a GitHub address that the chapters' first cell installs dalign from (a Colab
+    session has nothing but the notebook). None without an address."""
+    if not url:
+        return {}
+    buttons = dict(buttons)
+    host = url.partition("://")[2].split("/", 1)[0].lower()
+    if host != "github.com" or install_from != url:
+        buttons.pop("colab_url", None)
+    buttons.pop("deepnote_url", None)  # it would open the notebook without the package
+    return buttons
+
+
 def set_repository(app, config) -> None:
-    """Fill in the theme's repository address (see the module docstring); without one, show no buttons."""
+    """Fill in the theme's repository address (see the module docstring); without one, show no buttons; show only
+    the launch buttons that can open a chapter there (:func:`launch_buttons`)."""
     options = config.html_theme_options
     url = repository_url(options.get("repository_url", ""))
     options["repository_url"] = url
-    if url:
-        options["use_repository_button"] = options["use_issues_button"] = True
-    else:
-        options["use_repository_button"] = False
-        options["use_issues_button"] = False
-        options["launch_buttons"] = {}
+    options["use_repository_button"] = options["use_issues_button"] = bool(url)
+    install_from = notebooks_install_from(Path(app.srcdir)) if url else ""
+    options["launch_buttons"] = launch_buttons(url, options.get("launch_buttons") or {}, install_from)
 
 
 def _relink(buttons, book_path: str) -> None:

@@ -1,7 +1,9 @@
 """The book's figure style, shared by every chapter's figures: sizes, fonts, labels, ticks, colours, legends.
 
-Figures are drawn for the book's ~690-pixel column: :data:`COLUMN_WIDTH` inches wide at 100 dpi,
-fonts of 10 pt and more (:func:`style` sets them; call it once per notebook), math labels, and tick
+Figures are drawn for the book's 700-pixel column and stay readable on a 390-pixel phone: :data:`COLUMN_WIDTH`
+inches wide at :data:`DPI` (700 px), fonts of :data:`MIN_FONT_PT` and more (:func:`style` sets them; call it once
+per notebook), so that a column-wide figure shrunk to a phone's column (:data:`PHONE_COLUMN_PX`) still has labels
+of at least 9 px (:func:`shown_font_px`; ``tests/test_browser.py`` measures it in the browser), math labels, and tick
 labels written as plain numbers (``0.01``, ``200``) or powers of ten (``10^{-5}``), never as
 ``4.0776×10⁻²``. Runs that failed to train are drawn in grey (:data:`FAILED`) and labelled, never as
 data points of a trend.
@@ -24,7 +26,8 @@ except ImportError as err:  # pragma: no cover  (both are installed wherever the
 from matplotlib.ticker import (FixedLocator, FuncFormatter, LogLocator, MaxNLocator, NullFormatter,
                                NullLocator, ScalarFormatter)
 
-__all__ = ["LABELS", "NOISE_NAMES", "FAILED", "COLUMN_WIDTH", "RC", "style", "tick_label", "log_ticks", "value_axis",
+__all__ = ["LABELS", "NOISE_NAMES", "FAILED", "COLUMN_WIDTH", "DPI", "MIN_FONT_PT", "PHONE_COLUMN_PX", "RC",
+           "shown_font_px", "style", "tick_label", "log_ticks", "value_axis",
            "ticks_at", "width_axis", "palette", "trained_mask", "legend", "legend_below", "failed_note", "natural",
            "empty"]
 
@@ -38,19 +41,35 @@ LABELS = {
 }
 NOISE_NAMES = {"gaussian": "Gaussian", "student_t": "Student-$t$, 5 d.o.f.", "rademacher": "Rademacher"}
 FAILED = dict(color="0.6", lw=1, ls=":", alpha=0.8)
-COLUMN_WIDTH = 6.7  # inches at 100 dpi: the ~690-px column of the book at a 1280-px window, with a margin
+COLUMN_WIDTH = 5.0
+"""Inches: at :data:`DPI`, the book's 700-px column (a 1280-px window less the sidebars)."""
+DPI = 140
+"""Dots per inch of every figure, on screen and saved: :data:`COLUMN_WIDTH` × DPI = 700 px."""
+MIN_FONT_PT = 10.0
+"""The smallest font of a figure (tick labels, legends, annotations): 19.4 px at :data:`DPI`."""
+PHONE_COLUMN_PX = 358
+"""The width a figure is shown at on a 390-px phone: the article's column less its margins (measured in Chromium,
+sphinx-book-theme 1.3; ``tests/test_browser.py`` measures it again)."""
 RC = {
-    "figure.dpi": 100, "savefig.dpi": 100, "figure.figsize": (COLUMN_WIDTH, 3.4),
+    "figure.dpi": DPI, "savefig.dpi": DPI, "figure.figsize": (COLUMN_WIDTH, 3.4),
     "figure.constrained_layout.use": True,
-    "font.size": 11, "axes.titlesize": 11.5, "axes.labelsize": 11, "figure.titlesize": 12,
-    "xtick.labelsize": 10.5, "ytick.labelsize": 10.5, "legend.fontsize": 10, "legend.title_fontsize": 10,
-    "axes.formatter.use_mathtext": True, "lines.markersize": 5,
+    "font.size": 10.5, "axes.titlesize": 11, "axes.labelsize": 10.5, "figure.titlesize": 11.5,
+    "xtick.labelsize": MIN_FONT_PT, "ytick.labelsize": MIN_FONT_PT, "legend.fontsize": MIN_FONT_PT,
+    "legend.title_fontsize": MIN_FONT_PT, "axes.formatter.use_mathtext": True, "lines.markersize": 5,
 }
-"""The matplotlib settings of the book: column-wide figures, no font under 10 pt."""
+"""The matplotlib settings of the book: column-wide figures, no font under :data:`MIN_FONT_PT`."""
+
+
+def shown_font_px(font_pt: float, figure_width_in: float = COLUMN_WIDTH, shown_px: float = PHONE_COLUMN_PX) -> float:
+    """The height in screen pixels of a ``font_pt`` label of a figure ``figure_width_in`` inches wide at :data:`DPI`
+    when the page shows it ``shown_px`` wide (a figure narrower than that is shown at its own size)."""
+    natural_px = figure_width_in * DPI
+    return font_pt / 72 * DPI * min(1.0, shown_px / natural_px)
 
 
 def style() -> None:
-    """Apply the book's figure style: seaborn's white grid, :data:`RC` (column width, 100 dpi, fonts >= 10 pt)."""
+    """Apply the book's figure style: seaborn's white grid, :data:`RC` (column width, :data:`DPI`, fonts >=
+    :data:`MIN_FONT_PT`)."""
     sns.set_theme(context="notebook", style="whitegrid")
     plt.rcParams.update(RC)
 
@@ -124,15 +143,23 @@ def legend(ax, ncols: int = 2, **kwargs) -> None:
 
 
 def legend_below(fig, axes, ncols: int = 3, **kwargs) -> None:
-    """One legend for the whole figure, below the axes: one entry per label across panels."""
+    """One legend for the whole figure, below the axes: one entry per label across panels.
+
+    At most ``ncols`` columns, and fewer where the entries would not fit the figure's width: a legend wider than the
+    figure would widen the saved image past the column (and shrink its labels on a phone)."""
     labelled: dict = {}
     for ax in np.atleast_1d(axes).flat:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             if not label.startswith("_"):
                 labelled.setdefault(label, handle)
-    if labelled:
-        fig.legend(labelled.values(), labelled.keys(), loc="outside lower center",
-                   ncols=min(ncols, len(labelled)), **kwargs)
+    if not labelled:
+        return
+    renderer = fig.canvas.get_renderer()
+    for columns in range(min(ncols, len(labelled)), 0, -1):
+        shown = fig.legend(labelled.values(), labelled.keys(), loc="outside lower center", ncols=columns, **kwargs)
+        if columns == 1 or shown.get_window_extent(renderer).width <= fig.bbox.width:
+            return
+        shown.remove()
 
 
 def failed_note(ax, count: int) -> None:

@@ -2,8 +2,9 @@
 
 Each function takes the tidy tables :mod:`dalign_repro.sweep.run` (or
 :mod:`dalign_repro.experiments.theory`) writes and returns a matplotlib Figure drawn
-for the book's ~690-pixel column: :data:`COLUMN_WIDTH` inches wide at 100 dpi,
-fonts of 10 pt and more (:func:`style` sets them; call it once per notebook),
+for the book's 700-pixel column and readable on a 390-pixel phone: :data:`COLUMN_WIDTH` inches wide at
+:data:`~dalign_repro.report.figure_style.DPI`, fonts of 10 pt and more (:func:`style` sets them; call it once per
+notebook),
 math labels, and tick labels written as plain numbers (``0.01``, ``200``) or powers
 of ten (``10^{-5}``), never as ``4.0776×10⁻²``. Each figure carries one idea;
 where a chapter compares several quantities it draws several figures.
@@ -27,11 +28,11 @@ except ImportError as err:  # pragma: no cover  (both are installed wherever the
     raise ImportError(f"dalign_repro.report.plots draws with matplotlib and seaborn, which are not installed ({err}); "
                       "install the plots extra: pip install 'dalign[plots]'") from err
 
-from dalign_repro.report.figure_style import (LABELS, NOISE_NAMES, FAILED, COLUMN_WIDTH, RC, style, tick_label,
+from dalign_repro.report.figure_style import (LABELS, NOISE_NAMES, FAILED, COLUMN_WIDTH, DPI, RC, style, tick_label,
                                              log_ticks, value_axis, ticks_at, width_axis, palette, trained_mask,
                                              legend, legend_below, failed_note, natural, empty)
 
-__all__ = ["style", "LABELS", "COLUMN_WIDTH", "RC", "tick_label", "log_ticks", "value_axis", "learning_rates",
+__all__ = ["style", "LABELS", "COLUMN_WIDTH", "DPI", "RC", "tick_label", "log_ticks", "value_axis", "learning_rates",
            "heldout_loss", "trajectory", "trend_along_training", "reductions_compared", "matched_loss",
            "final_geometry", "layers_heatmap", "misalignment_by_width", "misalignment_by_budget", "sample_unit",
            "sample_unit_context", "sample_unit_choice", "theory_moment_errors", "theory_certificates",
