@@ -211,14 +211,21 @@ def test_resample_alignment_refuses_a_bad_chunk_and_an_impossible_number_of_tria
 def test_the_matrix_product_path_gives_the_gathered_sums(monkeypatch, one_pool):
     from dalign_core.geometry import misalignment
 
+    assert not misalignment._matmul_path(6, 9, 60, 50) and misalignment._matmul_path(64, 64, 256, 256)
+    assert misalignment._matmul_path(128, 128, 1024, 1024) and not misalignment._matmul_path(16, 16, 1024, 1024)
+
     a, b = _pools(n1=60, n2=50)
     C = cross_gram(a) if one_pool else cross_gram(a, b)
-    gathered = resample_alignment(C, 6, 9, 600, seed=5, one_pool=one_pool)  # 54 * 32 < 60 * 50: gathered
-    monkeypatch.setattr(misalignment, "MATMUL_SHARE", 10**6)  # every budget by matrix product
+    gathered = resample_alignment(C, 6, 9, 600, seed=5, one_pool=one_pool)  # M K < MATMUL_MIN_BLOCK: gathered
+    bags = []
+    real_bag = torch.nn.functional.embedding_bag
+    monkeypatch.setattr(torch.nn.functional, "embedding_bag", lambda *args, **kw: bags.append(1) or real_bag(*args, **kw))
+    monkeypatch.setattr(misalignment, "_matmul_path", lambda *args: True)  # every budget by the indicator product
     for chunk in (None, 7):
         product = resample_alignment(C, 6, 9, 600, seed=5, one_pool=one_pool, chunk=chunk)
         torch.testing.assert_close(product, gathered, rtol=1e-12, atol=1e-12)
-        assert torch.equal(product <= 0, gathered <= 0)
+        assert torch.equal(product <= 0, gathered <= 0) and bags
+        bags.clear()
     stats, I, J = resample_alignment(C, 6, 9, 50, seed=5, one_pool=one_pool, return_indices=True)
     test_pool = a if one_pool else b
     for r in range(50):

@@ -9,9 +9,9 @@ rows J (uniformly, without replacement, from a seeded ``torch.Generator``) and c
 with the cross-Gram matrix ``C = Q_tr Q_te^T``, formed once in float64 (blocked over d).
 A resample then costs O(MK) additions instead of O(MKd); resamples are vectorized in
 chunks, so 10^5 resamples take seconds for M, K <= 64. For large budgets
-(``MK >= n1 n2 / MATMUL_SHARE``) the chunk's sums are one matrix product instead: the rows
-of ``A C`` (``A`` the chunk's 0/1 train indicators) dotted with the test indicators, O(n1 n2)
-a resample at the matrix product's rate. The index sets are drawn once per (pool sizes,
+(``M K >= 512`` and ``min(M n2, K n1) <= MATMUL_SHARE M K``) a resample's sum is read from the product of its 0/1
+train indicators with C instead (the sum of its M rows of C, by torch's embedding_bag, then K
+entries of that row): O(M n2) streamed additions instead of O(MK) random reads. The index sets are drawn once per (pool sizes,
 budget, seed, one pool or two) and kept for the next call (a call with fewer trials takes
 the first ones: a resample's indices depend only on its position in the stream).
 
@@ -142,9 +142,9 @@ def resample_alignment(
 
     ``C`` is the cross-Gram (n1, n2) (or with ``one_pool=True`` the square Gram of one
     pool, with disjoint train/test rows per resample).  Each resample gathers its M x K
-    block of ``C`` and sums it: O(MK) work, done for ``chunk`` resamples at once; for
-    ``M K >= n1 n2 / MATMUL_SHARE`` a chunk's sums are one matrix product (O(n1 n2) a
-    resample, the same statistics to rounding: the same p̂).
+    block of ``C`` and sums it: O(MK) work, done for ``chunk`` resamples at once; for large
+    budgets (:func:`_matmul_path`) the sum comes from the product of the resample's 0/1
+    indicators with ``C`` (the same statistics to rounding: the same p̂).
     ``return_indices=True`` also returns the (trials, M) and (trials, K) index tensors
     (for testing; memory grows with trials).  Deterministic given ``seed``, whatever
     the ``chunk``.  The index sets drawn for ``(n1, n2, M, K, seed, one_pool)`` are kept
@@ -162,24 +162,27 @@ def resample_alignment(
     if need > 8 * 2**30:
         raise ValueError(f"trials={trials} resamples of M={M}, K={K} need about {need / 2**30:.0f} GiB of drawn "
                          "indices; use fewer trials")
-    matmul = M * K * MATMUL_SHARE >= n1 * n2
-    if chunk is None:  # a chunk's gathered block (chunk, M, K), or its indicators (chunk, n1 + n2), of about 2^18
-        chunk = max(1, min(trials, (1 << 18) // ((n1 + n2) if matmul else (M * K))))
+    matmul = _matmul_path(M, K, n1, n2)
+    if chunk is None:  # a chunk's gathered block (chunk, M, K), or its summed rows (chunk, n2), of about 2^18
+        chunk = max(1, min(trials, (1 << 18) // (max(n1, n2) if matmul else (M * K))))
     trials, chunk = int(trials), int(chunk)
     C = C.detach().to(device="cpu", dtype=torch.float64).contiguous()
     flat = C.numpy().reshape(-1)
     out = np.empty(trials, dtype=np.float64)
     rows, cols = _index_sets(n1, n2, M, K, trials, int(seed), bool(one_pool))
-    if matmul:
-        train = torch.zeros(chunk, n1, dtype=torch.float64)
-        test = torch.zeros(chunk, n2, dtype=torch.float64)
+    # The product path sums the M train rows of C (or, where that is less work, the K test columns) per resample,
+    # i.e. the sparse product of the 0/1 indicators with C (torch's embedding_bag), then takes the other side's K
+    # (or M) entries of the summed row.
+    by_rows = M * n2 <= K * n1
+    table = C if by_rows else C.T.contiguous()
     for start in range(0, trials, chunk):
         r, c = rows[start:start + chunk], cols[start:start + chunk]
-        if matmul:  # (A C) . B row by row, A and B the chunk's 0/1 indicators
-            a, b = train[: len(r)].zero_(), test[: len(r)].zero_()
-            a.scatter_(1, torch.from_numpy((r // n2).astype(np.int64)), 1.0)
-            b.scatter_(1, torch.from_numpy(c.astype(np.int64)), 1.0)
-            out[start:start + len(r)] = ((a @ C) * b).sum(dim=1).numpy() / (M * K)
+        if matmul:
+            train = torch.from_numpy((r // n2).astype(np.int64))
+            test = torch.from_numpy(c.astype(np.int64))
+            bags, picks = (train, test) if by_rows else (test, train)
+            summed = torch.nn.functional.embedding_bag(bags, table, mode="sum")
+            out[start:start + len(r)] = summed.gather(1, picks).sum(dim=1).numpy() / (M * K)
         else:
             lin = r[:, :, None] + c[:, None, :]  # (c, M, K)
             out[start:start + len(r)] = np.take(flat, lin).sum(axis=(1, 2)) / (M * K)
@@ -189,9 +192,19 @@ def resample_alignment(
     return stats
 
 
-MATMUL_SHARE = 32
-"""Budgets with ``M K >= n1 n2 / MATMUL_SHARE`` sum each chunk with one matrix product instead of gathering
-(benchmarks/bench_misalignment.py times both at the sweep's pools and budgets)."""
+MATMUL_SHARE = 12
+"""The product path sums a resample where ``min(M n2, K n1) <= MATMUL_SHARE M K``: a summed row costs about a
+twelfth of a random gather per entry (benchmarks/bench_misalignment.py times both ways at the sweep's pools and
+budgets)."""
+
+
+MATMUL_MIN_BLOCK = 512
+"""Budgets with ``M K`` below this are always gathered: their blocks stay in cache and a gather is cheapest."""
+
+
+def _matmul_path(M: int, K: int, n1: int, n2: int) -> bool:
+    """Whether budgets (M, K) on an (n1, n2) C are summed by the indicator product rather than by gathering."""
+    return M * K >= MATMUL_MIN_BLOCK and min(M * n2, K * n1) <= MATMUL_SHARE * M * K
 
 INDEX_CACHE_BYTES = 256 * 2**20
 """Memory the drawn index sets of recent :func:`resample_alignment` calls may keep (least recently used go first)."""
