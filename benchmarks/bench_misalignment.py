@@ -84,13 +84,15 @@ def time_budget(C, M: int, K: int, trials: int, repeats: int, seed: int) -> dict
 
 def main(argv=None) -> None:
     made = parser(__doc__.splitlines()[0], repeats=2)
-    made.add_argument("--pools", type=int, nargs="+", default=[256, 1024], help="rows in each pool")
-    made.add_argument("--trials", type=int, default=20_000, help="resamples a budget (the sweep's default)")
+    made.add_argument("--pools", type=int, nargs="+", help="rows in each pool (default 256 1024; --quick: 256)")
+    made.add_argument("--trials", type=int, help="resamples a budget (default 20,000, the sweep's; --quick: 2,000)")
     made.add_argument("--dim", type=int, default=128, help="dimension of the random q rows")
-    made.add_argument("--quick", action="store_true", help="pool 256, 2,000 resamples, 3 rounds (seconds, for CI)")
+    made.add_argument("--quick", action="store_true", help="pool 256, 2,000 resamples, 3 rounds unless given otherwise (seconds, for CI)")
     args = made.parse_args(argv)
+    args.pools = args.pools or ([256] if args.quick else [256, 1024])
+    args.trials = args.trials or (2_000 if args.quick else 20_000)
     if args.quick:
-        args.pools, args.trials, args.repeats = [256], 2_000, 3
+        args.repeats = 3
 
     import torch
 
