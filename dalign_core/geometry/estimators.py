@@ -35,6 +35,14 @@ end (exactly: powers of two). ``d_align`` and its interval are then those of the
 rescaled rows; a moment that float64 cannot hold becomes ``inf`` or ``0``. Inside the
 window nothing is rescaled, so ordinary inputs give bit-for-bit the same numbers.
 
+Precision: float32 rows (what capture gives) with ``n^2 d >= 2^30`` are multiplied in float32, over the upper
+triangle of row tiles, and the partial products summed in float64 (:func:`~dalign_core.geometry.rows.float32_gram`,
+about 4x faster than the float64 product on a CPU), where the rows' estimated ``||mu||^2`` is at most their
+``tr(Sigma)``: there every moment and dimension lies within a millionth of its own standard error of the float64
+result (tests/test_gram_precision.py; the bound tested is a hundredth). Larger means, float64 rows, rows near
+float32's range, smaller Grams and reduced-precision float32 matmul settings (TF32) keep the float64 product,
+and ``precision="float64"`` asks for it everywhere.
+
 Here: :func:`estimate_geometry` (one shot) and :func:`plugin_geometry` (the biased
 comparison). The pieces: :mod:`dalign_core.geometry.rows` (checked rows, scaling, the
 blocked Gram product, :class:`~dalign_core.geometry.rows.CountSketch`),
@@ -82,7 +90,7 @@ def estimate_geometry(
     Rows of any scale work: see "Scale" in the module docstring.
 
     ``precision="auto"`` forms the Gram matrix of float32 (or half-precision) rows with ``n^2 d >= 2^30`` from
-    symmetric float32 products summed in float64 (:func:`~dalign_core.geometry.rows.float32_gram`, about 4-8x
+    symmetric float32 products summed in float64 (:func:`~dalign_core.geometry.rows.float32_gram`, about 4x
     faster than float64 on a CPU) where the rows' mean is small against their noise
     (:data:`~dalign_core.geometry.rows.FLOAT32_MAX_MEAN_RATIO`; there every moment agrees with the float64
     result to far below a hundredth of its standard error), and in float64 everywhere else; ``"float64"``

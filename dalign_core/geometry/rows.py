@@ -4,7 +4,9 @@ Every estimate starts from rows ``q_1, ..., q_n`` (a matrix ``Q`` of shape ``(n,
 :func:`as_rows` takes numpy arrays and torch tensors of real numbers and refuses the
 rest in one sentence; :func:`gram_product` forms ``A B^T`` in float64 over column blocks
 (only one float64 slice of each input at a time), so no ``d x d`` and no ``(n, d)``
-float64 copy is made.
+float64 copy is made; :func:`float32_gram` forms it from float32 products summed in float64
+where the estimators find that as accurate (:func:`float32_products_allowed`,
+:func:`float32_mean_ratio_allows`).
 
 Scale: rows whose largest ``|entry|`` lies beyond ``2^±200`` are multiplied by a power of
 two before the Gram is formed (:func:`_scale_exponent`, :func:`_times_pow2_`), so
