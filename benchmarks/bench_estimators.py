@@ -189,8 +189,8 @@ def main(argv=None) -> None:
                       help="n x d shapes of the Gram targets (default 1024x16384 4096x16384; --quick: the first)")
     made.add_argument("--dims", type=int, nargs="+", help="d of the memory table (default 1024 16384 262144)")
     made.add_argument("--ns", type=int, nargs="+", help="n of the memory table (default 256 1024 4096)")
-    made.add_argument("--max-work", type=float, default=2.0**38,
-                      help="largest n^2 d (d^2 n for the plug-in) the memory table runs (default 2^38)")
+    made.add_argument("--max-work", type=float, default=2.0**36,
+                      help="largest n^2 d (d^2 n for the plug-in) the memory table runs (default 2^36)")
     made.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     made.add_argument("--memory-fraction", type=float, default=0.5, help="share of free memory a case may use")
     made.add_argument("--quick", action="store_true",
