@@ -44,6 +44,8 @@ PYTEST_ARGS ?=
 # make test: pytest-xdist workers (one test file per worker at a time; 0 runs in one process).
 TEST_WORKERS ?= auto
 BENCH_OUT ?= results/bench
+# make bench QUICK=1: every benchmark that has a --quick gets it (seconds to a minute each, for CI).
+QUICK ?=
 DATA_DIR ?=
 # make serve: the port of the local preview (http://localhost:$(PORT)/).
 PORT ?= 8000
@@ -141,16 +143,22 @@ publish: $(STAMP) ## push book/_build/html to the gh-pages branch with .nojekyll
 test: $(STAMP) ## run the library tests and every notebook at PROFILE=smoke
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
-bench: $(STAMP) ## run every benchmarks/bench_*.py with --out results/bench (BENCH_OUT=...)
+bench: $(STAMP) ## run every benchmarks/bench_*.py with --out results/bench (BENCH_OUT=...; QUICK=1: each one's --quick)
 	@shopt -s nullglob; scripts=(benchmarks/bench_*.py); \
 	if [ $${#scripts[@]} -eq 0 ]; then echo "no benchmarks/bench_*.py found"; exit 0; fi; \
-	failed=(); \
+	quick='$(if $(filter 1 yes true,$(QUICK)),1)'; failed=(); \
 	for script in "$${scripts[@]}"; do \
-		echo "== $$script"; \
-		$(PY) "$$script" --out $(BENCH_OUT) || failed+=("$$script"); \
+		flags=(--out "$(BENCH_OUT)"); \
+		if [ -n "$$quick" ]; then \
+			if grep -q -e '"--quick"' "$$script"; then flags+=(--quick); \
+			else echo "($$script has no --quick: it runs at its full size)"; fi; \
+		fi; \
+		echo "== $$script $${flags[*]}"; started=$$SECONDS; \
+		$(PY) "$$script" "$${flags[@]}" || failed+=("$$script"); \
+		echo "== $$script took $$((SECONDS - started)) s"; \
 	done; \
 	if [ $${#failed[@]} -gt 0 ]; then echo "benchmarks failed: $${failed[*]}" >&2; exit 1; fi; \
-	echo "benchmark results in $(abspath $(BENCH_OUT))"
+	echo "benchmark results in $(abspath $(BENCH_OUT)); $$SECONDS s in all (target: 20 minutes on 2 idle cores$${quick:+; QUICK=1})"
 
 clean: ## remove the built book, executed notebooks, caches and results/smoke (keeps the other profiles' results)
 	rm -rf book/_build book/chapters .pytest_cache results/smoke

@@ -205,3 +205,48 @@ def test_resample_alignment_refuses_a_bad_chunk_and_an_impossible_number_of_tria
             resample_alignment(C, 2, 2, 10, chunk=chunk, one_pool=True)
     with pytest.raises(ValueError, match="GiB of drawn indices"):
         resample_alignment(C, 2, 2, 10**10, one_pool=True)
+
+
+@pytest.mark.parametrize("one_pool", [False, True])
+def test_the_matrix_product_path_gives_the_gathered_sums(monkeypatch, one_pool):
+    from dalign_core.geometry import misalignment
+
+    assert not misalignment._matmul_path(6, 9, 60, 50) and misalignment._matmul_path(64, 64, 256, 256)
+    assert misalignment._matmul_path(128, 128, 1024, 1024) and not misalignment._matmul_path(16, 16, 1024, 1024)
+
+    a, b = _pools(n1=60, n2=50)
+    C = cross_gram(a) if one_pool else cross_gram(a, b)
+    gathered = resample_alignment(C, 6, 9, 600, seed=5, one_pool=one_pool)  # M K < MATMUL_MIN_BLOCK: gathered
+    bags = []
+    real_bag = torch.nn.functional.embedding_bag
+    monkeypatch.setattr(torch.nn.functional, "embedding_bag", lambda *args, **kw: bags.append(1) or real_bag(*args, **kw))
+    monkeypatch.setattr(misalignment, "_matmul_path", lambda *args: True)  # every budget by the indicator product
+    for chunk in (None, 7):
+        product = resample_alignment(C, 6, 9, 600, seed=5, one_pool=one_pool, chunk=chunk)
+        torch.testing.assert_close(product, gathered, rtol=1e-12, atol=1e-12)
+        assert torch.equal(product <= 0, gathered <= 0) and bags
+        bags.clear()
+    stats, I, J = resample_alignment(C, 6, 9, 50, seed=5, one_pool=one_pool, return_indices=True)
+    test_pool = a if one_pool else b
+    for r in range(50):
+        assert abs(float(a[I[r]].double().mean(0) @ test_pool[J[r]].double().mean(0)) - float(stats[r])) < 1e-10
+
+
+@pytest.mark.parametrize("one_pool", [False, True])
+def test_fewer_trials_take_the_first_kept_draws_and_blocks_do_not_matter(monkeypatch, one_pool):
+    from dalign_core.geometry import misalignment
+
+    a, b = _pools()
+    C = cross_gram(a) if one_pool else cross_gram(a, b)
+    misalignment.clear_index_cache()
+    many = resample_alignment(C, 5, 7, 3000, seed=9, one_pool=one_pool)
+    calls = []
+    real_draw = misalignment.draw_indices
+    monkeypatch.setattr(misalignment, "draw_indices", lambda *args: calls.append(args) or real_draw(*args))
+    few = resample_alignment(C, 5, 7, 1000, seed=9, one_pool=one_pool)
+    assert calls == [] and torch.equal(few, many[:1000])
+    misalignment.clear_index_cache()
+    monkeypatch.setattr(misalignment, "_DRAW_KEYS", 2000)  # draws in blocks of a few resamples
+    assert torch.equal(resample_alignment(C, 5, 7, 1000, seed=9, one_pool=one_pool), few)
+    assert len(calls) > 10
+    misalignment.clear_index_cache()

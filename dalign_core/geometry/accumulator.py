@@ -12,12 +12,17 @@ import math
 import torch
 
 from dalign_core.geometry.rows import (
+    FLOAT32_MIN_WORK,
     CountSketch,
+    _check_precision,
     _check_sketch_dim,
     _checked_rows,
     _column_block,
     _scale_exponent,
     _times_pow2_,
+    float32_gram,
+    float32_mean_ratio_allows,
+    float32_products_allowed,
     gram_product,
 )
 from dalign_core.geometry.ustatistics import Geometry, _check_n, _geometry_from_scaled_gram
@@ -41,10 +46,21 @@ class GeometryAccumulator:
         dtype: dtype of the kept rows (default: float64 for float64 batches, float32 for any
             other, so float16 or bfloat16 rows are kept in float32; products are always
             accumulated in float64).
+        precision: ``"auto"`` (default) multiplies float32 rows in float32 (summed in float64) once the Gram
+            matrix reaches ``n^2 d >= 2^30``, as :func:`~dalign_core.geometry.estimators.estimate_geometry`
+            does; if at :meth:`result` the rows' mean is too large against their noise for that
+            (:func:`~dalign_core.geometry.rows.float32_mean_ratio_allows`), the Gram matrix is formed again
+            from the kept rows in float64, and later batches are multiplied in float64. ``"float64"``: always
+            float64 products.
     """
 
-    def __init__(self, *, sketch_dim: int | None = None, seed: int = 0, device=None, dtype: torch.dtype | None = None):
+    def __init__(self, *, sketch_dim: int | None = None, seed: int = 0, device=None, dtype: torch.dtype | None = None,
+                 precision: str = "auto"):
         _check_sketch_dim(sketch_dim)
+        _check_precision(precision)
+        self.precision = precision
+        self._float64_only = precision == "float64"
+        self._float32_entries = False  # whether some Gram entries came from float32 products
         if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise TypeError(f"dtype must be a floating torch dtype (e.g. torch.float32) or None, got {dtype!r}")
         self.sketch_dim, self.seed = sketch_dim, seed
@@ -118,8 +134,13 @@ class GeometryAccumulator:
             step = _column_block(b)
             for column in range(0, self.d, step):
                 kept[:, column:column + step] = batch[:, column:column + step].to(torch.float64) * scale
-        cross = gram_product(kept, self._rows[:start]) if start else None
-        block = gram_product(kept, kept)
+        if self._use_float32(start + b):
+            cross = float32_gram(kept, self._rows[:start]) if start else None
+            block = float32_gram(kept)
+            self._float32_entries = True
+        else:
+            cross = gram_product(kept, self._rows[:start]) if start else None
+            block = gram_product(kept, kept)
         self._gram[start:start + b, start:start + b] = block
         if cross is not None:
             self._gram[start:start + b, :start] = cross
@@ -127,10 +148,25 @@ class GeometryAccumulator:
         self.n = start + b
         return self
 
+    def _use_float32(self, n: int) -> bool:
+        """Whether the next batch's products (the Gram of ``n`` rows once it is added) may be float32 products."""
+        return (not self._float64_only and self._sketch is None and self._exponent == 0
+                and n * n * self.d >= FLOAT32_MIN_WORK
+                and float32_products_allowed(self.dtype, self._peak, self.device))
+
+    def _settle(self) -> None:
+        """Form the Gram matrix again in float64 where float32 products are not accurate enough for these rows."""
+        if not self._float32_entries or float32_mean_ratio_allows(self._gram[: self.n, : self.n]):
+            return
+        rows = self._rows[: self.n]
+        self._gram[: self.n, : self.n] = gram_product(rows, rows)
+        self._float32_entries, self._float64_only = False, True
+
     def gram(self) -> torch.Tensor:
         """The ``(n, n)`` float64 Gram matrix of the rows seen so far (of their sketches, if sketching)."""
         if self._gram is None:
             return torch.zeros(0, 0, dtype=torch.float64)
+        self._settle()
         gram = self._gram[: self.n, : self.n]
         return _times_pow2_(gram.clone(), 2 * self._exponent) if self._exponent else gram
 
@@ -144,6 +180,7 @@ class GeometryAccumulator:
     def result(self, confidence: float = 0.95) -> Geometry:
         """The estimated :class:`Geometry` with jackknife intervals at level ``confidence``."""
         _check_n(self.n)
+        self._settle()
         return _geometry_from_scaled_gram(self._gram[: self.n, : self.n], 2 * self._exponent, self.d,
                                           confidence=confidence, sketch_dim=self.sketch_dim)
 

@@ -8,7 +8,12 @@ rows J (uniformly, without replacement, from a seeded ``torch.Generator``) and c
 
 with the cross-Gram matrix ``C = Q_tr Q_te^T``, formed once in float64 (blocked over d).
 A resample then costs O(MK) additions instead of O(MKd); resamples are vectorized in
-chunks, so 10^5 resamples take seconds for M, K <= 64.
+chunks, so 10^5 resamples take seconds for M, K <= 64. For large budgets
+(``M K >= 512`` and ``min(M n2, K n1) <= MATMUL_SHARE M K``) a resample's sum is read from the product of its 0/1
+train indicators with C instead (the sum of its M rows of C, by torch's embedding_bag, then K
+entries of that row): O(M n2) streamed additions instead of O(MK) random reads. The index sets are drawn once per (pool sizes,
+budget, seed, one pool or two) and kept for the next call (a call with fewer trials takes
+the first ones: a resample's indices depend only on its position in the stream).
 
 With one pool (``q_test=None``) each resample draws M + K distinct rows and splits them
 into disjoint train (first M) and test (last K) subsets; ``C`` is then the pool's Gram
@@ -137,13 +142,15 @@ def resample_alignment(
 
     ``C`` is the cross-Gram (n1, n2) (or with ``one_pool=True`` the square Gram of one
     pool, with disjoint train/test rows per resample).  Each resample gathers its M x K
-    block of ``C`` and sums it: O(MK) work, done for ``chunk`` resamples at once.
+    block of ``C`` and sums it: O(MK) work, done for ``chunk`` resamples at once; for large
+    budgets (:func:`_matmul_path`) the sum comes from the product of the resample's 0/1
+    indicators with ``C`` (the same statistics to rounding: the same p̂).
     ``return_indices=True`` also returns the (trials, M) and (trials, K) index tensors
     (for testing; memory grows with trials).  Deterministic given ``seed``, whatever
-    the ``chunk``.  The index sets drawn for ``(n1, n2, M, K, trials, seed, one_pool,
-    chunk)`` are kept (up to :data:`INDEX_CACHE_BYTES`, least recently used first out)
-    and reused by the next call with the same key: the statistics are the same bit for
-    bit, without drawing again (:func:`clear_index_cache` forgets them).
+    the ``chunk``.  The index sets drawn for ``(n1, n2, M, K, seed, one_pool)`` are kept
+    (up to :data:`INDEX_CACHE_BYTES`, least recently used first out) and reused by the
+    next call with the same key and at most as many trials: the statistics are the same
+    bit for bit, without drawing again (:func:`clear_index_cache` forgets them).
     """
     n1, n2 = C.shape
     _check_budget(M, K, n1, n2, one_pool)
@@ -155,26 +162,57 @@ def resample_alignment(
     if need > 8 * 2**30:
         raise ValueError(f"trials={trials} resamples of M={M}, K={K} need about {need / 2**30:.0f} GiB of drawn "
                          "indices; use fewer trials")
-    if chunk is None:  # a chunk's gathered block (chunk, M, K) of about 2^18 entries stays in cache
-        chunk = max(1, min(trials, (1 << 18) // (M * K)))
-    flat = C.detach().to(device="cpu", dtype=torch.float64).contiguous().numpy().reshape(-1)
+    matmul = _matmul_path(M, K, n1, n2)
+    if chunk is None:  # a chunk's gathered block (chunk, M, K), or its summed rows (chunk, n2), of about 2^18
+        chunk = max(1, min(trials, (1 << 18) // (max(n1, n2) if matmul else (M * K))))
+    trials, chunk = int(trials), int(chunk)
+    C = C.detach().to(device="cpu", dtype=torch.float64).contiguous()
+    flat = C.numpy().reshape(-1)
     out = np.empty(trials, dtype=np.float64)
-    draws = _index_sets(n1, n2, M, K, int(trials), int(seed), bool(one_pool), int(chunk))
-    for start, (rows, cols) in zip(range(0, trials, chunk), draws):
-        lin = rows[:, :, None] + cols[:, None, :]  # (c, M, K)
-        out[start:start + len(rows)] = np.take(flat, lin).sum(axis=(1, 2)) / (M * K)
+    rows, cols = _index_sets(n1, n2, M, K, trials, int(seed), bool(one_pool))
+    # The product path sums the M train rows of C (or, where that is less work, the K test columns) per resample,
+    # i.e. the sparse product of the 0/1 indicators with C (torch's embedding_bag), then takes the other side's K
+    # (or M) entries of the summed row.
+    by_rows = M * n2 <= K * n1
+    table = C if by_rows else C.T.contiguous()
+    for start in range(0, trials, chunk):
+        r, c = rows[start:start + chunk], cols[start:start + chunk]
+        if matmul:
+            train = torch.from_numpy((r // n2).astype(np.int64))
+            test = torch.from_numpy(c.astype(np.int64))
+            bags, picks = (train, test) if by_rows else (test, train)
+            summed = torch.nn.functional.embedding_bag(bags, table, mode="sum")
+            out[start:start + len(r)] = summed.gather(1, picks).sum(dim=1).numpy() / (M * K)
+        else:
+            lin = r[:, :, None] + c[:, None, :]  # (c, M, K)
+            out[start:start + len(r)] = np.take(flat, lin).sum(axis=(1, 2)) / (M * K)
     stats = torch.from_numpy(out)
     if return_indices:
-        I = torch.from_numpy(np.concatenate([rows // n2 for rows, _ in draws]).astype(np.int64))
-        J = torch.from_numpy(np.concatenate([cols for _, cols in draws]).astype(np.int64))
-        return stats, I, J
+        return stats, torch.from_numpy((rows // n2).astype(np.int64)), torch.from_numpy(cols.astype(np.int64))
     return stats
 
+
+MATMUL_SHARE = 12
+"""The product path sums a resample where ``min(M n2, K n1) <= MATMUL_SHARE M K``: a summed row costs about a
+twelfth of a random gather per entry (benchmarks/bench_misalignment.py times both ways at the sweep's pools and
+budgets)."""
+
+
+MATMUL_MIN_BLOCK = 512
+"""Budgets with ``M K`` below this are always gathered: their blocks stay in cache and a gather is cheapest."""
+
+
+def _matmul_path(M: int, K: int, n1: int, n2: int) -> bool:
+    """Whether budgets (M, K) on an (n1, n2) C are summed by the indicator product rather than by gathering."""
+    return M * K >= MATMUL_MIN_BLOCK and min(M * n2, K * n1) <= MATMUL_SHARE * M * K
 
 INDEX_CACHE_BYTES = 256 * 2**20
 """Memory the drawn index sets of recent :func:`resample_alignment` calls may keep (least recently used go first)."""
 
-_index_cache: OrderedDict[tuple, tuple[tuple[np.ndarray, np.ndarray], ...]] = OrderedDict()
+_DRAW_KEYS = 1 << 22
+"""Uniform keys drawn per call of :func:`draw_indices` (16 MiB of float32): the draws do not depend on it."""
+
+_index_cache: OrderedDict[tuple, tuple[np.ndarray, np.ndarray]] = OrderedDict()
 _index_cache_lock = threading.Lock()
 
 
@@ -184,46 +222,53 @@ def clear_index_cache() -> None:
         _index_cache.clear()
 
 
-def _draw_index_sets(n1, n2, M, K, trials, seed, one_pool, chunk) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
-    """Per chunk: the train rows' offsets ``I * n2`` (c, M) and the test columns ``J`` (c, K), read-only."""
-    # separate streams for train and test rows, so the draws do not depend on ``chunk``
+def _draw_index_sets(n1, n2, M, K, trials, seed, one_pool) -> tuple[np.ndarray, np.ndarray]:
+    """The train rows' offsets ``I * n2`` (trials, M) and the test columns ``J`` (trials, K), read-only.
+
+    Drawn in blocks of about :data:`_DRAW_KEYS` keys: a resample's indices are the same whatever the block,
+    because each stream's keys are consumed in order, one row of ``n`` keys a resample.
+    """
+    # separate streams for train and test rows, so the draws do not depend on how they are blocked
     g = torch.Generator().manual_seed(seed)
     g_test = torch.Generator().manual_seed(seed + 0x5DEECE66D)
     index_dtype = np.int32 if n1 * n2 < 2**31 else np.int64
-    draws = []
-    for start in range(0, trials, chunk):
-        c = min(chunk, trials - start)
+    rows = np.empty((trials, M), dtype=index_dtype)
+    cols = np.empty((trials, K), dtype=index_dtype)
+    block = max(1, _DRAW_KEYS // (n1 + (0 if one_pool else n2)))
+    for start in range(0, trials, block):
+        c = min(block, trials - start)
         if one_pool:
-            idx = draw_indices(n1, M + K, c, g)
+            idx = draw_indices(n1, M + K, c, g).numpy()
             I, J = idx[:, :M], idx[:, M:]
         else:
-            I = draw_indices(n1, M, c, g)
-            J = draw_indices(n2, K, c, g_test)
-        rows = (I.numpy() * n2).astype(index_dtype)
-        cols = np.ascontiguousarray(J.numpy().astype(index_dtype))
-        rows.flags.writeable = cols.flags.writeable = False
-        draws.append((rows, cols))
-    return tuple(draws)
+            I = draw_indices(n1, M, c, g).numpy()
+            J = draw_indices(n2, K, c, g_test).numpy()
+        rows[start:start + c] = I * n2
+        cols[start:start + c] = J
+    rows.flags.writeable = cols.flags.writeable = False
+    return rows, cols
 
 
-def _index_sets(n1, n2, M, K, trials, seed, one_pool, chunk) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
-    """:func:`_draw_index_sets`, kept for the next call with the same pools' sizes, budgets, trials, seed and chunk.
+def _index_sets(n1, n2, M, K, trials, seed, one_pool) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_draw_index_sets`, kept for the next call with the same pools' sizes, budgets, seed and pools.
 
     The sweep resamples many (setting, budget) pairs from pools of the same size with the same seed; drawing the
-    index sets is about half of a resampling's time, and the draws depend on nothing else.
+    index sets is most of a first resampling's time, and the draws depend on nothing else. A kept draw of at least
+    ``trials`` resamples serves a call of ``trials`` with its first rows (the same indices a fresh draw gives).
     """
-    key = (n1, n2, M, K, trials, seed, one_pool, chunk)
+    key = (n1, n2, M, K, one_pool, seed)
     with _index_cache_lock:
         draws = _index_cache.get(key)
-        if draws is not None:
+        if draws is not None and len(draws[0]) >= trials:
             _index_cache.move_to_end(key)
-            return draws
-    draws = _draw_index_sets(n1, n2, M, K, trials, seed, one_pool, chunk)
-    size = sum(rows.nbytes + cols.nbytes for rows, cols in draws)
+            return draws[0][:trials], draws[1][:trials]
+    draws = _draw_index_sets(n1, n2, M, K, trials, seed, one_pool)
+    size = draws[0].nbytes + draws[1].nbytes
     with _index_cache_lock:
         if size <= INDEX_CACHE_BYTES:
             _index_cache[key] = draws
-            while sum(r.nbytes + c.nbytes for entry in _index_cache.values() for r, c in entry) > INDEX_CACHE_BYTES:
+            _index_cache.move_to_end(key)
+            while sum(r.nbytes + c.nbytes for r, c in _index_cache.values()) > INDEX_CACHE_BYTES:
                 _index_cache.popitem(last=False)
     return draws
 
