@@ -140,7 +140,9 @@ def out_of_sample_retention(table: pd.DataFrame, kind: str = "bias", confidence:
         members = [g.index.to_numpy() for _, g in group.groupby("cluster")]
         for column in ("from_g", "from_mu"):
             values = group[column]
-            boot = np.array([np.median(np.concatenate([values.loc[members[i]].to_numpy() for i in
+            # Each model's values as one array, looked up once: the resamples below index a list, not the frame.
+            by_model = [values.loc[m].to_numpy() for m in members]
+            boot = np.array([np.median(np.concatenate([by_model[i] for i in
                                                        rng.integers(0, len(members), len(members))]))
                              for _ in range(min(resamples, 1000))])
             lo, hi = percentile_interval(boot, confidence)
