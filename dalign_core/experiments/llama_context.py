@@ -404,8 +404,10 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
-def describe_trained_contexts(runs: pd.DataFrame, tokens_per_step: int) -> str:
-    """One generated sentence: the contexts where fewer than two widths trained, so no width trend can be read."""
+def describe_trained_contexts(runs: pd.DataFrame, tokens_per_step: int, min_sequences: int = 1) -> str:
+    """One generated sentence: the contexts where fewer than two widths trained, so no width trend can be read.
+
+    ``min_sequences``: the config's ``min_sequences_per_step``, the floor under ``tokens_per_step / T`` sequences."""
     if runs.empty:
         return ""
     ok = runs.trained_ok.astype(bool)
@@ -413,7 +415,6 @@ def describe_trained_contexts(runs: pd.DataFrame, tokens_per_step: int) -> str:
     if not short:
         return "At every context at least two widths trained, so each has a width slope."
     counts = ", ".join(f"$T = {t}$ ({int((ok & (runs.context == t)).sum())} of {int((runs.context == t).sum())} "
-                       f"runs trained, {tokens_per_step // t} sequence(s) a step)" for t in short)
-    return (f"At {counts} fewer than two widths beat the bigram baseline, so no width slope can be read there: with "
-            "the tokens of a step held fixed, a longer context means fewer sequences a step, and the fixed number of "
-            "steps did not suffice at these contexts.")
+                       f"runs trained, {max(tokens_per_step // t, min_sequences)} sequence(s) a step)" for t in short)
+    return (f"At {counts} fewer than two widths beat the bigram baseline, so no width slope can be read there: the "
+            "fixed number of steps did not suffice at these contexts.")

@@ -16,7 +16,7 @@ from dalign_core.studies.interventions.retention import retention_curve
 from dalign_core.report.figure_style import COLUMN_WIDTH, empty, legend_below, log_ticks
 
 __all__ = ["retention_curves", "conditional_by_step", "curvature_check", "sign_by_size",
-           "rates_beside_certificates", "out_of_sample_curves"]
+           "rates_beside_certificates", "out_of_sample_curves", "headline"]
 
 KIND_NAMES = {"bias": "shared bias", "block": "zero-output block"}
 
@@ -222,3 +222,61 @@ def out_of_sample_curves(curve: pd.DataFrame, low: float = -0.5, high: float = 1
     axes[0].set_ylabel("median retention")
     legend_below(fig, axes, ncols=3)
     return fig
+
+
+def headline(verdicts: dict[str, dict], prediction: pd.DataFrame, low: float = -0.5, high: float = 1.5
+             ) -> plt.Figure:
+    """The chapter's answer in one figure, two panels stacked for a phone's column.
+
+    Top: per family, the retention on E of the prediction from g_K at the judged step (``verdicts``:
+    :func:`~dalign_core.studies.interventions.retention.out_of_sample_verdict`), with its interval over models,
+    beside the same-sample value on K (Taylor's theorem), against 1 ± 10% and the paper's 96-99%. Bottom: per
+    family and setting (``prediction``: :func:`~dalign_core.studies.interventions.prediction.sign_prediction`),
+    P(ΔL_E < 0 | μ_Mᵀg_K > 0) (filled) and P(ΔL_E < 0 | ≤ 0) (open) with their intervals, against the rule's 80%
+    and 95%."""
+    from dalign_core.studies.interventions.draws import FIRST_ORDER_TOLERANCE, SETTING_NAMES, SIGN_BANDS
+
+    rows = [(family, v["row"]) for family, v in verdicts.items() if v.get("row") is not None]
+    groups = len(prediction) if len(prediction) else 1
+    fig, axes = plt.subplots(2, 1, figsize=(COLUMN_WIDTH, 2.4 + 0.5 * (max(len(rows), 1) + groups)),
+                             gridspec_kw={"height_ratios": [max(len(rows), 1) + 0.8, groups + 0.8]})
+    top, bottom = axes
+    colors = _family_colors(list(verdicts) + (list(prediction.family) if len(prediction) else []))
+    top.axvspan(1 - FIRST_ORDER_TOLERANCE, 1 + FIRST_ORDER_TOLERANCE, color="0.92", zorder=0, label="1 ± 10%")
+    top.axvspan(*PAPER_RETENTION, color="0.75", zorder=0, label="paper: 96–99%")
+    if not rows:
+        empty(top, "no step measured on E")
+    for y, (family, r) in enumerate(rows):
+        value, lo, hi = (float(np.clip(r[c], low, high)) for c in ("from_g", "from_g_lo", "from_g_hi"))
+        top.errorbar([value], [y], xerr=[[value - lo], [hi - value]], fmt="o", color=colors[family], capsize=3,
+                     label="on E (fresh examples)" if y == 0 else None)
+        top.scatter([np.clip(r["same_sample"], low, high)], [y], marker="x", color="0.3", zorder=3,
+                    label="on K (Taylor's theorem)" if y == 0 else None)
+    top.set_yticks(range(len(rows)), [FAMILY_NAMES.get(f, f) for f, _ in rows])
+    top.set_ylim(len(rows) - 0.5, -0.5)
+    top.set_xlim(low, high)
+    top.set_xticks(np.arange(np.ceil(low * 2) / 2, high + 1e-9, 0.5))
+    top.set_xlabel("retention: change / first-order prediction")
+    if prediction.empty:
+        empty(bottom, "no sign draw")
+    else:
+        for band in (SIGN_BANDS["partly"], SIGN_BANDS["reproduced"]):
+            bottom.axvline(band, color="0.5", lw=0.8, ls=":")
+        for y, r in enumerate(prediction.itertuples()):
+            for name, fill, shift in (("pos", colors[r.family], -0.12), ("nonpos", "white", 0.12)):
+                p, lo, hi = getattr(r, f"p_{name}"), getattr(r, f"p_{name}_lo"), getattr(r, f"p_{name}_hi")
+                if not np.isfinite(p):
+                    continue
+                bottom.errorbar([p], [y + shift], xerr=[[p - lo], [hi - p]], fmt="o", mfc=fill,
+                                color=colors[r.family], capsize=2,
+                                label=(r"$\mu_M^\top g_K > 0$" if name == "pos" else r"$\mu_M^\top g_K \leq 0$")
+                                if y == 0 else None)
+        bottom.set_yticks(range(len(prediction)), [f"{FAMILY_NAMES.get(r.family, r.family)},\n"
+                                                   f"{SETTING_NAMES.get(r.setting, r.setting)}"
+                                                   for r in prediction.itertuples()])
+        bottom.set_ylim(len(prediction) - 0.5, -0.5)
+        bottom.set_xlim(-0.02, 1.02)
+    bottom.set_xlabel(r"share of steps that lowered $L_E$")
+    legend_below(fig, axes, ncols=2)
+    return fig
+
