@@ -360,7 +360,7 @@ def context_figure(late: pd.DataFrame, band: tuple[float, float] = PAPER_BAND):
     ax.yaxis.set_major_formatter(FuncFormatter(plots.tick_label))
     ax.set_xlabel("context $T$ (tokens per sample)")
     ax.set_ylabel(plots.LABELS["d_align"] + " (last quarter)")
-    plots.legend(ax, ncols=4)
+    plots.legend(ax, ncols=2)
     return fig
 
 

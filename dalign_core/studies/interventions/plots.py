@@ -90,7 +90,7 @@ def conditional_by_step(cond: pd.DataFrame, kind: str = "bias") -> plt.Figure:
     ax.set_xticks(range(len(labels)), labels)
     ax.set_ylim(-0.02, 1.05)
     ax.set_ylabel(r"share with $\Delta L_E < 0$")
-    legend_below(fig, ax, ncols=3)
+    legend_below(fig, ax, ncols=2)
     return fig
 
 
