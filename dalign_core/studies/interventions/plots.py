@@ -11,12 +11,11 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from dalign_core.studies.interventions.draws import FAMILY_NAMES, PAPER_RETENTION, Z_BINS
+from dalign_core.studies.interventions.draws import FAMILY_NAMES, PAPER_RETENTION
 from dalign_core.studies.interventions.retention import retention_curve
 from dalign_core.report.figure_style import COLUMN_WIDTH, empty, legend_below, log_ticks
 
-__all__ = ["retention_curves", "conditional_by_step", "curvature_check", "sign_by_size",
-           "rates_beside_certificates", "out_of_sample_curves", "headline"]
+__all__ = ["retention_curves", "conditional_by_step", "curvature_check", "rates_beside_certificates", "headline"]
 
 KIND_NAMES = {"bias": "shared bias", "block": "zero-output block"}
 
@@ -56,7 +55,7 @@ def retention_curves(table: pd.DataFrame, low: float = -0.5) -> plt.Figure:
         ax.set_title(KIND_NAMES[kind])
         ax.set_xlabel(r"step $\delta$ (train-loss decrease, nats)")
     axes[0].set_ylabel("retention on K (Taylor's theorem)\n" r"$\Delta L_K / (-\eta\,\langle G_M, G_K\rangle)$")
-    legend_below(fig, axes, ncols=4)
+    legend_below(fig, axes, ncols=2)
     return fig
 
 
@@ -122,33 +121,6 @@ def curvature_check(table: pd.DataFrame) -> plt.Figure:
     return fig
 
 
-def sign_by_size(agreement: pd.DataFrame) -> plt.Figure:
-    """Sign agreement against the size of the statistic, ``|μ_Mᵀg_K| / sd``, per family (Wilson intervals)."""
-    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH, 3.2))
-    bins = [b for b in agreement.z_bin.unique() if b != "all"] if len(agreement) else []
-    if not bins:
-        empty(ax, "no draw")
-        return fig
-    order = [str(pd.Interval(lo, hi, closed="left")) for lo, hi in zip(Z_BINS[:-1], Z_BINS[1:])]
-    order = [b for b in order if b in bins]
-    colors = _family_colors(agreement.family)
-    families = sorted(agreement.family.unique())
-    offsets = np.linspace(-0.2, 0.2, len(families)) if len(families) > 1 else [0.0]
-    for offset, family in zip(offsets, families):
-        part = agreement[(agreement.family == family) & (agreement.z_bin != "all")].set_index("z_bin").reindex(order)
-        x = np.arange(len(order)) + offset
-        ax.errorbar(x, part.agree, yerr=[part.agree - part.agree_lo, part.agree_hi - part.agree], fmt="o",
-                    color=colors[family], capsize=3, label=FAMILY_NAMES.get(family, family))
-    ax.axhline(0.5, color="0.5", lw=0.8, ls=":", label="a coin")
-    labels = [b.replace("inf", r"\infty").replace("[", "$[").replace(")", ")$") for b in order]
-    ax.set_xticks(range(len(order)), labels)
-    ax.set_xlabel(r"$|\mu_M^\top g_K|$ / its standard deviation over draws")
-    ax.set_ylabel("sign agreement")
-    ax.set_ylim(0, 1.05)
-    legend_below(fig, ax, ncols=4)
-    return fig
-
-
 def rates_beside_certificates(frame: pd.DataFrame) -> plt.Figure:
     """Left: how often the step raised the loss on E against how often μ_Mᵀg_K ≤ 0. Right: the share of draws
     with μ_Mᵀg_K > 0 against the lower bound 1 − B_align it must clear (held-out/held-out draws, where it applies):
@@ -177,50 +149,7 @@ def rates_beside_certificates(frame: pd.DataFrame) -> plt.Figure:
     axes[0].set_ylabel("share of steps that raised $L_E$")
     axes[1].set_xlabel(r"$1 - B_{\mathrm{align}}$")
     axes[1].set_ylabel(r"share with $\mu_M^\top g_K > 0$")
-    axes[0].legend(fontsize=8.5, loc="upper left")
-    if len(covered):
-        axes[1].legend(loc="lower right")
-    return fig
-
-
-def out_of_sample_curves(curve: pd.DataFrame, low: float = -0.5, high: float = 1.5) -> plt.Figure:
-    """Retention out of sample against δ (an :func:`~dalign_core.studies.interventions.retention.out_of_sample_retention`
-    frame), one panel per family: ΔL_E over the prediction from g_K (solid, with its interval over models) and from
-    μ_M (dotted) beside ΔL_K over the prediction from g_K (dashed: the same-sample curve, Taylor's theorem). Steps
-    stated as fractions of one optimizer step are the open markers, at their median δ. Shared-bias steps; the
-    retention study's float64 steps where it measured E, else the sign study's train/held-out steps."""
-    families = sorted(set(curve.family)) if len(curve) else []
-    fig, axes = plt.subplots(1, max(len(families), 1), figsize=(COLUMN_WIDTH, 3.2), sharey=True, squeeze=False)
-    axes = axes[0]
-    if not families:
-        empty(axes[0], "no step measured on E")
-        return fig
-    for ax, family in zip(axes, families):
-        part = curve[curve.family == family]
-        part = part[part.source == "retention"] if (part.source == "retention").any() else \
-            part[part.setting == "train/heldout"]
-        grid = part[part.step_fraction.isna()].sort_values("train_decrease")
-        ax.axhspan(*PAPER_RETENTION, color="0.85", zorder=0, label="paper: 96–99%")
-        ax.axhline(1.0, color="0.4", lw=0.8)
-        ax.plot(grid.train_decrease, grid.same_sample.clip(low, high), ls="--", color="0.3", marker=".",
-                label="on K (Taylor's theorem)")
-        ax.fill_between(grid.train_decrease, grid.from_g_lo.clip(low, high), grid.from_g_hi.clip(low, high),
-                        color="C0", alpha=0.2, lw=0)
-        ax.plot(grid.train_decrease, grid.from_g.clip(low, high), color="C0", marker="o", ms=3,
-                label=r"on E, predicted from $g_K$")
-        ax.plot(grid.train_decrease, grid.from_mu.clip(low, high), color="C1", ls=":", marker="s", ms=3,
-                label=r"on E, predicted from $\mu_M$")
-        fractions = part[part.step_fraction.notna()]
-        if len(fractions):
-            ax.scatter(fractions.train_decrease, fractions.from_g.clip(low, high), facecolors="none",
-                       edgecolors="C0", s=30, label="fraction of an optimizer step")
-        ax.set_xscale("log")
-        log_ticks(ax.xaxis, part.train_decrease)
-        ax.set_ylim(low, high)
-        ax.set_title(FAMILY_NAMES.get(family, family))
-        ax.set_xlabel(r"step $\delta$ (nats)")
-    axes[0].set_ylabel("median retention")
-    legend_below(fig, axes, ncols=3)
+    legend_below(fig, axes, ncols=2)
     return fig
 
 
