@@ -380,6 +380,9 @@ def slope_figure(trend: pd.DataFrame):
         ax.errorbar(x, judged.slope, yerr=[judged.slope - judged.slope_lo, judged.slope_hi - judged.slope],
                     fmt="o", capsize=4, color="C0", label="ours, 95% interval")
         ax.set_xticks(x, [f"$T = {int(t)}$" for t in judged.context])
+        for i, slope in zip(x, judged.slope):  # a context with fewer than two trained widths has no slope
+            if not np.isfinite(slope):
+                ax.text(i, 0, "no slope", ha="center", va="bottom", color="0.4")
     ax.set_ylabel(r"slope of $\log d_{\mathrm{align}}$ on $\log N$")
     plots.legend(ax, ncols=2)
     return fig
