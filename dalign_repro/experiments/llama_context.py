@@ -338,7 +338,7 @@ def context_figure(late: pd.DataFrame, band: tuple[float, float] = PAPER_BAND):
     ax.yaxis.set_major_formatter(FuncFormatter(plots.tick_label))
     ax.set_xlabel("context $T$ (tokens per sample)")
     ax.set_ylabel(plots.LABELS["d_align"] + " (last quarter)")
-    plots.legend(ax, ncols=4)
+    plots.legend(ax, ncols=2)
     return fig
 
 
@@ -358,6 +358,9 @@ def slope_figure(trend: pd.DataFrame):
         ax.errorbar(x, judged.slope, yerr=[judged.slope - judged.slope_lo, judged.slope_hi - judged.slope],
                     fmt="o", capsize=4, color="C0", label="ours, 95% interval")
         ax.set_xticks(x, [f"$T = {int(t)}$" for t in judged.context])
+        for i, slope in zip(x, judged.slope):  # a context with fewer than two trained widths has no slope
+            if not np.isfinite(slope):
+                ax.text(i, 0, "no slope", ha="center", va="bottom", color="0.4")
     ax.set_ylabel(r"slope of $\log d_{\mathrm{align}}$ on $\log N$")
     plots.legend(ax, ncols=2)
     return fig
@@ -382,8 +385,10 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
-def describe_trained_contexts(runs: pd.DataFrame, tokens_per_step: int) -> str:
-    """One generated sentence: the contexts where fewer than two widths trained, so no width trend can be read."""
+def describe_trained_contexts(runs: pd.DataFrame, tokens_per_step: int, min_sequences: int = 1) -> str:
+    """One generated sentence: the contexts where fewer than two widths trained, so no width trend can be read.
+
+    ``min_sequences``: the config's ``min_sequences_per_step``, the floor under ``tokens_per_step / T`` sequences."""
     if runs.empty:
         return ""
     ok = runs.trained_ok.astype(bool)
@@ -391,7 +396,6 @@ def describe_trained_contexts(runs: pd.DataFrame, tokens_per_step: int) -> str:
     if not short:
         return "At every context at least two widths trained, so each has a width slope."
     counts = ", ".join(f"$T = {t}$ ({int((ok & (runs.context == t)).sum())} of {int((runs.context == t).sum())} "
-                       f"runs trained, {tokens_per_step // t} sequence(s) a step)" for t in short)
-    return (f"At {counts} fewer than two widths beat the bigram baseline, so no width slope can be read there: with "
-            "the tokens of a step held fixed, a longer context means fewer sequences a step, and the fixed number of "
-            "steps did not suffice at these contexts.")
+                       f"runs trained, {max(tokens_per_step // t, min_sequences)} sequence(s) a step)" for t in short)
+    return (f"At {counts} fewer than two widths beat the bigram baseline, so no width slope can be read there: the "
+            "fixed number of steps did not suffice at these contexts.")

@@ -10,13 +10,13 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import seaborn as sns
+from matplotlib.ticker import LogLocator
 
-from dalign_repro.studies.interventions.draws import FAMILY_NAMES, PAPER_RETENTION, Z_BINS
+from dalign_repro.studies.interventions.draws import FAMILY_NAMES, PAPER_RETENTION
 from dalign_repro.studies.interventions.retention import retention_curve
 from dalign_repro.report.figure_style import COLUMN_WIDTH, empty, legend_below, log_ticks
 
-__all__ = ["retention_curves", "conditional_by_step", "curvature_check", "sign_by_size",
-           "rates_beside_certificates", "out_of_sample_curves"]
+__all__ = ["retention_curves", "conditional_by_step", "curvature_check", "rates_beside_certificates", "headline"]
 
 KIND_NAMES = {"bias": "shared bias", "block": "zero-output block"}
 
@@ -56,7 +56,7 @@ def retention_curves(table: pd.DataFrame, low: float = -0.5) -> plt.Figure:
         ax.set_title(KIND_NAMES[kind])
         ax.set_xlabel(r"step $\delta$ (train-loss decrease, nats)")
     axes[0].set_ylabel("retention on K (Taylor's theorem)\n" r"$\Delta L_K / (-\eta\,\langle G_M, G_K\rangle)$")
-    legend_below(fig, axes, ncols=4)
+    legend_below(fig, axes, ncols=2)
     return fig
 
 
@@ -90,7 +90,7 @@ def conditional_by_step(cond: pd.DataFrame, kind: str = "bias") -> plt.Figure:
     ax.set_xticks(range(len(labels)), labels)
     ax.set_ylim(-0.02, 1.05)
     ax.set_ylabel(r"share with $\Delta L_E < 0$")
-    legend_below(fig, ax, ncols=3)
+    legend_below(fig, ax, ncols=2)
     return fig
 
 
@@ -99,7 +99,7 @@ def curvature_check(table: pd.DataFrame) -> plt.Figure:
 
     On the diagonal, second order explains the departure from first order."""
     study = table[(table.study == "retention")] if len(table) else table
-    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH * 0.62, 3.4))
+    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH * 0.8, 3.6))
     gap, curve = (study.observed - study.predicted).abs(), study.second_order.abs()
     keep = (gap > 0) & (curve > 0) if len(study) else []
     if not len(study) or not keep.any():
@@ -116,109 +116,90 @@ def curvature_check(table: pd.DataFrame) -> plt.Figure:
     ax.set_yscale("log")
     log_ticks(ax.xaxis, span)
     log_ticks(ax.yaxis, span)
+    for axis in (ax.xaxis, ax.yaxis):  # a dozen decades: every third one labelled, readable on a phone
+        axis.set_major_locator(LogLocator(base=10, numticks=6))
     ax.set_xlabel(r"$|\frac{1}{2}\eta^2 u^\top H_K u|$ (nats)")
     ax.set_ylabel(r"$|\Delta L_K - \mathrm{predicted}|$ (nats)")
     legend_below(fig, ax, ncols=2)
     return fig
 
 
-def sign_by_size(agreement: pd.DataFrame) -> plt.Figure:
-    """Sign agreement against the size of the statistic, ``|μ_Mᵀg_K| / sd``, per family (Wilson intervals)."""
-    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH, 3.2))
-    bins = [b for b in agreement.z_bin.unique() if b != "all"] if len(agreement) else []
-    if not bins:
-        empty(ax, "no draw")
-        return fig
-    order = [str(pd.Interval(lo, hi, closed="left")) for lo, hi in zip(Z_BINS[:-1], Z_BINS[1:])]
-    order = [b for b in order if b in bins]
-    colors = _family_colors(agreement.family)
-    families = sorted(agreement.family.unique())
-    offsets = np.linspace(-0.2, 0.2, len(families)) if len(families) > 1 else [0.0]
-    for offset, family in zip(offsets, families):
-        part = agreement[(agreement.family == family) & (agreement.z_bin != "all")].set_index("z_bin").reindex(order)
-        x = np.arange(len(order)) + offset
-        ax.errorbar(x, part.agree, yerr=[part.agree - part.agree_lo, part.agree_hi - part.agree], fmt="o",
-                    color=colors[family], capsize=3, label=FAMILY_NAMES.get(family, family))
-    ax.axhline(0.5, color="0.5", lw=0.8, ls=":", label="a coin")
-    labels = [b.replace("inf", r"\infty").replace("[", "$[").replace(")", ")$") for b in order]
-    ax.set_xticks(range(len(order)), labels)
-    ax.set_xlabel(r"$|\mu_M^\top g_K|$ / its standard deviation over draws")
-    ax.set_ylabel("sign agreement")
-    ax.set_ylim(0, 1.05)
-    legend_below(fig, ax, ncols=4)
-    return fig
-
-
 def rates_beside_certificates(frame: pd.DataFrame) -> plt.Figure:
-    """Left: how often the step raised the loss on E against how often μ_Mᵀg_K ≤ 0. Right: the share of draws
-    with μ_Mᵀg_K > 0 against the lower bound 1 − B_align it must clear (held-out/held-out draws, where it applies):
-    the certificate holds where a point is on or above the diagonal."""
-    fig, axes = plt.subplots(1, 2, figsize=(COLUMN_WIDTH, 3.4))
-    if frame.empty:
-        for ax in axes:
-            empty(ax, "no draw")
+    """The share of draws with μ_Mᵀg_K > 0 (with its interval) against the lower bound 1 − B_align it must clear, per
+    held-out/held-out cell (where the bound applies): the certificate holds where a point is on or above the
+    diagonal. One panel, for a phone's column."""
+    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH * 0.8, 3.6))
+    covered = frame[frame.setting == "heldout/heldout"].dropna(subset=["b_align"]) if len(frame) else frame
+    if covered.empty:
+        empty(ax, "no held-out/held-out cell")
         return fig
-    colors = _family_colors(frame.family)
-    for (family, setting), part in frame.groupby(["family", "setting"]):
-        filled = setting == "heldout/heldout"
-        axes[0].scatter(part.p_misaligned, part.p_raised, s=22, color=colors[family] if filled else "none",
-                        edgecolors=colors[family], label=f"{FAMILY_NAMES.get(family, family)}, {setting}")
-    covered = frame[frame.setting == "heldout/heldout"].dropna(subset=["b_align"])
+    colors = _family_colors(covered.family)
     for family, part in covered.groupby("family"):
-        axes[1].errorbar(part.one_minus_b_align, part.share_positive,
-                         yerr=[part.share_positive - part.share_positive_lo,
-                               part.share_positive_hi - part.share_positive],
-                         fmt="o", color=colors[family], capsize=2, label=FAMILY_NAMES.get(family, family))
-    for ax in axes:
-        ax.plot([0, 1], [0, 1], color="0.3", lw=0.8, ls="--")
-        ax.set_xlim(-0.02, 1.02)
-        ax.set_ylim(-0.02, 1.02)
-    axes[0].set_xlabel(r"share of draws with $\mu_M^\top g_K \leq 0$")
-    axes[0].set_ylabel("share of steps that raised $L_E$")
-    axes[1].set_xlabel(r"$1 - B_{\mathrm{align}}$")
-    axes[1].set_ylabel(r"share with $\mu_M^\top g_K > 0$")
-    axes[0].legend(fontsize=8.5, loc="upper left")
-    if len(covered):
-        axes[1].legend(loc="lower right")
+        ax.errorbar(part.one_minus_b_align, part.share_positive,
+                    yerr=[part.share_positive - part.share_positive_lo, part.share_positive_hi - part.share_positive],
+                    fmt="o", color=colors[family], capsize=2, label=FAMILY_NAMES.get(family, family))
+    ax.plot([0, 1], [0, 1], color="0.3", lw=0.8, ls="--", label="the bound")
+    ax.set_xlim(-0.02, 1.02)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel(r"$1 - B_{\mathrm{align}}$")
+    ax.set_ylabel(r"share with $\mu_M^\top g_K > 0$")
+    legend_below(fig, ax, ncols=2)
     return fig
 
 
-def out_of_sample_curves(curve: pd.DataFrame, low: float = -0.5, high: float = 1.5) -> plt.Figure:
-    """Retention out of sample against δ (an :func:`~dalign_repro.studies.interventions.retention.out_of_sample_retention`
-    frame), one panel per family: ΔL_E over the prediction from g_K (solid, with its interval over models) and from
-    μ_M (dotted) beside ΔL_K over the prediction from g_K (dashed: the same-sample curve, Taylor's theorem). Steps
-    stated as fractions of one optimizer step are the open markers, at their median δ. Shared-bias steps; the
-    retention study's float64 steps where it measured E, else the sign study's train/held-out steps."""
-    families = sorted(set(curve.family)) if len(curve) else []
-    fig, axes = plt.subplots(1, max(len(families), 1), figsize=(COLUMN_WIDTH, 3.2), sharey=True, squeeze=False)
-    axes = axes[0]
-    if not families:
-        empty(axes[0], "no step measured on E")
-        return fig
-    for ax, family in zip(axes, families):
-        part = curve[curve.family == family]
-        part = part[part.source == "retention"] if (part.source == "retention").any() else \
-            part[part.setting == "train/heldout"]
-        grid = part[part.step_fraction.isna()].sort_values("train_decrease")
-        ax.axhspan(*PAPER_RETENTION, color="0.85", zorder=0, label="paper: 96–99%")
-        ax.axhline(1.0, color="0.4", lw=0.8)
-        ax.plot(grid.train_decrease, grid.same_sample.clip(low, high), ls="--", color="0.3", marker=".",
-                label="on K (Taylor's theorem)")
-        ax.fill_between(grid.train_decrease, grid.from_g_lo.clip(low, high), grid.from_g_hi.clip(low, high),
-                        color="C0", alpha=0.2, lw=0)
-        ax.plot(grid.train_decrease, grid.from_g.clip(low, high), color="C0", marker="o", ms=3,
-                label=r"on E, predicted from $g_K$")
-        ax.plot(grid.train_decrease, grid.from_mu.clip(low, high), color="C1", ls=":", marker="s", ms=3,
-                label=r"on E, predicted from $\mu_M$")
-        fractions = part[part.step_fraction.notna()]
-        if len(fractions):
-            ax.scatter(fractions.train_decrease, fractions.from_g.clip(low, high), facecolors="none",
-                       edgecolors="C0", s=30, label="fraction of an optimizer step")
-        ax.set_xscale("log")
-        log_ticks(ax.xaxis, part.train_decrease)
-        ax.set_ylim(low, high)
-        ax.set_title(FAMILY_NAMES.get(family, family))
-        ax.set_xlabel(r"step $\delta$ (nats)")
-    axes[0].set_ylabel("median retention")
-    legend_below(fig, axes, ncols=3)
+def headline(verdicts: dict[str, dict], prediction: pd.DataFrame, low: float = -0.5, high: float = 1.5
+             ) -> plt.Figure:
+    """The chapter's answer in one figure, two panels stacked for a phone's column.
+
+    Top: per family, the retention on E of the prediction from g_K at the judged step (``verdicts``:
+    :func:`~dalign_repro.studies.interventions.retention.out_of_sample_verdict`), with its interval over models,
+    beside the same-sample value on K (Taylor's theorem), against 1 ± 10% and the paper's 96-99%. Bottom: per
+    family and setting (``prediction``: :func:`~dalign_repro.studies.interventions.prediction.sign_prediction`),
+    P(ΔL_E < 0 | μ_Mᵀg_K > 0) (filled) and P(ΔL_E < 0 | ≤ 0) (open) with their intervals, against the rule's 80%
+    and 95%."""
+    from dalign_repro.studies.interventions.draws import FIRST_ORDER_TOLERANCE, SETTING_NAMES, SIGN_BANDS
+
+    rows = [(family, v["row"]) for family, v in verdicts.items() if v.get("row") is not None]
+    groups = len(prediction) if len(prediction) else 1
+    fig, axes = plt.subplots(2, 1, figsize=(COLUMN_WIDTH, 2.4 + 0.5 * (max(len(rows), 1) + groups)),
+                             gridspec_kw={"height_ratios": [max(len(rows), 1) + 0.8, groups + 0.8]})
+    top, bottom = axes
+    colors = _family_colors(list(verdicts) + (list(prediction.family) if len(prediction) else []))
+    top.axvspan(1 - FIRST_ORDER_TOLERANCE, 1 + FIRST_ORDER_TOLERANCE, color="0.92", zorder=0, label="1 ± 10%")
+    top.axvspan(*PAPER_RETENTION, color="0.75", zorder=0, label="paper: 96–99%")
+    if not rows:
+        empty(top, "no step measured on E")
+    for y, (family, r) in enumerate(rows):
+        value, lo, hi = (float(np.clip(r[c], low, high)) for c in ("from_g", "from_g_lo", "from_g_hi"))
+        top.errorbar([value], [y], xerr=[[value - lo], [hi - value]], fmt="o", color=colors[family], capsize=3,
+                     label="on E (fresh examples)" if y == 0 else None)
+        top.scatter([np.clip(r["same_sample"], low, high)], [y], marker="x", color="0.3", zorder=3,
+                    label="on K (Taylor's theorem)" if y == 0 else None)
+    top.set_yticks(range(len(rows)), [FAMILY_NAMES.get(f, f) for f, _ in rows])
+    top.set_ylim(len(rows) - 0.5, -0.5)
+    top.set_xlim(low, high)
+    top.set_xticks(np.arange(np.ceil(low * 2) / 2, high + 1e-9, 0.5))
+    top.set_xlabel("retention: change / first-order prediction")
+    if prediction.empty:
+        empty(bottom, "no sign draw")
+    else:
+        for band in (SIGN_BANDS["partly"], SIGN_BANDS["reproduced"]):
+            bottom.axvline(band, color="0.5", lw=0.8, ls=":")
+        for y, r in enumerate(prediction.itertuples()):
+            for name, fill, shift in (("pos", colors[r.family], -0.12), ("nonpos", "white", 0.12)):
+                p, lo, hi = getattr(r, f"p_{name}"), getattr(r, f"p_{name}_lo"), getattr(r, f"p_{name}_hi")
+                if not np.isfinite(p):
+                    continue
+                bottom.errorbar([p], [y + shift], xerr=[[p - lo], [hi - p]], fmt="o", mfc=fill,
+                                color=colors[r.family], capsize=2,
+                                label=(r"$\mu_M^\top g_K > 0$" if name == "pos" else r"$\mu_M^\top g_K \leq 0$")
+                                if y == 0 else None)
+        bottom.set_yticks(range(len(prediction)), [f"{FAMILY_NAMES.get(r.family, r.family)},\n"
+                                                   f"{SETTING_NAMES.get(r.setting, r.setting)}"
+                                                   for r in prediction.itertuples()])
+        bottom.set_ylim(len(prediction) - 0.5, -0.5)
+        bottom.set_xlim(-0.02, 1.02)
+    bottom.set_xlabel(r"share of steps that lowered $L_E$")
+    legend_below(fig, axes, ncols=2)
     return fig
+

@@ -140,13 +140,25 @@ def out_of_sample_retention(table: pd.DataFrame, kind: str = "bias", confidence:
         members = [g.index.to_numpy() for _, g in group.groupby("cluster")]
         for column in ("from_g", "from_mu"):
             values = group[column]
-            boot = np.array([np.median(np.concatenate([values.loc[members[i]].to_numpy() for i in
-                                                       rng.integers(0, len(members), len(members))]))
-                             for _ in range(min(resamples, 1000))])
+            boot = _cluster_medians([values.loc[m].to_numpy(float) for m in members], min(resamples, 1000), rng)
             lo, hi = percentile_interval(boot, confidence)
             row.update({column: float(values.median()), f"{column}_lo": lo, f"{column}_hi": hi})
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _cluster_medians(by_model: list[np.ndarray], resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """The median of the values of ``len(by_model)`` models drawn with replacement, ``resamples`` times.
+
+    The draws are the same as one ``rng.integers(0, m, m)`` per resample; the medians are taken at once over the
+    resamples padded with NaN to one length (``nanmedian`` of a row is ``median`` of its values)."""
+    picks = [rng.integers(0, len(by_model), len(by_model)) for _ in range(resamples)]
+    sizes = np.array([len(v) for v in by_model])
+    lengths = np.array([sizes[p].sum() for p in picks])
+    padded = np.full((resamples, int(lengths.max()) if resamples else 0), np.nan)
+    for row, pick in enumerate(picks):
+        padded[row, :lengths[row]] = np.concatenate([by_model[i] for i in pick])
+    return np.nanmedian(padded, axis=1) if resamples else np.array([])
 
 
 def out_of_sample_verdict(curve: pd.DataFrame) -> dict[str, dict]:
