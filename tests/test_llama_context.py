@@ -56,18 +56,22 @@ def test_the_digest_depends_on_every_path_and_byte():
 
 
 def test_every_context_sees_the_same_tokens_per_step_and_per_pool():
+    """The same tokens a step where that is at least min_sequences_per_step sequences, that floor above it (cpu:
+    16 x 128 and 4 x 512 = 2,048 tokens, 4 x 1,024 at T = 1,024), and the same tokens in every pool."""
     config = llama_context.Config.for_profile("cpu")
     sweeps = config.sweeps()
     assert [c.context for c in sweeps] == list(config.contexts)
+    assert [c.batch_size for c in sweeps] == [16, 4, 4]
     for c in sweeps:
-        assert c.batch_size * c.context == config.tokens_per_step
+        assert c.batch_size * c.context == max(config.tokens_per_step, config.min_sequences_per_step * c.context)
         assert c.pool_size * c.context == c.eval_examples * c.context == config.pool_tokens
         assert c.steps == config.steps and c.widths == config.widths
     hashes = {c.config_hash() for c in sweeps}
     assert len(hashes) == len(sweeps)  # each context is a sweep (and a checkpoint folder) of its own
 
 
-@pytest.mark.parametrize("field, value", [("tokens_per_step", 1000), ("pool_tokens", 4096), ("contexts", ())])
+@pytest.mark.parametrize("field, value", [("tokens_per_step", 1000), ("pool_tokens", 4096), ("contexts", ()),
+                                          ("min_sequences_per_step", 0)])
 def test_a_design_that_does_not_divide_is_refused(field, value):
     with pytest.raises(ValueError, match=field if field != "contexts" else "contexts"):
         llama_context.Config.for_profile("cpu", **{field: value})
