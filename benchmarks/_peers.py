@@ -4,8 +4,9 @@ Both compute per-example gradients of parameters, so q at an insertion point is 
 a zero bias δ (one entry per feature, shared over positions) added to the layer's output: ∂ℓ_i/∂δ = Σ_t ∂ℓ_i/∂z_it,
 the shared q. Every parameter of the model is frozen while a peer runs (only δ requires gradients, as those
 libraries are used for it), so nothing below z records a graph. Neither library is a dependency of the project:
-install them into a separate environment (``python -m venv .venv-bench`` with ``pip install backpack-for-pytorch
-opacus``); a missing one is reported as skipped.
+``make bench-env`` installs them into ``.venv-bench`` (a venv that sees the project's packages through a ``.pth``
+file; ``python -m venv --system-site-packages`` on top of a venv would see the base interpreter's instead), which
+``make bench`` then runs; a missing one is reported as skipped.
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ of widths 128 … 1024, the same batches go through:
 * ``backpack``, ``opacus`` — the peers' libraries (BackPACK's ``BatchGrad``, Opacus' ``GradSampleModule``): the
                     per-example gradient of a zero bias added to the layer output, every other parameter
                     frozen (``benchmarks/_peers.py``); checked against ``capture``, skipped (and said so) where
-                    the package is not installed (install them into a separate venv: ``pip install
-                    backpack-for-pytorch opacus``).
+                    the package is not installed (``make bench-env`` installs them into ``.venv-bench``, the
+                    benchmarks' venv, never the project's).
 
 ``capture / best peer``: the capture (self-check on) over the fastest of ``vmap``, ``backpack`` and ``opacus``
 (target <= 1.1x), printed per width and for the capture-ratio case.

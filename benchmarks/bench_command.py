@@ -21,7 +21,7 @@ every figure stretches; the ratios are what to read.
 Usage::
 
     python benchmarks/bench_command.py                    # LLaMA N=128, 2 layers, 256 x 64 tokens
-    python benchmarks/bench_command.py --quick            # 64 examples, one round
+    python benchmarks/bench_command.py --quick            # 32 examples, one round
 
 Writes ``DIR/bench_command.csv`` and ``DIR/bench_command.json`` atomically.
 """
@@ -214,10 +214,10 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds after a warm-up (best kept)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quick", action="store_true", help="64 examples, one round")
+    parser.add_argument("--quick", action="store_true", help="32 examples, one round")
     args = parser.parse_args(argv)
     if args.quick:
-        args.examples, args.repeats = 64, 1
+        args.examples, args.repeats = 32, 1
     started = time.perf_counter()
     from _bench import save
 

@@ -81,8 +81,9 @@ def main(argv=None) -> int:
 
     parser = bench_parser(__doc__.split("\n\n")[0], repeats=1)
     parser.add_argument("--examples", type=int, default=64, help="examples per timed pass (default 64)")
-    parser.add_argument("--share-examples", type=int, default=256,
-                        help="examples of the dalign estimate whose redundancy share is timed (default 256; 0: skip)")
+    parser.add_argument("--share-examples", type=int, default=None,
+                        help="examples of the dalign estimate whose redundancy share is timed (default 256, at the "
+                             "smoke profile 32; 0: skip)")
     args = parser.parse_args(argv)
     if args.examples < 4 or args.repeats < 1 or args.threads < 1:
         parser.error("--examples must be at least 4, --repeats and --threads at least 1")
@@ -105,6 +106,8 @@ def main(argv=None) -> int:
     print(f"\nredundancy at LLaMA {args.profile} shapes, {args.examples} examples, {args.threads} thread(s), "
           f"best of {args.repeats} round(s)")
     share = None
+    if args.share_examples is None:
+        args.share_examples = 32 if args.profile == "smoke" else 256
     if args.share_examples:
         from bench_command import measure, share_lines
 
