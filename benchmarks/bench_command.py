@@ -21,7 +21,7 @@ every figure stretches; the ratios are what to read.
 Usage::
 
     python benchmarks/bench_command.py                    # LLaMA N=128, 2 layers, 256 x 64 tokens
-    python benchmarks/bench_command.py --quick            # 32 examples, one round
+    python benchmarks/bench_command.py --quick            # 32 examples, one round, no warm-up
 
 Writes ``DIR/bench_command.csv`` and ``DIR/bench_command.json`` atomically.
 """
@@ -148,8 +148,9 @@ def import_breakdown(argv: list[str], env: dict, top: int = 8) -> list[tuple[str
 
 
 def measure(width: int, layers: int, examples: int, seq_len: int, repeats: int, threads: int, seed: int,
-            thorough: bool = True, imports: bool = True) -> tuple[dict, list]:
-    """The record of one setup (see the module docstring) and, with ``imports``, the import breakdown."""
+            thorough: bool = True, imports: bool = True, warmup: bool = True) -> tuple[dict, list]:
+    """The record of one setup (see the module docstring) and, with ``imports``, the import breakdown; ``warmup``:
+    a first round that is not timed (without it the first round's caches are cold: a quick look only)."""
     env = _env(threads)
     with tempfile.TemporaryDirectory(prefix="bench_command_") as tmp:
         model_dir = make_checkpoint(Path(tmp), width, layers, examples, seq_len, seed)
@@ -164,7 +165,7 @@ def measure(width: int, layers: int, examples: int, seq_len: int, repeats: int, 
         for name, extra in variants:
             fns[name] = (lambda extra: lambda: _timed(command(model_dir, text, examples, seq_len, *extra), env))(extra)
         best = {name: float("inf") for name in fns}
-        for round_ in range(repeats + 1):  # round 0 warms up
+        for round_ in range(0 if warmup else 1, repeats + 1):  # round 0 warms up
             for name, fn in fns.items():
                 start = time.perf_counter()
                 fn()
@@ -214,7 +215,7 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds after a warm-up (best kept)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quick", action="store_true", help="32 examples, one round")
+    parser.add_argument("--quick", action="store_true", help="32 examples, one round, no warm-up")
     args = parser.parse_args(argv)
     if args.quick:
         args.examples, args.repeats = 32, 1
@@ -222,7 +223,7 @@ def main(argv=None) -> int:
     from _bench import save
 
     record, imports = measure(args.width, args.layers, args.examples, args.seq_len, args.repeats, args.threads,
-                              args.seed)
+                              args.seed, warmup=not args.quick)
     print(f"\ndalign estimate on a {args.layers}-layer LLaMA of width {args.width}, {args.examples} examples of "
           f"{args.seq_len} tokens, {args.threads} thread(s), best of {args.repeats}; load average "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")

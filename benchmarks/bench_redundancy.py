@@ -112,7 +112,7 @@ def main(argv=None) -> int:
         from bench_command import measure, share_lines
 
         share, _ = measure(128, 2, args.share_examples, 64, args.repeats, args.threads, args.seed, thorough=False,
-                           imports=False)
+                           imports=False, warmup=args.profile != "smoke")
         print(f"\nthe redundancy check's share of dalign estimate (LLaMA N=128, 2 layers, {args.share_examples} "
               "examples of 64 tokens):")
         print("\n".join(share_lines(share)))
