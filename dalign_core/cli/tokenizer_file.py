@@ -1,10 +1,13 @@
 """A checkpoint's ``tokenizer.json`` read by the ``tokenizers`` library alone, where that is what transformers reads.
 
 Why: transformers' ``AutoTokenizer`` reads the model's config to find the tokenizer class, and importing a model's
-config class pulls in transformers' image and video utilities (and with them torchvision and torch's compiler): most
-of a ``dalign`` command's start-up on a small model. A generic fast tokenizer (``tokenizer_class``
-``TokenizersBackend`` or ``PreTrainedTokenizerFast``, what ``save_pretrained`` of a ``tokenizers`` tokenizer writes)
-is the ``tokenizer.json`` as it is, so ``tokenizers.Tokenizer.from_file`` gives the same token ids without them.
+config class pulls in transformers' image and video utilities (and with them torchvision and torch's compiler). A
+generic fast tokenizer (``tokenizer_class`` ``TokenizersBackend`` or ``PreTrainedTokenizerFast``, what
+``save_pretrained`` of a ``tokenizers`` tokenizer writes) is the ``tokenizer.json`` as it is, so
+``tokenizers.Tokenizer.from_file`` gives the same token ids without transformers. (Loading the model itself still
+imports its config class, and with it those utilities: measured on transformers 5.24, ``dalign estimate`` on a LLaMA
+loads 3,279 modules against 3,286 through ``AutoTokenizer``; ``benchmarks/bench_command.py`` prints where the time
+goes.)
 
 When transformers would change the tokenizer it reads, :func:`read_tokenizer_file` returns None and the caller uses
 ``AutoTokenizer``: a model-specific class (``GPTNeoXTokenizer``, ``LlamaTokenizer``, …, which may rebuild the
