@@ -215,7 +215,7 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds after a warm-up (best kept)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quick", action="store_true", help="32 examples, one round, no warm-up")
+    parser.add_argument("--quick", action="store_true", help="32 examples, one round, no warm-up, no --thorough-redundancy run")
     args = parser.parse_args(argv)
     if args.quick:
         args.examples, args.repeats = 32, 1
@@ -223,7 +223,7 @@ def main(argv=None) -> int:
     from _bench import save
 
     record, imports = measure(args.width, args.layers, args.examples, args.seq_len, args.repeats, args.threads,
-                              args.seed, warmup=not args.quick)
+                              args.seed, thorough=not args.quick, warmup=not args.quick)
     print(f"\ndalign estimate on a {args.layers}-layer LLaMA of width {args.width}, {args.examples} examples of "
           f"{args.seq_len} tokens, {args.threads} thread(s), best of {args.repeats}; load average "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
