@@ -28,6 +28,10 @@ PYTHON_BOOT ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.dalign-installed
+# The benchmarks' interpreter: .venv-bench (make bench-env: the project's venv plus the capture's peers,
+# BackPACK and Opacus, which the project itself does not depend on) where it exists, else the project's.
+BENCH_VENV := .venv-bench
+BENCH_PY = $(if $(wildcard $(BENCH_VENV)/bin/python),$(BENCH_VENV)/bin/python,$(PY))
 # jupyter-book 1.x has no `python -m jupyter_book`; call its CLI entry point through the venv's python.
 JB := $(PY) -c 'import sys; from jupyter_book.cli.main import main; sys.argv[0] = "jupyter-book"; sys.exit(main())'
 
@@ -69,7 +73,7 @@ export MPLBACKEND := Agg
 export DALIGN_CACHE ?= $(CURDIR)/.cache/dalign
 # Tests never reach a model hub: tests/conftest.py sets the offline variables for them.
 
-.PHONY: help setup data book notebooks serve publish test bench clean distclean
+.PHONY: help setup data book notebooks serve publish test bench bench-env clean distclean
 
 help: ## list the targets
 	@echo "dalign make targets (PROFILE=$(PROFILE); choose one of: $(PROFILES))"
@@ -154,11 +158,17 @@ bench: $(STAMP) ## run every benchmarks/bench_*.py with --out results/bench (BEN
 			else echo "($$script has no --quick: it runs at its full size)"; fi; \
 		fi; \
 		echo "== $$script $${flags[*]}"; started=$$SECONDS; \
-		$(PY) "$$script" "$${flags[@]}" || failed+=("$$script"); \
+		$(BENCH_PY) "$$script" "$${flags[@]}" || failed+=("$$script"); \
 		echo "== $$script took $$((SECONDS - started)) s"; \
 	done; \
 	if [ $${#failed[@]} -gt 0 ]; then echo "benchmarks failed: $${failed[*]}" >&2; exit 1; fi; \
 	echo "benchmark results in $(abspath $(BENCH_OUT)); $$SECONDS s in all (target: 20 minutes on 2 idle cores$${quick:+; QUICK=1})"
+
+bench-env: $(STAMP) ## .venv-bench: the project's packages (a .pth to them) plus BackPACK and Opacus, for make bench
+	$(PYTHON_BOOT) -m venv $(BENCH_VENV)
+	$(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" > \
+		"$$($(BENCH_VENV)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/dalign-project.pth"
+	$(BENCH_VENV)/bin/pip install --no-deps backpack-for-pytorch==1.7.1 opacus==1.6.0 einops unfoldNd opt_einsum
 
 clean: ## remove the built book, executed notebooks, caches and results/smoke (keeps the other profiles' results)
 	rm -rf book/_build book/chapters .pytest_cache results/smoke

@@ -19,6 +19,14 @@ of widths 128 … 1024, the same batches go through:
 * ``vmap``        — ``torch.func``: ``vmap`` over examples of ``grad`` with respect to an
                     additive perturbation of the layer output (zero), through
                     ``functional_call`` of the whole model. Checked against ``capture``.
+* ``backpack``, ``opacus`` — the peers' libraries (BackPACK's ``BatchGrad``, Opacus' ``GradSampleModule``): the
+                    per-example gradient of a zero bias added to the layer output, every other parameter
+                    frozen (``benchmarks/_peers.py``); checked against ``capture``, skipped (and said so) where
+                    the package is not installed (``make bench-env`` installs them into ``.venv-bench``, the
+                    benchmarks' venv, never the project's).
+
+``capture / best peer``: the capture (self-check on) over the fastest of ``vmap``, ``backpack`` and ``opacus``
+(target <= 1.1x), printed per width and for the capture-ratio case.
 
 Timing: per width one fresh process runs all methods round-robin (a warm-up pass,
 then ``--repeats`` passes each) and reports the best pass, which is the most robust
@@ -64,7 +72,10 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-METHODS = ("bare", "floor", "capture", "capture_unchecked", "capture_all", "loop", "vmap")
+METHODS = ("bare", "floor", "capture", "capture_unchecked", "capture_all", "loop", "vmap", "backpack", "opacus")
+PEER_METHODS = ("vmap", "backpack", "opacus")
+PEER_TARGET = 1.1
+"""The capture (self-check on) at most this times the fastest peer."""
 SELF_CHECK = "self_check"
 """The determinism self-check's work alone: example 0 of the first batch, forward and backward down to the layer
 (timed for the capture ratio, not a method of the table)."""
@@ -207,6 +218,22 @@ def _setup(args):
     fns = {"bare": bare, "floor": floor, "capture": capture,
            "capture_unchecked": capture_unchecked, "capture_all": capture_all, "loop": loop, "vmap": vmap_method,
            SELF_CHECK: self_check}
+    from _peers import PEERS, missing, peer_rows
+
+    peer_rows_of = {}
+    for peer in PEERS:
+        if peer in args.methods and not missing(peer):
+            peer_rows_of[peer] = peer_rows(peer, model, layer)[0]
+
+            def peer_method(rows=peer_rows_of[peer]):
+                acc = GeometryAccumulator()
+                for batch in data:
+                    acc.update(rows(batch))
+                acc.result()
+
+            fns[peer] = peer_method
+        elif peer in args.methods:
+            fns[peer] = None  # reported as skipped
 
     def sync():
         if device.type == "cuda":
@@ -216,6 +243,7 @@ def _setup(args):
             "batch_size": args.batch_size, "examples": args.batch_size * args.batches,
             "params": sum(p.numel() for p in model.parameters()), "device": str(device),
             "threads": torch.get_num_threads()}
+    info["peer_rows"] = peer_rows_of
     return model, data, layer, {m: fns[m] for m in args.methods}, sync, info
 
 
@@ -230,8 +258,23 @@ def time_width(args) -> list[dict]:
     from dalign_core.capture.hooks import activation_gradients
 
     model, data, layer, fns, sync, info = _setup(args)
+    peer_rows_of = info.pop("peer_rows")
     records = {m: {**info, "method": m, "n_layers_captured": args.layers if m == "capture_all" else 1,
                    "status": "ok", "error": "", "times_s": []} for m in fns}
+    from _peers import missing
+
+    for peer, fn in fns.items():
+        if fn is None:
+            records[peer].update(status="skipped", error=missing(peer))
+    if peer_rows_of:
+        reference = activation_gradients(model, layer, data[0])
+        for peer, rows in peer_rows_of.items():
+            try:
+                got = rows(data[0])
+                records[peer]["max_abs_diff_vs_capture"] = float((got - reference).abs().max())
+                records[peer]["max_abs_q"] = float(reference.abs().max())
+            except Exception as err:  # report, never fake
+                records[peer].update(status="failed", error=_error(err))
     if "vmap" in fns:  # correctness first: torch.func must give the same q as the hook
         try:
             reference = activation_gradients(model, layer, data[0])
@@ -327,18 +370,44 @@ def capture_ratio(args) -> dict:
     process: best-of-``--repeats`` wall times of ``bare``, ``capture`` (self-check on) and ``capture_unchecked``, and
     capture over bare with and without the check."""
     setup = CAPTURE_RATIO_QUICK if args.quick else CAPTURE_RATIO_CASE
-    case = argparse.Namespace(**{**vars(args), **setup, "methods": ["bare", "capture", "capture_unchecked", SELF_CHECK]})
+    peers = [m for m in PEER_METHODS if m in args.methods]
+    case = argparse.Namespace(**{**vars(args), **setup,
+                                 "methods": ["bare", "capture", "capture_unchecked", SELF_CHECK, *peers]})
     status, result = _run_in_child(time_width, case)
     if status != "ok":
         return {**setup, "status": "failed", "error": result}
     wall = {r["method"]: r["wall_s"] for r in result}
-    failed = [f"{r['method']}: {r['error']}" for r in result if r["status"] != "ok"]
+    failed = [f"{r['method']}: {r['error']}" for r in result if r["status"] == "failed"]
+    skipped = [r["error"] for r in result if r["status"] == "skipped"]
     return {**setup, "status": "failed" if failed else "ok", "error": "; ".join(failed),
+            **_versus_peers(wall["capture"], {r["method"]: r for r in result}), "peers_skipped": skipped,
             "bare_s": wall["bare"], "capture_s": wall["capture"], "capture_unchecked_s": wall["capture_unchecked"],
             "ratio": wall["capture"] / wall["bare"], "ratio_unchecked": wall["capture_unchecked"] / wall["bare"],
             "self_check_s": wall[SELF_CHECK], "check_share": wall[SELF_CHECK] / wall["capture"],
             "check_share_by_difference": 1 - wall["capture_unchecked"] / wall["capture"], "target": CAPTURE_RATIO_TARGET,
             "meets_target": bool(wall["capture"] / wall["bare"] <= CAPTURE_RATIO_TARGET)}
+
+
+def _versus_peers(capture_s: float, by_method: dict) -> dict:
+    """The fastest peer that ran (torch.func, BackPACK, Opacus) and the capture's time over it."""
+    ran = {m: r["wall_s"] for m, r in by_method.items() if m in PEER_METHODS and r.get("status") == "ok"}
+    if not ran:
+        return {"best_peer": None, "best_peer_s": math.nan, "capture_over_best_peer": math.nan,
+                "meets_peer_target": None}
+    best = min(ran, key=ran.get)
+    ratio = capture_s / ran[best]
+    return {"best_peer": best, "best_peer_s": ran[best], "capture_over_best_peer": ratio,
+            "peers_s": ran, "meets_peer_target": bool(ratio <= PEER_TARGET)}
+
+
+def _peer_line(where: str, versus: dict, skipped=()) -> str:
+    if versus["best_peer"] is None:
+        return f"capture against the peers ({where}): no peer ran" + (f" ({'; '.join(skipped)})" if skipped else "")
+    times = ", ".join(f"{m} {t:.3f} s" for m, t in versus["peers_s"].items())
+    return (f"capture against the peers ({where}): {versus['capture_over_best_peer']:.2f}x the fastest, "
+            f"{versus['best_peer']} ({times}); target <= {PEER_TARGET}x: "
+            f"{'meets' if versus['meets_peer_target'] else 'MISSES'} it"
+            + (f"; {'; '.join(skipped)}" if skipped else ""))
 
 
 def _capture_ratio_line(ratio: dict) -> str:
@@ -429,8 +498,8 @@ def main(argv=None) -> int:
     lines = [header, "-" * len(header)]
     for r in records:
         note = r.get("error", "") if r.get("status") != "ok" else ""
-        if r.get("method") == "vmap" and r.get("status") == "ok":
-            note = f"max |q_vmap - q_hook| = {r['max_abs_diff_vs_capture']:.1e} (max |q| {r['max_abs_q']:.1e})"
+        if r.get("method") in PEER_METHODS and r.get("status") == "ok":
+            note = f"max |q_{r['method']} - q_hook| = {r['max_abs_diff_vs_capture']:.1e} (max |q| {r['max_abs_q']:.1e})"
         if r.get("meets_target") is not None:
             note = ("meets" if r["meets_target"] else "MISSES") + f" target <= {TARGET_RATIO}x bare"
         if "gram_bit_identical_to_capture" in r:
@@ -476,6 +545,14 @@ def main(argv=None) -> int:
             print(f"  width {width:5d}: {_fmt(by_floor['capture'], '.2f')}x "
                   f"({_fmt(by_floor['capture_unchecked'], '.2f')}x)")
     print("\n" + _capture_ratio_line(ratio))
+    if ratio.get("status") == "ok":
+        print(_peer_line("the capture ratio's case, self-check on", ratio, ratio.get("peers_skipped", ())))
+    peer_widths = {}
+    for width in widths:
+        by_method = {r["method"]: r for r in records if r["width"] == width}
+        if "capture" in by_method and by_method["capture"].get("status") == "ok":
+            peer_widths[width] = _versus_peers(by_method["capture"]["wall_s"], by_method)
+            print(_peer_line(f"width {width}", peer_widths[width]))
 
     import pandas as pd
 
@@ -489,7 +566,7 @@ def main(argv=None) -> int:
         "cpu_count": os.cpu_count(), "loadavg_end": os.getloadavg(), "total_wall_s": round(time.perf_counter() - started, 1),
         "written_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "capture_over_floor": {str(width): by_floor for width, by_floor in floor_ratios.items()},
-        "capture_ratio": ratio,
+        "capture_ratio": ratio, "capture_over_best_peer": {str(w): v for w, v in peer_widths.items()},
         "records": records, "table": table,
     }
     _atomic_write(args.out / "bench_capture.json", json.dumps(meta, indent=2, default=str) + "\n")

@@ -13,6 +13,10 @@ not depend on training), and checks that the rows agree:
 * ``max_relative_difference``: the largest relative Frobenius difference between the two
   ways' q rows and gradient rows (0 where they are bit for bit the same).
 
+Then, unless ``--share-examples 0``, the share of a default ``dalign estimate`` its redundancy check takes (on the
+setup of ``benchmarks/bench_command.py``: a 2-layer LLaMA of width 128, ``--share-examples`` examples of 64 tokens;
+target <= 25%), as the in-process check over the command and as the difference of the commands with and without it.
+
 Timing: the two ways alternate over ``--repeats`` rounds after a warm-up round, and the best
 round is kept; torch runs on ``--threads`` threads (default 1, what each worker of a CPU sweep uses).
 
@@ -77,6 +81,9 @@ def main(argv=None) -> int:
 
     parser = bench_parser(__doc__.split("\n\n")[0], repeats=1)
     parser.add_argument("--examples", type=int, default=64, help="examples per timed pass (default 64)")
+    parser.add_argument("--share-examples", type=int, default=None,
+                        help="examples of the dalign estimate whose redundancy share is timed (default 256, at the "
+                             "smoke profile 32; 0: skip)")
     args = parser.parse_args(argv)
     if args.examples < 4 or args.repeats < 1 or args.threads < 1:
         parser.error("--examples must be at least 4, --repeats and --threads at least 1")
@@ -98,8 +105,19 @@ def main(argv=None) -> int:
               "(relative)", flush=True)
     print(f"\nredundancy at LLaMA {args.profile} shapes, {args.examples} examples, {args.threads} thread(s), "
           f"best of {args.repeats} round(s)")
+    share = None
+    if args.share_examples is None:
+        args.share_examples = 32 if args.profile == "smoke" else 256
+    if args.share_examples:
+        from bench_command import measure, share_lines
+
+        share, _ = measure(128, 2, args.share_examples, 64, args.repeats, args.threads, args.seed, thorough=False,
+                           imports=False, warmup=args.profile != "smoke")
+        print(f"\nthe redundancy check's share of dalign estimate (LLaMA N=128, 2 layers, {args.share_examples} "
+              "examples of 64 tokens):")
+        print("\n".join(share_lines(share)))
     save(args.out, "bench_redundancy", records, started, profile=args.profile, threads=args.threads,
-         examples=args.examples, repeats=args.repeats)
+         examples=args.examples, repeats=args.repeats, command_share=share)
     return 0
 
 

@@ -78,3 +78,14 @@ def test_bench_sweep_measure_compares_a_pass_per_reduction_with_one_pass(tmp_pat
     record = json.loads((tmp_path / "bench_sweep_measure.json").read_text())
     assert record["projected_run_change_s"] == pytest.approx(new.run_s - old.run_s)
     assert f"({100 * new.capture_share:.1f}% in capture)" in done.stdout
+
+
+def test_bench_command_prints_the_start_up_breakdown_and_the_redundancy_share(tmp_path):
+    done = _bench("bench_command.py", "--quick", tmp_path=tmp_path)
+    row = pd.read_csv(tmp_path / "bench_command.csv").iloc[0]
+    assert row.command_s > row.import_torch_s > 0 and row.work_s > 0 and row.check_default_s > 0
+    assert row.own_s == pytest.approx(row.command_s - row.import_torch_s - row.work_s)
+    assert row.redundancy_share == pytest.approx(row.check_default_s / row.command_s)
+    assert f"own cost {row.own_s:.2f} s" in done.stdout
+    assert f"{100 * row.redundancy_share:.0f}% of the command" in done.stdout
+    assert json.loads((tmp_path / "bench_command.json").read_text())["imports"]  # where the own time goes

@@ -1,13 +1,20 @@
 """The capture's one forward and one backward pass: a hook keeps each layer's output z, the per-example losses are
 formed, and ``torch.autograd.grad`` of their sum reaches down to the zs only (no parameter gradients).
 
+No parameter records a graph during the forward (:func:`parameters_frozen`): below z nothing needs one (the hook makes
+z a leaf of its own when nothing below requires gradients), and above z only the path from the loss to z is
+differentiated, which needs no parameter's gradient; so the forward saves no tensor for a weight gradient and the
+backward forms none, and q is the same number (the same kernels on the same values; ``tests/test_capture_speed.py``
+checks it bit for bit). ``requires_grad`` is restored exactly afterwards, also on an error or a Ctrl-C.
+
 Refused here, where the graph shows it: a layer that does not run exactly once, an output that is not batch-first,
 an in-place change of z after it was produced, non-finite losses, a loss that no gradient links to z.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -17,7 +24,42 @@ from dalign_core.capture.batches import call_model
 from dalign_core.capture.losses import _logits, _positions_for_left_padding, _resolve_task, call_loss, per_example_loss
 from dalign_core.capture.refusals import CaptureError
 
-__all__ = ["layer_gradients", "primary_output"]
+__all__ = ["layer_gradients", "parameters_frozen", "primary_output"]
+
+
+def _restore_requires_grad(parameters: list[torch.Tensor]) -> None:
+    """``requires_grad_(True)`` on each of ``parameters``, all of them even when Ctrl-C lands midway (then re-raised).
+
+    Setting the flag twice is harmless, so an interrupted step is simply retried."""
+    interrupted: BaseException | None = None
+    done = 0
+    while done < len(parameters):
+        try:
+            while done < len(parameters):
+                parameters[done].requires_grad_(True)
+                done += 1
+        except KeyboardInterrupt as err:
+            interrupted = err
+    if interrupted is not None:
+        raise interrupted
+
+
+@contextlib.contextmanager
+def parameters_frozen(model: nn.Module, keep: Iterable[torch.Tensor] = ()) -> Iterator[None]:
+    """Within the block, no parameter of ``model`` but those in ``keep`` requires gradients; afterwards exactly the
+    ones that did before do again, also when the block raises or is interrupted (Ctrl-C).
+
+    A forward run inside records no graph for the frozen parameters: nothing is saved for their gradients and a
+    backward pass forms none. Tied parameters count once. Not for a model that another thread trains meanwhile.
+    """
+    kept = {id(p) for p in keep}
+    frozen = [p for p in model.parameters() if p.requires_grad and id(p) not in kept]
+    try:
+        for parameter in frozen:
+            parameter.requires_grad_(False)
+        yield
+    finally:
+        _restore_requires_grad(frozen)
 
 
 def primary_output(output: Any) -> tuple[torch.Tensor, Callable[[torch.Tensor], Any]]:
@@ -61,9 +103,11 @@ def layer_gradients(model, modules: dict[str, nn.Module], inputs, targets, task,
 
 
 def _forward_to_losses(model, modules: dict[str, nn.Module], inputs, targets, task, loss_fn,
-                       logits_index: int | None = None) -> tuple[list[torch.Tensor], torch.Tensor]:
+                       logits_index: int | None = None,
+                       keep: Iterable[torch.Tensor] = ()) -> tuple[list[torch.Tensor], torch.Tensor]:
     """One forward pass with gradients on: each layer's output z (in the order of ``modules``) and the per-example
-    losses (batch,), ready for backward passes down to the zs.
+    losses (batch,), ready for backward passes down to the zs (and to the parameters in ``keep``, the only ones
+    whose graph is recorded: :func:`parameters_frozen`).
 
     Refuses what the graph shows would give a wrong gradient: a layer that does not run exactly once, an output that
     is not batch-first, an in-place change of z after the hook saw it (z's version counter moved), non-finite
@@ -87,7 +131,7 @@ def _forward_to_losses(model, modules: dict[str, nn.Module], inputs, targets, ta
         for name, module in modules.items():
             handles.append(module.register_forward_hook(make_hook(name)))
         inputs = _positions_for_left_padding(model, inputs, task, loss_fn)
-        with torch.enable_grad():
+        with torch.enable_grad(), parameters_frozen(model, keep):
             try:
                 output = call_model(model, inputs)
             except RuntimeError as err:  # an in-place op on the leaf the hook made for a frozen upstream
@@ -127,10 +171,11 @@ def _forward_to_losses(model, modules: dict[str, nn.Module], inputs, targets, ta
             modified = [name for name in modules if captured[name][0][0]._version != captured[name][0][1]]
             if modified:
                 raise _in_place_error(modified)
-            if not losses.requires_grad:
+            if not losses.requires_grad:  # no parameter records a graph, so nothing but the zs can link it
                 raise CaptureError(
-                    f"the loss does not depend on the output of {list(modules)} through autograd (was the forward, or "
-                    "the part after the layer, run under torch.no_grad() or on detached tensors?); q would be 0"
+                    f"no gradient reaches the output of {', '.join(map(repr, modules))}: the loss does not depend on "
+                    f"the output of {list(modules)} through autograd (was the forward, or the part after the layer, "
+                    "run under torch.no_grad() or on detached tensors?); q would be 0"
                 )
     finally:
         for handle in handles:

@@ -236,7 +236,7 @@ def _per_example(model, modules, params, names, inputs, targets, reductions, tas
     """One forward of ``inputs`` (with the capture's refusals: :func:`~dalign_core.capture.gradients._forward_to_losses`), then
     one backward per example (at most ``limit``): appends their q and gradient rows to ``qs`` and ``gs``; returns
     how many examples it took."""
-    zs, losses = _forward_to_losses(model, modules, inputs, targets, task, loss_fn)
+    zs, losses = _forward_to_losses(model, modules, inputs, targets, task, loss_fn, keep=params)  # only they record
     take = losses.shape[0] if limit is None else min(losses.shape[0], limit)
     for i in range(take):
         grads = torch.autograd.grad(losses[i], zs + params, retain_graph=i < take - 1, allow_unused=True,

@@ -9,6 +9,7 @@ data.
 * :mod:`~dalign_core.cli.output`: numbers, plain-text tables and progress bars as every subcommand prints them.
 * :mod:`~dalign_core.cli.redundancy_check`: the redundancy check every subcommand runs, and its warning.
 * :mod:`~dalign_core.cli.loading`: models from a folder, a hub id or ``--arch``, and their tokenizers.
+* :mod:`~dalign_core.cli.tokenizer_file`: a generic ``tokenizer.json`` read by ``tokenizers`` alone (a fast start).
 * :mod:`~dalign_core.cli.examples`: the examples: text files and datasets as token batches, tensor files, image
   folders; a --data pipe read with a timeout.
 * :mod:`~dalign_core.cli.regular_files`: no pipe, socket or device in a model or tokenizer folder; a --revision

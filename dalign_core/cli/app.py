@@ -72,9 +72,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="shared: sum q over positions (dimension N, default); full: keep positions (T·N)")
     est.add_argument("--confidence", type=float, default=0.95, help="confidence level of the intervals (default: 0.95)")
     est.add_argument("--sketch-dim", type=int, default=None, help="keep k-dim CountSketches of q instead of q")
-    est.add_argument("--redundancy-examples", type=int, default=256,
+    est.add_argument("--redundancy-examples", type=int, default=None,
                      help="check on up to this many of the examples whether q is already a trained parameter's "
-                          "gradient (warns above a fraction of 0.9; 0: skip; default: 256)")
+                          "gradient (warns above a fraction of 0.9; 0: skip; default: 64, a fraction of the "
+                          "estimate's time; --thorough-redundancy: every example)")
+    est.add_argument("--thorough-redundancy", action="store_true",
+                     help="run the redundancy check on every example (--examples): a tighter fraction, several "
+                          "times the capture's time")
     est.add_argument("--dtype", choices=("float32", "bfloat16", "float16", "float64"), default="float32",
                      help="model dtype (default: float32)")
     est.add_argument("--out", type=_out_file, default=None,

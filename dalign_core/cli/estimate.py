@@ -15,8 +15,8 @@ inserted near zero output would have its training direction carry over to test
 data best. With ``--arch`` it measures any ``nn.Module``, as ``dalign rank`` does (:mod:`~dalign_core.cli.rank`).
 
 It also checks the q it measured as ``dalign layers --data`` does (:mod:`~dalign_core.cli.layers`), on up to
-``--redundancy-examples`` of its examples, warns above 0.9 and writes the fraction to the CSV (``redundancy``,
-``redundant_with``).
+``--redundancy-examples`` of its examples (64 by default, every one with ``--thorough-redundancy``), warns above 0.9
+and writes the fraction to the CSV (``redundancy``, ``redundant_with``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from pathlib import Path
 
 from dalign_core.cli.options import _check_out, _check_seq_len, _input_paths, _is_local_data
 from dalign_core.cli.output import _fmt, _render, _with_progress
-from dalign_core.cli.redundancy_check import _is_redundant, _owner, _redundancy_by_layer, _redundancy_warning
+from dalign_core.cli.redundancy_check import (QUICK_EXAMPLES, _is_redundant, _owner, _redundancy_by_layer,
+                                             _redundancy_warning)
 
 __all__ = ["estimate", "format_table", "CSV_COLUMNS"]
 
@@ -185,6 +186,18 @@ def _block_indices(model) -> dict[str, int]:
         return {}
 
 
+def _redundancy_examples(args: argparse.Namespace) -> int:
+    """How many examples the redundancy check takes: ``--redundancy-examples``, else every example with
+    ``--thorough-redundancy``, else :data:`~dalign_core.cli.redundancy_check.QUICK_EXAMPLES`."""
+    thorough = getattr(args, "thorough_redundancy", False)
+    if args.redundancy_examples is not None:
+        if thorough:
+            raise ValueError("--thorough-redundancy checks every example: leave out --redundancy-examples, or give "
+                             "only --redundancy-examples N")
+        return args.redundancy_examples
+    return args.examples if thorough else QUICK_EXAMPLES
+
+
 def _check_numbers(args: argparse.Namespace) -> None:
     """Refuse numeric options out of range, before anything is loaded."""
     if args.examples < 5:
@@ -195,6 +208,7 @@ def _check_numbers(args: argparse.Namespace) -> None:
         raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
     if args.sketch_dim is not None and args.sketch_dim < 1:
         raise ValueError(f"--sketch-dim must be at least 1, got {args.sketch_dim}")
+    args.redundancy_examples = _redundancy_examples(args)
     if args.redundancy_examples != 0 and args.redundancy_examples < 4:
         raise ValueError(f"--redundancy-examples must be 0 (skip the check) or at least 4 (the held-out fit needs "
                          f"them), got {args.redundancy_examples}")

@@ -398,8 +398,31 @@ def _has_tokenizer(folder: Path) -> bool:
     return any((folder / name).exists() for name in _TOKENIZER_FILES)
 
 
+def _tokenizer_file(source: ModelSource):
+    """The source's ``tokenizer.json`` read without transformers, where transformers would read it unchanged
+    (:mod:`~dalign_core.cli.tokenizer_file`); None otherwise, or when it is neither local nor cached."""
+    from dalign_core.cli.tokenizer_file import read_tokenizer_file
+
+    if source.local:
+        folder = Path(source.path)
+        files = [folder / "tokenizer.json", folder / "tokenizer_config.json"]
+    else:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = [try_to_load_from_cache(source.path, name, revision=source.hub_revision)
+                 for name in ("tokenizer.json", "tokenizer_config.json")]
+        files = [Path(each) if isinstance(each, str) else None for each in found]
+    if files[0] is None or not files[0].is_file():
+        return None
+    return read_tokenizer_file(files[0], files[1])
+
+
 def load_tokenizer(source: ModelSource | str, revision: str | None = None):
     """Load the tokenizer stored with the model, or at a folder or Hub id; ``trust_remote_code`` stays off.
+
+    A generic fast tokenizer (a ``tokenizer.json`` that transformers takes as it is) is read by ``tokenizers`` alone
+    (a :class:`~dalign_core.cli.tokenizer_file.FileTokenizer`: the same ids and length, without transformers'
+    start-up); any other through ``AutoTokenizer``.
 
     ``revision`` applies to a string ``source`` as in :func:`resolve_model_source`. A
     local revision folder without tokenizer files uses its parent folder's, so a
@@ -423,6 +446,9 @@ def load_tokenizer(source: ModelSource | str, revision: str | None = None):
                 f"the model was trained with there (tokenizer.save_pretrained({str(folder)!r})), or pass --tokenizer "
                 "PATH_OR_ID"
             )
+    fast = _tokenizer_file(source)
+    if fast is not None:
+        return fast
     from transformers import AutoTokenizer
 
     try:
