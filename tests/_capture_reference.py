@@ -48,7 +48,7 @@ def neox(seed: int = 0):
 
 
 def resnet(seed: int = 0, channels_last: bool = False):
-    from dalign_core.models.resnet import resnet20
+    from dalign_repro.models.resnet import resnet20
 
     torch.manual_seed(seed)
     model = resnet20(width=1, num_classes=10, channels_last=channels_last)
