@@ -200,8 +200,14 @@ def power(slope: float, se: float, df: int, confidence: float = 0.95) -> float:
 
 
 def design_se(sigma: float, widths: Sequence[float], seeds: int) -> tuple[float, int]:
-    """(SE of the slope, degrees of freedom) of a design: ``seeds`` runs at each of ``widths``, run noise ``sigma``."""
+    """(SE of the slope, degrees of freedom) of a design: ``seeds`` runs at each of ``widths``, run noise ``sigma``.
+
+    Raises ValueError where the design has no slope on log width to estimate (fewer than two distinct widths, or
+    fewer than one seed): its SE would be a division by zero."""
     x = np.log(np.asarray(widths, dtype=float))
+    if len(np.unique(x)) < 2 or seeds < 1:
+        raise ValueError(f"design_se: a slope on log width needs at least two distinct widths and one seed each "
+                         f"(got widths {tuple(widths)}, {seeds} seeds): add a width to size the design")
     spread = float(((x - x.mean()) ** 2).sum()) * seeds
     return sigma / math.sqrt(spread), len(widths) * seeds - 2
 
