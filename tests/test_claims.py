@@ -388,3 +388,40 @@ def test_the_committed_context_study_reports_every_context_it_ran():
     scoped = claims[claims.chapter == "09_llama_context"]
     assert {f"LLaMA, context {t}" for t in contexts} == set(scoped.scope)
     assert "not run" not in " ".join(scoped.verdict)  # every context ran: a failed one is not estimable, not "not run"
+
+
+def test_a_rule_that_can_barely_fail_is_a_check_with_its_chance_beside_it():
+    """Coverage of p̂ far below B_exact passes for a certificate half as large too: a check (fail chance ~0); p̂ near
+    the bound fails for that wrong certificate: a claim. The fall with M and K, drawn at each model's own moments,
+    almost never fails where the moments differ between budgets, and always where they do not."""
+    from dalign_core.claims import checks
+
+    rng = np.random.default_rng(0)
+    cells = pd.DataFrame(dict(model=np.repeat([f"m{i}" for i in range(8)], 4), seed=0, b_exact=0.2))
+    far = cells.assign(p_misalign=0.2 * rng.uniform(0.01, 0.04, len(cells)))
+    near = cells.assign(p_misalign=0.2 * rng.uniform(0.8, 1.0, len(cells)))
+    assert checks.coverage_fail_chance(far, 0.8) < checks.CAN_BARELY_FAIL
+    assert checks.coverage_fail_chance(near, 0.8) > 0.8
+    budgets = pd.DataFrame([dict(model=f"m{i}", seed=0, M=m, K=m, trials=2000, b_exact=b)
+                            for i in range(6) for m, b in ((4, 0.6), (64, 0.08))])
+    assert checks.budget_fail_chance(budgets) < 0.05
+    assert checks.budget_fail_chance(budgets.assign(b_exact=0.6)) > 0.95
+
+
+@pytest.mark.skipif(not (CPU / "llama_misalignment.csv").exists(), reason="the committed cpu results are not present")
+def test_checks_of_the_computation_are_apart_and_not_counted_as_reproductions():
+    from dalign_core.claims import checks
+    from dalign_core.claims import page as claims_page
+    from dalign_core.claims.certificates import certificate_rows
+
+    rows = pd.DataFrame([row.__dict__ for row in certificate_rows(CPU)])
+    coverage = rows[rows.claim == "empirical ≤ B_exact ≤ B_align"].set_index("scope")
+    # p̂ a median 2% of B_exact (LLaMA): a check; Pythia's p̂ at a third of it fails for half the certificate: a claim
+    assert coverage.section["LLaMA"] == checks.CHECKS and coverage.fail_chance["LLaMA"] < checks.CAN_BARELY_FAIL
+    judged = coverage[coverage.section == "claims"].fail_chance.dropna()
+    assert len(judged) and (judged >= checks.CAN_BARELY_FAIL).all()
+    assert (rows[rows.claim == "misalignment falls with M and K"].section == checks.CHECKS).all()
+    counts = claims_page.headline(rows)
+    assert counts["checks"]["reproduced"] >= 1
+    assert sum(counts["theorem"].values()) + sum(counts["checks"].values()) == len(rows)
+    assert "checks of the computation" in claims_page.headline_text(rows, "cpu")

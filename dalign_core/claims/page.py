@@ -39,7 +39,7 @@ GROUPS = {
     "theorem": ("the theorem checks", (
         "empirical ≤ B_exact ≤ B_align", "certificates track the empirical rate", "misalignment falls with M and K")),
     "intervention": ("the intervention claims", (
-        "positive alignment predicts a decrease", "retention at small steps")),
+        "positive alignment predicts a decrease", "retention at small steps", "retention on the same K examples")),
     "growth": ("the growth claim (ours, beyond the paper)", (growth.CLAIM,)),
 }
 """Group key -> (its name in the headline, its claims in the paper's order)."""
@@ -444,11 +444,19 @@ def claims_details_html(table: pd.DataFrame, summary: str = "Every check in full
     return "\n".join(parts)
 
 
+CHECKS_GROUP = ("checks", "the checks of the computation (can barely fail: not counted as reproductions)")
+"""The headline's group of the rows whose ``section`` is :data:`dalign_core.claims.checks.CHECKS`."""
+
+
 def headline(table: pd.DataFrame) -> dict[str, Counter]:
-    """``{group: Counter(verdict -> rows)}`` for width, theorem, intervention and growth claims (rows: claim × scope)."""
+    """``{group: Counter(verdict -> rows)}`` for width, theorem, intervention and growth claims (rows: claim × scope);
+    rows of the "checks of the computation" section (a ``section`` column) are counted under ``checks``, apart."""
+    from dalign_core.claims.checks import CHECKS
+
     counts = {group: Counter() for group in GROUPS}
     for row in table.itertuples(index=False):
-        counts.setdefault(claim_group(row.claim), Counter())[row.verdict] += 1
+        group = CHECKS_GROUP[0] if getattr(row, "section", "claims") == CHECKS else claim_group(row.claim)
+        counts.setdefault(group, Counter())[row.verdict] += 1
     return counts
 
 
@@ -459,7 +467,7 @@ def headline_text(table: pd.DataFrame, profile: str) -> str:
         total = sum(counter.values())
         if not total:
             continue
-        name = GROUPS[group][0] if group in GROUPS else "other claims"
+        name = GROUPS[group][0] if group in GROUPS else CHECKS_GROUP[1] if group == CHECKS_GROUP[0] else "other claims"
         judged = [f"{counter[v]} {v}" for v in VERDICTS if v != NOT_RUN and counter[v]]
         judged += [f"{counter[v]} {v}" for v in counter if v not in VERDICTS]
         idle = counter[NOT_RUN]
