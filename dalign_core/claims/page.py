@@ -357,7 +357,11 @@ def claims_grid_html(table: pd.DataFrame, link: bool = True, details: bool = Tru
     # The context study varies one family's context, not the family: its rows get a grid of their own, one column
     # per context, under the families' grid (which then stays one screen tall).
     in_study = table.chapter == CONTEXT_CHAPTER if "chapter" in table else pd.Series(False, index=table.index)
-    study, table = table[in_study], table[~in_study]
+    from dalign_core.claims.checks import CHECKS
+
+    in_checks = (table.section == CHECKS) if "section" in table else pd.Series(False, index=table.index)
+    checks = table[in_checks & ~in_study]
+    study, table = table[in_study & ~in_checks], table[~in_study & ~in_checks]
     if table.empty:
         return context_grid_html(study, link)
     families = _families(table)
@@ -375,9 +379,28 @@ def claims_grid_html(table: pd.DataFrame, link: bool = True, details: bool = Tru
     parts.append("</div>")
     if not study.empty:
         parts.append(context_grid_html(study, link, style=False))
+    if not checks.empty:
+        parts.append(checks_grid_html(checks, link))
     if details:
-        parts.append(claims_details_html(pd.concat([table, study]), style=False))
+        parts.append(claims_details_html(pd.concat([table, study, checks]), style=False))
     return "\n".join(parts)
+
+
+def checks_grid_html(checks: pd.DataFrame, link: bool = True) -> str:
+    """The checks of the computation (rows whose ``section`` is :data:`dalign_core.claims.checks.CHECKS`) as a grid
+    of their own under the claims: rules that can barely fail, each label with its simulated chance of failing under
+    the alternative the row states, never counted as a reproduction."""
+    claims = list(dict.fromkeys(checks.claim))
+    families = _families(checks)
+    chances = [f"{html.escape(str(r.claim))} ({html.escape(str(r.scope))}): fails {r.fail_chance:.0%} under "
+               f"{html.escape(str(r.alternative))}" for r in checks.itertuples(index=False)
+               if isinstance(getattr(r, "fail_chance", None), float) and r.fail_chance == r.fail_chance]
+    note = ("<p><strong>Checks of the computation</strong>: rules that can barely fail at this design, reported "
+            "apart from the claims and not counted as reproductions.</p>")
+    listed = ("<details><summary>Their chance of failing</summary><ul>" + "".join(f"<li>{c}</li>" for c in chances)
+              + "</ul></details>") if chances else ""
+    return "\n".join(['<div class="dalign-claims" id="dalign-checks-grid">', note,
+                      _table_html(checks, claims, families, link), listed, "</div>"])
 
 
 CONTEXT_CHAPTER = "09_llama_context"
