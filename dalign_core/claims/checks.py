@@ -20,17 +20,20 @@ A check row has ``section`` = :data:`CHECKS` and is counted apart in the headlin
 
 from __future__ import annotations
 
+import html
 import math
 
 import numpy as np
 import pandas as pd
 from scipy import stats
 
-__all__ = ["CHECKS", "CAN_BARELY_FAIL", "HALF_CERTIFICATE", "coverage_fail_chance", "budget_fail_chance",
-           "SAME_SAMPLE", "same_sample_rows"]
+__all__ = ["CHECKS", "CHECKS_HEADLINE", "CAN_BARELY_FAIL", "HALF_CERTIFICATE", "coverage_fail_chance", "budget_fail_chance",
+           "SAME_SAMPLE", "same_sample_rows", "checks_grid_html"]
 
 CHECKS = "checks of the computation"
 """The ``section`` of a row that checks the computation rather than tests a claim."""
+CHECKS_HEADLINE = ("checks", "the checks of the computation (can barely fail: not counted as reproductions)")
+"""The headline's group of the checks (:func:`dalign_core.claims.page.headline`): its key and its name."""
 CAN_BARELY_FAIL = 0.2
 """A rule whose simulated chance of failing under a plausible alternative is below this is a check."""
 HALF_CERTIFICATE = ("a certificate half as large (Var/‖μ̄‖⁴ off by 2×), with p̂ as measured, in tables resampled over "
@@ -121,3 +124,22 @@ def same_sample_rows(curve_verdicts: dict, names: dict) -> list[dict]:
                               "order holds on K, so by Taylor's theorem this cannot fail there: a check that the step "
                               "and its prediction are computed alike, not a reproduction")))
     return out
+
+
+def checks_grid_html(checks: pd.DataFrame, link: bool = True) -> str:
+    """The checks of the computation (rows whose ``section`` is :data:`dalign_core.claims.checks.CHECKS`) as a grid
+    of their own under the claims: rules that can barely fail, each label with its simulated chance of failing under
+    the alternative the row states, never counted as a reproduction."""
+    from dalign_core.claims.page import _families, _table_html
+
+    claims = list(dict.fromkeys(checks.claim))
+    families = _families(checks)
+    chances = [f"{html.escape(str(r.claim))} ({html.escape(str(r.scope))}): fails {r.fail_chance:.0%} under "
+               f"{html.escape(str(r.alternative))}" for r in checks.itertuples(index=False)
+               if isinstance(getattr(r, "fail_chance", None), float) and r.fail_chance == r.fail_chance]
+    note = ("<p><strong>Checks of the computation</strong>: rules that can barely fail at this design, reported "
+            "apart from the claims and not counted as reproductions.</p>")
+    listed = ("<details><summary>Their chance of failing</summary><ul>" + "".join(f"<li>{c}</li>" for c in chances)
+              + "</ul></details>") if chances else ""
+    return "\n".join(['<div class="dalign-claims" id="dalign-checks-grid">', note,
+                      _table_html(checks, claims, families, link), listed, "</div>"])

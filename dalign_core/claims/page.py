@@ -27,6 +27,7 @@ from collections import Counter
 import pandas as pd
 
 from dalign_core.studies import growth
+from dalign_core.claims.checks import CHECKS, CHECKS_HEADLINE
 from dalign_core.claims.table import NOT_RUN
 
 __all__ = ["FAMILIES", "GROUPS", "VERDICTS", "claim_group", "claims_details_html", "claims_grid_html", "headline",
@@ -357,9 +358,7 @@ def claims_grid_html(table: pd.DataFrame, link: bool = True, details: bool = Tru
     # The context study varies one family's context, not the family: its rows get a grid of their own, one column
     # per context, under the families' grid (which then stays one screen tall).
     in_study = table.chapter == CONTEXT_CHAPTER if "chapter" in table else pd.Series(False, index=table.index)
-    from dalign_core.claims.checks import CHECKS
-
-    in_checks = (table.section == CHECKS) if "section" in table else pd.Series(False, index=table.index)
+    in_checks = table.section == CHECKS if "section" in table else pd.Series(False, index=table.index)
     checks = table[in_checks & ~in_study]
     study, table = table[in_study & ~in_checks], table[~in_study & ~in_checks]
     if table.empty:
@@ -380,27 +379,13 @@ def claims_grid_html(table: pd.DataFrame, link: bool = True, details: bool = Tru
     if not study.empty:
         parts.append(context_grid_html(study, link, style=False))
     if not checks.empty:
+        from dalign_core.claims.checks import checks_grid_html
+
         parts.append(checks_grid_html(checks, link))
     if details:
         parts.append(claims_details_html(pd.concat([table, study, checks]), style=False))
     return "\n".join(parts)
 
-
-def checks_grid_html(checks: pd.DataFrame, link: bool = True) -> str:
-    """The checks of the computation (rows whose ``section`` is :data:`dalign_core.claims.checks.CHECKS`) as a grid
-    of their own under the claims: rules that can barely fail, each label with its simulated chance of failing under
-    the alternative the row states, never counted as a reproduction."""
-    claims = list(dict.fromkeys(checks.claim))
-    families = _families(checks)
-    chances = [f"{html.escape(str(r.claim))} ({html.escape(str(r.scope))}): fails {r.fail_chance:.0%} under "
-               f"{html.escape(str(r.alternative))}" for r in checks.itertuples(index=False)
-               if isinstance(getattr(r, "fail_chance", None), float) and r.fail_chance == r.fail_chance]
-    note = ("<p><strong>Checks of the computation</strong>: rules that can barely fail at this design, reported "
-            "apart from the claims and not counted as reproductions.</p>")
-    listed = ("<details><summary>Their chance of failing</summary><ul>" + "".join(f"<li>{c}</li>" for c in chances)
-              + "</ul></details>") if chances else ""
-    return "\n".join(['<div class="dalign-claims" id="dalign-checks-grid">', note,
-                      _table_html(checks, claims, families, link), listed, "</div>"])
 
 
 CONTEXT_CHAPTER = "09_llama_context"
@@ -467,18 +452,12 @@ def claims_details_html(table: pd.DataFrame, summary: str = "Every check in full
     return "\n".join(parts)
 
 
-CHECKS_GROUP = ("checks", "the checks of the computation (can barely fail: not counted as reproductions)")
-"""The headline's group of the rows whose ``section`` is :data:`dalign_core.claims.checks.CHECKS`."""
-
-
 def headline(table: pd.DataFrame) -> dict[str, Counter]:
     """``{group: Counter(verdict -> rows)}`` for width, theorem, intervention and growth claims (rows: claim × scope);
     rows of the "checks of the computation" section (a ``section`` column) are counted under ``checks``, apart."""
-    from dalign_core.claims.checks import CHECKS
-
     counts = {group: Counter() for group in GROUPS}
     for row in table.itertuples(index=False):
-        group = CHECKS_GROUP[0] if getattr(row, "section", "claims") == CHECKS else claim_group(row.claim)
+        group = CHECKS_HEADLINE[0] if getattr(row, "section", "claims") == CHECKS else claim_group(row.claim)
         counts.setdefault(group, Counter())[row.verdict] += 1
     return counts
 
@@ -490,7 +469,7 @@ def headline_text(table: pd.DataFrame, profile: str) -> str:
         total = sum(counter.values())
         if not total:
             continue
-        name = GROUPS[group][0] if group in GROUPS else CHECKS_GROUP[1] if group == CHECKS_GROUP[0] else "other claims"
+        name = GROUPS[group][0] if group in GROUPS else CHECKS_HEADLINE[1] if group == CHECKS_HEADLINE[0] else "other claims"
         judged = [f"{counter[v]} {v}" for v in VERDICTS if v != NOT_RUN and counter[v]]
         judged += [f"{counter[v]} {v}" for v in counter if v not in VERDICTS]
         idle = counter[NOT_RUN]
