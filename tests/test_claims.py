@@ -425,3 +425,10 @@ def test_checks_of_the_computation_are_apart_and_not_counted_as_reproductions():
     assert counts["checks"]["reproduced"] >= 1
     assert sum(counts["theorem"].values()) + sum(counts["checks"].values()) == len(rows)
     assert "checks of the computation" in claims_page.headline_text(rows, "cpu")
+
+
+def test_a_regime_with_fewer_than_two_trained_widths_says_so():
+    from dalign_core.claims.width import FEWER_THAN_TWO, _untrained
+
+    runs = pd.DataFrame(dict(width=[32, 32, 64, 64], trained_ok=[False, False, True, True]))
+    assert _untrained(runs).startswith(f"{FEWER_THAN_TWO}: 2 of 4 runs beat the bigram baseline")
