@@ -83,10 +83,9 @@ def reference_sentence(reference: dict, lo: float, hi: float, detectable: float)
     if not np.isfinite(implied):
         return ""
     if np.isfinite(detectable) and detectable > abs(implied):
-        power = (f"this design detects falls of {detectable:.2f} or more, not the {implied:+.2f} the paper's rise "
-                 "implies here")
+        power = f"this design cannot detect the {implied:+.2f} the paper's rise implies here"
     else:
-        power = f"this design detects the {implied:+.2f} the paper's rise implies here (it detects {detectable:.2f})"
+        power = f"this design can detect the {implied:+.2f} the paper's rise implies here"
     if np.isfinite(lo) and lo > implied:
         return f"{power}; the interval excludes that fall: any fall is smaller than the paper's rise implies"
     return power

@@ -261,7 +261,8 @@ def width_verdicts(trend: pd.DataFrame, layer: str | None = None, pool: str = "h
                 sign_holds = bool(held["sign"]) if held["variants"] else None
             else:
                 sign_holds = None
-            verdicts.append(verdict(tested, claim, quantity=quantity, direction=direction, scale=scale, note=note,
+            said = quantity if key[1] == "late_window" else f"{quantity} at matched loss (its width term, the clock out)"
+            verdicts.append(verdict(tested, claim, quantity=said, direction=direction, scale=scale, note=note,
                                     sign_holds=sign_holds, details=details))
             continue
         if key[0] == "p_misalign" and row is not None:
