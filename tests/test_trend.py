@@ -336,3 +336,22 @@ def test_a_sign_is_stated_only_where_it_survives_every_variant():
     said = trend.verdict(main, "d_align rises with width", sign_holds=False).sentence
     assert "moves the other way" not in said and "no direction is read" in said
     assert "moves the other way" in trend.verdict(main, "d_align rises with width").sentence
+
+
+@pytest.mark.parametrize("context", [s.context for s in __import__("dalign_core.experiments.llama_context",
+                                                                    fromlist=["Config"]).Config().sweeps()])
+def test_the_decomposed_matched_loss_rule_is_calibrated_at_each_committed_context(context):
+    """The same calibration at each context of the committed context study (LLaMA: judged against +0.50)."""
+    from dalign_core.sweep.clock import matched_loss_decomposed
+
+    if not (REPO_ROOT / "results" / "cpu" / "llama_context_geometry.csv").exists():
+        pytest.skip("the committed context study is not present")
+    rows = _judged_rows("llama_context", {"context": context})
+    if rows.width.nunique() < 2:
+        pytest.skip("fewer than two trained widths at this context")
+    null = simulate_clock_labels(rows, 0.0, reference=PAPER_SLOPE, direction=1, trials=1000, seed=33)
+    assert null.loc["decomposed", "reproduced"] <= 0.05, null
+    detectable = matched_loss_decomposed(rows, "d_align", PAPER_SLOPE, 1)["detectable"]
+    effect = simulate_clock_labels(rows, max(PAPER_SLOPE, 1.5 * detectable), reference=PAPER_SLOPE, direction=1,
+                                   trials=1000, seed=34)
+    assert effect.loc["decomposed", "reproduced"] >= 0.8 and effect.loc["decomposed", "contradicted"] <= 0.05, effect
