@@ -67,6 +67,8 @@ def _regime(family: str, column: str | None, value, provenance: dict, rows: pd.D
     context = (value if column == "context" else data.get("seq_len", config.get("context"))) if language else None
     epochs = data.get("epochs")
     per_step = config.get("tokens_per_step") or (config.get("batch_size", 0) * (context or 0))
+    if config.get("min_sequences_per_step") and context:  # the context study: at least that many sequences a step
+        per_step = max(int(per_step), int(config["min_sequences_per_step"]) * int(context))
     if language and config.get("steps") and per_step:  # exact: the provenance rounds the epochs to 3 decimals
         tokens = int(config["steps"]) * int(per_step)
     else:
