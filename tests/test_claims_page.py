@@ -142,3 +142,17 @@ def test_the_context_study_has_a_grid_of_its_own_under_the_families():
     main, study = page.split('id="dalign-context-grid"')
     assert "context 512" not in main.split("</div>")[0]  # the families' grid keeps one LLaMA column
     assert "context 512" in study and "reproduced" in study
+
+
+def test_checks_of_the_computation_have_a_grid_and_a_headline_line_of_their_own():
+    table = _table().assign(section="claims", fail_chance=float("nan"), alternative="")
+    check = table.claim == "misalignment falls with M and K"
+    table.loc[check, ["section", "fail_chance", "alternative"]] = ["checks of the computation", 0.0, "the formula"]
+    page = claims_page.claims_grid_html(table)
+    grid, checks = page.split('id="dalign-checks-grid"')[0], page.split('id="dalign-checks-grid"')[1]
+    assert "fails 0% under the formula" in checks and "not counted as reproductions" in checks
+    assert 'class="verdict v-partly"' not in grid.split("<details")[0]  # not in the claims' grid
+    assert 'class="verdict v-partly"' in checks
+    lines = claims_page.headline_text(table, "lab").splitlines()
+    assert len(lines) == 4 and "checks of the computation" in lines[-1] and "1 partly" in lines[-1]
+    assert "partly" not in lines[1]  # not counted among the theorem checks

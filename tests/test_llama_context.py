@@ -173,3 +173,24 @@ def test_contexts_without_two_trained_widths_are_named():
     text = llama_context.describe_trained_contexts(runs, 2048)
     assert "$T = 2048$ (1 of 4 runs trained, 1 sequence(s) a step)" in text and "T = 128" not in text
     assert "every context" in llama_context.describe_trained_contexts(runs.assign(trained_ok=True), 2048)
+
+
+def test_the_band_sentence_reads_every_checkpoint_and_step_0_apart():
+    """The magnitude sentence reads every checkpoint after step 0 and states the untrained models' values apart."""
+    geometry = synthetic_geometry(0.0)
+    geometry.loc[geometry.step == 0, "d_align"] = 12.0  # untrained: every example pushes the same way
+    meeting = llama_context.band_meeting(geometry, "model.layers.0", 600)
+    assert list(meeting.checkpoints) == [4, 4, 4] and meeting.init_reaches_band.all()
+    text = llama_context.describe_band(meeting)
+    assert "at any of the 4 checkpoints of training" in text and "At step 0, before any training" in text
+    assert "12–12 at $T = 128$" in text and "a stage of training" in text
+
+
+def test_the_context_exponents_are_fitted_over_the_contexts_each_width_trained_at():
+    geometry = synthetic_geometry(0.3)
+    geometry.loc[(geometry.width == 32) & (geometry.context == 2048), "trained_ok"] = False
+    geometry.loc[(geometry.width == 32) & (geometry.context == 2048), "d_par"] *= 100  # an untrained run's reading
+    slopes = llama_context.context_slopes(llama_context.late_means(geometry, "model.layers.0", 600))
+    narrow = slopes[(slopes.width == 32) & (slopes.value == "d_par")].iloc[0]
+    assert narrow.contexts == "128/512" and np.isclose(narrow.slope, 1.0)
+    assert "$N = 32$: $T = 128, 512$" in llama_context.describe_context_slopes(slopes)

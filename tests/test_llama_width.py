@@ -1,5 +1,6 @@
 """The LLaMA family end to end on a tiny corpus made here (no download), and its sample-unit study."""
 
+import json
 import logging
 import random
 
@@ -156,3 +157,22 @@ def test_the_command_line_dry_run_prints_a_projection(tiny_env, capsys):
     out = capsys.readouterr().out
     assert "dry run of llama at profile smoke" in out and "ms/step x 20 steps x 3" in out and "projected:" in out
     assert not (tiny_env / "results").exists() and not (tiny_env / "checkpoints").exists()
+
+
+def test_a_single_width_trains_and_writes_its_tables_without_a_power_plan(tiny_env):
+    """``--set widths=32`` at a profile with a run SD: the sweep trains and measures its one width; the power plan,
+    which sizes a slope on log width, is empty (one width has no slope), not a division by zero."""
+    from dalign_repro.sweep import trend
+
+    config = tiny_config(widths=(32,), run_sd=0.43)
+    assert config.power_plan() == {}
+    with pytest.raises(ValueError, match="at least two distinct widths"):
+        trend.design_se(0.43, (32,), 3)
+    out = llama_width.run(config, out_dir=tiny_env / "results")
+    runs = pd.read_csv(out / "llama_runs.csv")
+    assert set(runs.width) == {32}
+    assert set(pd.read_csv(out / "llama_geometry.csv").width) == {32}
+    slopes = pd.read_csv(out / "llama_trend.csv")
+    assert set(slopes.label) <= {"not run"}  # one width: no slope test gives a label
+    assert json.loads((out / "llama_runs.json").read_text())["power_plan"] == {}
+    assert tiny_config(widths=(32, 48), run_sd=0.43).power_plan()["se"] > 0  # two widths: sized as before

@@ -251,3 +251,107 @@ def test_the_sign_rule_is_calibrated_at_the_pythia_designs(family, regime, confi
     assert null["reproduced"] <= 0.05 and null["contradicted"] <= 0.05, null
     effect = trend.simulate_labels(slope=config.power_plan()["detectable"], seed=22, **design)
     assert effect["reproduced"] >= 0.8 and effect["contradicted"] <= 0.01, effect  # measured 0.83 and 0.99
+
+
+# ---- matched loss read at matched loss, decomposed into the clock and the width term
+
+def test_the_matched_loss_slope_is_the_clock_plus_the_width_term():
+    """Wider runs reach every loss earlier and log d_align falls 1.5 per log step: the slope read at the crossing
+    is exactly the step-only model's slope plus the residual width term, which recovers the slope built in."""
+    from dalign_repro.sweep.clock import decomposed_summaries, matched_loss_decomposed
+
+    rows = _panel(slope=0.3, seed=4).assign(heldout_loss=lambda r: 5 - r.step * (r.width / 32) ** 0.5 / 100)
+    tested = matched_loss_decomposed(rows, "d_align", PAPER_SLOPE, 1)
+    assert tested["matched"] == pytest.approx(tested["clock"] + tested["slope"], abs=1e-12)
+    assert tested["clock"] > 0.2  # read earlier, where every run's d_align is higher
+    assert tested["slope_lo"] < 0.3 < tested["slope_hi"] and not tested["matched_lo"] < 0.3 < tested["matched_hi"]
+    summaries = decomposed_summaries(rows, "d_align")
+    assert len(summaries) == 12 and (summaries.y == summaries.matched - summaries.clock).all()
+    # an independent fit: the residual of log d_align at the crossing after the mean over runs at that step
+    import numpy as np
+
+    x = np.log(summaries.width.to_numpy(dtype=float))
+    assert np.polyfit(x, summaries.y, 1)[0] == pytest.approx(tested["slope"], rel=1e-9)
+
+
+@pytest.mark.parametrize("family, regime, config", CLOCK_DESIGNS, ids=["llama", "pythia-6", "pythia-12"])
+def test_the_decomposed_matched_loss_rule_is_calibrated_at_each_committed_design(family, regime, config):
+    """The committed runs' loss curves, crossings and noise with a width-free clock built in: the width term says
+    "reproduced" at most 5% of the time, where the plain reading at the crossing credits the clock to width
+    (Pythia). With an effect the design detects (1.5× the detectable slope its committed row states, the realized
+    noise being smaller than the pooled noise the simulation draws) it reads "reproduced" at least 80% of the time."""
+    from dalign_repro.sweep.clock import matched_loss_decomposed
+
+    rows = _judged_rows(family, regime)
+    reference = PAPER_SLOPE if family == "llama" else trend.SIGN
+    null = simulate_clock_labels(rows, 0.0, reference=reference, direction=1, trials=1000, seed=31)
+    assert null.loc["decomposed", "reproduced"] <= 0.05, null
+    if family == "pythia":
+        assert null.loc["matched_loss", "reproduced"] >= 0.3, null  # the clock alone, read as width
+    detectable = matched_loss_decomposed(rows, "d_align", reference, 1)["detectable"]
+    effect = simulate_clock_labels(rows, max(PAPER_SLOPE, 1.5 * detectable), reference=reference, direction=1,
+                                   trials=1000, seed=32)
+    assert effect.loc["decomposed", "reproduced"] >= 0.8, effect
+    assert effect.loc["decomposed", "contradicted"] <= 0.05, effect
+
+
+# ---- the variants beside a width verdict
+
+def _layered(level_by_width: dict, other_layer: dict, seed=0):
+    """Runs at two insertion points, log d_align at each width's level (plus noise)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for layer, slopes in (("L0", level_by_width), ("L1", other_layer)):
+        for w, level in slopes.items():
+            for s in range(4):
+                for t in (100, 200, 300):
+                    value = math.exp(level + rng.normal(0, 0.05))
+                    rows.append(dict(layer=layer, width=w, seed=s, step=t, d_align=value, d_par=value, d_2=value))
+    return pd.DataFrame(rows)
+
+
+def test_a_sign_is_stated_only_where_it_survives_every_variant():
+    from dalign_repro.sweep.robustness import survives, width_variants
+    from dalign_repro.report.describe import robustness_sentence
+
+    def test(part, value):
+        return trend.slope_test(trend.run_summaries(part, value, [200, 300]), PAPER_SLOPE)
+
+    levels = {32: 0.0, 64: -0.5, 128: -1.0, 256: -1.5}
+    clean = _layered(levels, {w: v - 0.7 for w, v in levels.items()})  # falls without any width, at either layer
+    variants = width_variants(clean, "L0", test)
+    assert set(variants.kind) == {"width", "layer", "dimension"} and len(variants) == 4 + 1 + 2
+    main = test(clean[clean.layer == "L0"], "d_align")
+    held = survives(main, variants)
+    assert held["sign"] == -1 and held["label"]
+    assert "d_align falls with width in every variant" in robustness_sentence(held, variants, main["label"])
+    # one width carries it, and the other layer is flat: the label may hold, the sign does not
+    carried = _layered({32: 0.0, 64: 0.0, 128: 0.0, 256: -1.5}, {32: 0.0, 64: 0.0, 128: 0.0, 256: 0.0})
+    variants = width_variants(carried, "L0", test)
+    main = test(carried[carried.layer == "L0"], "d_align")
+    held = survives(main, variants)
+    assert main["slope_hi"] < 0 and held["sign"] == 0 and "without N = 256" in held["breaks"]
+    sentence = robustness_sentence(held, variants, main["label"])
+    assert "falls with width in every variant" not in sentence and "does not survive" in sentence
+    said = trend.verdict(main, "d_align rises with width", sign_holds=False).sentence
+    assert "moves the other way" not in said and "no direction is read" in said
+    assert "moves the other way" in trend.verdict(main, "d_align rises with width").sentence
+
+
+@pytest.mark.parametrize("context", [s.context for s in __import__("dalign_repro.experiments.llama_context",
+                                                                    fromlist=["Config"]).Config().sweeps()])
+def test_the_decomposed_matched_loss_rule_is_calibrated_at_each_committed_context(context):
+    """The same calibration at each context of the committed context study (LLaMA: judged against +0.50)."""
+    from dalign_repro.sweep.clock import matched_loss_decomposed
+
+    if not (REPO_ROOT / "results" / "cpu" / "llama_context_geometry.csv").exists():
+        pytest.skip("the committed context study is not present")
+    rows = _judged_rows("llama_context", {"context": context})
+    if rows.width.nunique() < 2:
+        pytest.skip("fewer than two trained widths at this context")
+    null = simulate_clock_labels(rows, 0.0, reference=PAPER_SLOPE, direction=1, trials=1000, seed=33)
+    assert null.loc["decomposed", "reproduced"] <= 0.05, null
+    detectable = matched_loss_decomposed(rows, "d_align", PAPER_SLOPE, 1)["detectable"]
+    effect = simulate_clock_labels(rows, max(PAPER_SLOPE, 1.5 * detectable), reference=PAPER_SLOPE, direction=1,
+                                   trials=1000, seed=34)
+    assert effect.loc["decomposed", "reproduced"] >= 0.8 and effect.loc["decomposed", "contradicted"] <= 0.05, effect

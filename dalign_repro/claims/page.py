@@ -27,6 +27,7 @@ from collections import Counter
 import pandas as pd
 
 from dalign_repro.studies import growth
+from dalign_repro.claims.checks import CHECKS, CHECKS_HEADLINE
 from dalign_repro.claims.table import NOT_RUN
 
 __all__ = ["FAMILIES", "GROUPS", "VERDICTS", "claim_group", "claims_details_html", "claims_grid_html", "headline",
@@ -39,7 +40,7 @@ GROUPS = {
     "theorem": ("the theorem checks", (
         "empirical ≤ B_exact ≤ B_align", "certificates track the empirical rate", "misalignment falls with M and K")),
     "intervention": ("the intervention claims", (
-        "positive alignment predicts a decrease", "retention at small steps")),
+        "positive alignment predicts a decrease", "retention at small steps", "retention on the same K examples")),
     "growth": ("the growth claim (ours, beyond the paper)", (growth.CLAIM,)),
 }
 """Group key -> (its name in the headline, its claims in the paper's order)."""
@@ -357,7 +358,9 @@ def claims_grid_html(table: pd.DataFrame, link: bool = True, details: bool = Tru
     # The context study varies one family's context, not the family: its rows get a grid of their own, one column
     # per context, under the families' grid (which then stays one screen tall).
     in_study = table.chapter == CONTEXT_CHAPTER if "chapter" in table else pd.Series(False, index=table.index)
-    study, table = table[in_study], table[~in_study]
+    in_checks = table.section == CHECKS if "section" in table else pd.Series(False, index=table.index)
+    checks = table[in_checks & ~in_study]
+    study, table = table[in_study & ~in_checks], table[~in_study & ~in_checks]
     if table.empty:
         return context_grid_html(study, link)
     families = _families(table)
@@ -375,9 +378,14 @@ def claims_grid_html(table: pd.DataFrame, link: bool = True, details: bool = Tru
     parts.append("</div>")
     if not study.empty:
         parts.append(context_grid_html(study, link, style=False))
+    if not checks.empty:
+        from dalign_repro.claims.checks import checks_grid_html
+
+        parts.append(checks_grid_html(checks, link))
     if details:
-        parts.append(claims_details_html(pd.concat([table, study]), style=False))
+        parts.append(claims_details_html(pd.concat([table, study, checks]), style=False))
     return "\n".join(parts)
+
 
 
 CONTEXT_CHAPTER = "09_llama_context"
@@ -445,10 +453,12 @@ def claims_details_html(table: pd.DataFrame, summary: str = "Every check in full
 
 
 def headline(table: pd.DataFrame) -> dict[str, Counter]:
-    """``{group: Counter(verdict -> rows)}`` for width, theorem, intervention and growth claims (rows: claim × scope)."""
+    """``{group: Counter(verdict -> rows)}`` for width, theorem, intervention and growth claims (rows: claim × scope);
+    rows of the "checks of the computation" section (a ``section`` column) are counted under ``checks``, apart."""
     counts = {group: Counter() for group in GROUPS}
     for row in table.itertuples(index=False):
-        counts.setdefault(claim_group(row.claim), Counter())[row.verdict] += 1
+        group = CHECKS_HEADLINE[0] if getattr(row, "section", "claims") == CHECKS else claim_group(row.claim)
+        counts.setdefault(group, Counter())[row.verdict] += 1
     return counts
 
 
@@ -459,7 +469,7 @@ def headline_text(table: pd.DataFrame, profile: str) -> str:
         total = sum(counter.values())
         if not total:
             continue
-        name = GROUPS[group][0] if group in GROUPS else "other claims"
+        name = GROUPS[group][0] if group in GROUPS else CHECKS_HEADLINE[1] if group == CHECKS_HEADLINE[0] else "other claims"
         judged = [f"{counter[v]} {v}" for v in VERDICTS if v != NOT_RUN and counter[v]]
         judged += [f"{counter[v]} {v}" for v in counter if v not in VERDICTS]
         idle = counter[NOT_RUN]

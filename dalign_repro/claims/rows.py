@@ -63,6 +63,38 @@ class Row:
     """Whether our regime differs from the paper's (:func:`dalign_repro.report.describe.at_this_scale`)."""
     shown: str = ""
     """The label as a page shows it: the verdict, with " at this scale" where ``at_this_scale``."""
+    reference_slope: float = math.nan
+    """The reference as a number where one was derived for the design (the misalignment claim: the slope of logit p̂
+    the paper's d_align slope implies at the design's own (M, K) and d_align)."""
+    matched_slope: float = math.nan
+    matched_slope_lo: float = math.nan
+    matched_slope_hi: float = math.nan
+    """The matched-loss claim: the slope of log d_align read at the common held-out loss, its 95% interval over runs."""
+    clock_slope: float = math.nan
+    """The part of ``matched_slope`` a step-only model fitted on the same runs predicts (the training clock); the
+    width term (``slope``) is the rest: ``matched_slope = clock_slope + slope``."""
+    robustness: str = ""
+    """The verdict's variants (without each width, at each insertion point, d_∥ and d_2) and what survives them."""
+    label_survives: float = math.nan
+    """1 where every variant gives the row's label, 0 where one does not (NaN: no variant)."""
+    sign_survives: float = math.nan
+    """+1 / −1 where the trend's sign holds in every variant (the interval on that side of 0 in each), 0 where it
+    does not or the interval holds 0 (NaN: no variant)."""
+    seed_spread: float = math.nan
+    """Between seeds of one width: the median |Δ log d_align| between two seeds at one checkpoint (as a fraction)."""
+    machine_spread: float = math.nan
+    """Across machines (the one rerun measured: :data:`dalign_repro.claims.width.CROSS_MACHINE`): the median
+    relative change of d_align per checkpoint."""
+    spread: str = ""
+    """The sentence comparing the two."""
+    same_as: str = ""
+    """Claims whose test reduces to this row's here (the same estimate and interval), reported once, in this row."""
+    section: str = "claims"
+    """``claims`` or ``checks of the computation``: a check that can barely fail is reported apart and never counted
+    as a reproduction (:mod:`dalign_repro.claims.checks`)."""
+    fail_chance: float = math.nan
+    """A check: its simulated chance of failing under the plausible alternative ``alternative`` states."""
+    alternative: str = ""
 
     def __post_init__(self):
         if not self.shown:

@@ -11,6 +11,7 @@ from dalign_repro.studies import growth
 from dalign_repro.studies import interventions as intervention_report
 from dalign_repro.studies.interventions.draws import FAMILY_NAMES
 from dalign_repro.claims.rows import NOT_RUN, Row, STALE, load_current, read_current, is_stale
+from dalign_repro.claims.checks import CHECKS, SAME_SAMPLE, same_sample_rows
 
 __all__ = ["intervention_rows", "GROWTH_PAPER", "growth_rows"]
 
@@ -21,7 +22,8 @@ def intervention_rows(results: Path) -> list[Row]:
     if table is None or table.empty or "eval_observed" not in table:  # an older table: no change on fresh examples
         ours = STALE if table is not None or is_stale(results, "interventions") else "—"
         return [Row(claim, name, paper, ours, NOT_RUN, chapter) for claim, paper in claims
-                for name in FAMILY_NAMES.values()]
+                for name in FAMILY_NAMES.values()] + [
+            Row(SAME_SAMPLE, name, "—", ours, NOT_RUN, chapter, section=CHECKS) for name in FAMILY_NAMES.values()]
     step = provenance["config"]["sign_step"]
     rows = []
     prediction = intervention_report.sign_prediction(table, step)
@@ -34,7 +36,8 @@ def intervention_rows(results: Path) -> list[Row]:
                         f"{r.difference_hi:+.2f}]; {intervention_report.auc_text(r.auc, r.auc_lo, r.auc_hi)}; "
                         f"{r.ties} ties left out; {r.reason}", r.label, chapter))
     curve = intervention_report.out_of_sample_retention(table)
-    for family, v in intervention_report.out_of_sample_verdict(curve).items():
+    verdicts = intervention_report.out_of_sample_verdict(curve)
+    for family, v in verdicts.items():
         r = v.get("row")
         ours = v["reason"] if r is None else (
             f"on fresh examples at δ = {r['train_decrease']:g} ({r['source']} study, {r['draws']} draws predicting a "
@@ -42,6 +45,11 @@ def intervention_rows(results: Path) -> list[Row]:
             f"from g_K ({r['from_mu']:.1%} of that from μ_M); on K {r['same_sample']:.1%} (Taylor's theorem); "
             + v["reason"])
         rows.append(Row(claims[1][0], FAMILY_NAMES.get(family, family), claims[1][1], ours, v["label"], chapter))
+    checked = {r["scope"]: r for r in same_sample_rows(verdicts, FAMILY_NAMES)}
+    for name in FAMILY_NAMES.values():  # the same-sample retention: Taylor's theorem at the step chosen, a check
+        r = checked.get(name)
+        rows.append(Row(SAME_SAMPLE, name, "—", r["ours"] if r else "—", r["verdict"] if r else NOT_RUN, chapter,
+                        section=CHECKS, alternative="none: δ is chosen where first order holds on K" if r else ""))
     return rows
 
 

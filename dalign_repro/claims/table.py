@@ -84,6 +84,10 @@ RULES = {
         "g_K, at the smallest δ where first order still holds on K (the same-sample curve, Taylor's theorem, "
         "within 10% of 1), with a 95% interval over models resampled: reproduced within 1 ± 10%, contradicted "
         "outside, inconclusive holding an edge; not estimable when E was measured only where first order breaks on K",
+    "retention on the same K examples":
+        "on the K examples that formed g_K, at the step the retention claim reads: ΔL_K over its first-order "
+        "prediction within 10% of 1 reads reproduced, else contradicted. The step is chosen where this holds (Taylor's "
+        "theorem), so the row is a check of the computation, reported apart and never counted as a reproduction",
     growth.CLAIM:
         f"per grown model with at least {growth.MIN_POINTS} insertion points whose gains on held-out examples are told "
         f"apart (spread across points ≥ {growth.NOISE_RATIO:g} standard errors of one point's gain, in at least half "

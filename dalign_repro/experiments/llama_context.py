@@ -201,7 +201,9 @@ def context_slopes(late: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame
     """Per width and value: the slope of log value on log context over runs (seeds as replicates), with its interval.
 
     The theory of a sum of T token gradients predicts about 1 for d_∥ and 2 for d_2 when the tokens' noise is
-    independent and their common part shared; correlated tokens give less. Columns: width, value, slope, lo, hi, runs.
+    independent and their common part shared; correlated tokens give less. ``late`` holds trained runs only
+    (:func:`late_means`), so a width's exponent is fitted over the contexts at which it trained; ``contexts`` names
+    them ("/"-joined). Columns: width, value, slope, lo, hi, runs, contexts.
     """
     out = []
     for width, runs in late.groupby("width"):
@@ -212,8 +214,8 @@ def context_slopes(late: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame
             x = np.column_stack([np.ones(len(part)), np.log(part.context)])
             coef, half, _ = _ols(x, np.log(part[value].to_numpy()), confidence)
             out.append(dict(width=int(width), value=value, slope=coef[1], lo=coef[1] - half[1], hi=coef[1] + half[1],
-                            runs=len(part)))
-    return pd.DataFrame(out, columns=["width", "value", "slope", "lo", "hi", "runs"])
+                            runs=len(part), contexts="/".join(str(int(t)) for t in sorted(part.context.unique()))))
+    return pd.DataFrame(out, columns=["width", "value", "slope", "lo", "hi", "runs", "contexts"])
 
 
 def slope_change(late: pd.DataFrame, confidence: float = 0.95) -> dict | None:
@@ -234,21 +236,28 @@ def slope_change(late: pd.DataFrame, confidence: float = 0.95) -> dict | None:
 
 
 def band_meeting(geometry: pd.DataFrame, layer: str, steps: int, band: tuple[float, float] = PAPER_BAND) -> pd.DataFrame:
-    """Per context: the median over runs of the late-quarter d_align, and the highest seed-mean d_align of any width at
-    any checkpoint after step 0 (and that step), each against the paper's band.
+    """Per context: the median over runs of the late-quarter d_align, the highest seed-mean d_align of any width at
+    any checkpoint of training (every one after step 0; and that step), and the seed means at step 0 (the untrained
+    models), each against the paper's band. Trained runs only.
 
-    Columns: context, late_median, late_in_band, peak, peak_step, peak_width, peak_in_band.
+    Columns: context, late_median, late_in_band, peak, peak_step, peak_width, peak_reaches_band, checkpoints (the
+    checkpoints after step 0 read), init_low, init_high (the lowest and highest width's seed mean at step 0),
+    init_reaches_band.
     """
     late = late_means(geometry, layer, steps)
-    rows = _judged_rows(geometry, layer)
-    rows = rows[rows.step > 0]
+    every = _judged_rows(geometry, layer)
+    rows = every[every.step > 0]
     out = []
     for context in sorted(late.context.unique()):
         median = float(late[late.context == context].d_align.median())
         curve = rows[rows.context == context].groupby(["width", "step"]).d_align.mean()
         (width, step), peak = (curve.idxmax(), float(curve.max())) if len(curve) else ((None, None), float("nan"))
+        init = every[(every.context == context) & (every.step == 0)].groupby("width").d_align.mean()
+        low, high = (float(init.min()), float(init.max())) if len(init) else (float("nan"), float("nan"))
         out.append(dict(context=int(context), late_median=median, late_in_band=band[0] <= median <= band[1],
-                        peak=peak, peak_step=step, peak_width=width, peak_reaches_band=peak >= band[0]))
+                        peak=peak, peak_step=step, peak_width=width, peak_reaches_band=peak >= band[0],
+                        checkpoints=int(rows[rows.context == context].step.nunique()), init_low=low, init_high=high,
+                        init_reaches_band=high >= band[0]))
     return pd.DataFrame(out)
 
 
@@ -266,12 +275,21 @@ def describe_band(meeting: pd.DataFrame, band: tuple[float, float] = PAPER_BAND)
     first_peak = meeting[meeting.peak_reaches_band]
     where = (f"it lies in the paper's band ({band[0]}–{band[1]}) from $T = {inside.context.min()}$"
              if len(inside) else f"at no context does it reach the paper's band ({band[0]}–{band[1]})")
+    every = int(meeting.checkpoints.max()) if "checkpoints" in meeting and len(meeting) else 0
     peak = (f"; along training, a width's seed mean first reaches the band's lower end at $T = "
             f"{first_peak.context.min()}$ ({_fmt(first_peak.iloc[0].peak)} at step {int(first_peak.iloc[0].peak_step)}, "
             f"$N = {int(first_peak.iloc[0].peak_width)}$)" if len(first_peak) else
-            "; no width's seed mean reaches it at any checkpoint either")
-    return (f"Over the last quarter of training the median $d_{{\\mathrm{{align}}}}$ of our runs is {late}: {where}"
+            f"; no width's seed mean reaches it at any of the {every} checkpoints of training either")
+    text = (f"Over the last quarter of training the median $d_{{\\mathrm{{align}}}}$ of our runs is {late}: {where}"
             f"{peak}.")
+    if "init_low" in meeting and np.isfinite(meeting.init_high).any():
+        start = ", ".join(f"{_fmt(r.init_low)}–{_fmt(r.init_high)} at $T = {r.context}$" for r in meeting.itertuples())
+        reach = meeting[meeting.init_reaches_band]
+        text += (f" At step 0, before any training, the widths' seed means are {start}"
+                 + (f": the untrained models reach the band from $T = {reach.context.min()}$, so a magnitude in the "
+                    "paper's range is a statement about a stage of training, not of the trained models"
+                    if len(reach) else ": below the band even before training") + ".")
+    return text
 
 
 def describe_context_slopes(slopes: pd.DataFrame) -> str:
@@ -284,7 +302,10 @@ def describe_context_slopes(slopes: pd.DataFrame) -> str:
         if len(part):
             parts.append(f"{name} as $T^{{{part.slope.median():.2f}}}$ (per width {part.slope.min():.2f} to "
                          f"{part.slope.max():.2f})")
-    return ("Across contexts, at fixed width, " + ", ".join(parts) + ". Independent token noise around a shared "
+    spans = "; ".join(f"$N = {int(r.width)}$: $T = {r.contexts.replace('/', ', ')}$"
+                      for r in slopes.drop_duplicates("width").itertuples())
+    return ("Across contexts, at fixed width, from trained runs only (" + spans + "), " + ", ".join(parts)
+            + ". Independent token noise around a shared "
             "mean would give exponents 1 and 2 for $d_\\parallel$ and $d_2$; smaller ones mean the tokens of one "
             "sequence share part of their noise.")
 

@@ -6,6 +6,16 @@ earlier and log d_align moves along training at every width. :func:`clock_free_t
 steps instead (a fixed effect per step, one summary per run) over the window where every width's loss
 passes the common level (:func:`clock_window`); :func:`clock_diagnostics` measures the crossing steps and
 the clock, and :func:`simulate_clock_labels` calibrates both readings on the committed runs' loss curves.
+
+**Matched loss, decomposed** (:func:`matched_loss_decomposed`, what the width claims read). Each run is read where
+its smoothed held-out loss first reaches the common level (log d_align interpolated between the checkpoints around
+the crossing: one number per run, so the interval is clustered by run). A step-only model fitted on the same runs,
+the mean over runs of log d_align at each checkpoint interpolated in the same way, says what d_align the clock alone
+gives each run at its crossing step. The slope at matched loss is then exactly the sum of the slope of that clock
+prediction on log width (how much the clock predicts) and the slope of the residual (the width term), which carries
+its own t interval and the verdict. Where every run crosses at the same step the clock term is 0 and the width term
+is the plain reading; where wider runs cross earlier and d_align moves along training, the clock term is what the
+plain reading would otherwise credit to width.
 The slope test, its labels and the run summaries are :mod:`dalign_repro.sweep.trend`'s.
 """
 
@@ -19,7 +29,8 @@ from scipy import stats
 
 from dalign_repro.sweep.trend import LABELS, PAPER_SLOPE, RUN, label_for, matched_loss_summaries, slope_test
 
-__all__ = ["clock_window", "clock_free_summaries", "clock_free_test", "clock_diagnostics", "simulate_clock_labels"]
+__all__ = ["clock_window", "clock_free_summaries", "clock_free_test", "clock_diagnostics", "matched_loss_decomposed",
+           "decomposed_summaries", "simulate_clock_labels"]
 
 
 def clock_window(rows: pd.DataFrame, value: str = "d_align") -> int | None:
@@ -41,7 +52,7 @@ def clock_window(rows: pd.DataFrame, value: str = "d_align") -> int | None:
 def _window_matrix(rows: pd.DataFrame, value: str, start: float) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
     """Log ``value`` of runs (``width``, ``seed``) × the steps from ``start`` at which every run has a positive one:
     (runs, steps, runs × steps matrix)."""
-    part = rows[(rows.step >= start) & (rows[value] > 0)].dropna(subset=[value])
+    part = rows[(rows.step >= start) & (rows[value] > 0) & np.isfinite(rows[value].astype(float))]
     table = part.assign(y=np.log(part[value].astype(float))).pivot_table(index=list(RUN), columns="step", values="y")
     table = table.dropna(axis=1, how="any")
     return table.index.to_frame(index=False), table.columns.to_numpy(dtype=float), table.to_numpy()
@@ -112,6 +123,73 @@ def clock_diagnostics(rows: pd.DataFrame, value: str = "d_align", confidence: fl
                 matched_lo=matched["slope_lo"], matched_hi=matched["slope_hi"], start=start)
 
 
+def decomposed_summaries(rows: pd.DataFrame, value: str = "d_align") -> pd.DataFrame:
+    """Per run: log ``value`` at its crossing of the common held-out loss, the step-only model's value there, and the
+    residual.
+
+    The crossing step is :func:`~dalign_repro.sweep.trend.matched_loss_summaries`' (base level, offset 0). Log
+    ``value`` is interpolated linearly in step between the checkpoints every run has with a positive ``value`` (no
+    floor under the log: a checkpoint some run reads 0 at leaves the grid for every run, so the step-only model
+    stays balanced). The step-only model is the mean over runs of log ``value`` at each checkpoint of that grid,
+    interpolated at the run's crossing step the same way.
+
+    Returns:
+        Columns ``width, seed, step`` (fractional crossing step), ``matched`` (log value at the crossing),
+        ``clock`` (the step-only model there), ``y`` (``matched − clock``: the residual, which the width term
+        regresses) and ``checkpoints`` (the grid's size).
+    """
+    columns = [*RUN, "step", "matched", "clock", "y", "checkpoints"]
+    crossings = matched_loss_summaries(rows, value, (0.0,))
+    if crossings.empty:
+        return pd.DataFrame(columns=columns)
+    runs, steps, logs = _window_matrix(rows, value, -np.inf)
+    if logs.size == 0 or len(steps) < 1:
+        return pd.DataFrame(columns=columns)
+    at = crossings.set_index(list(RUN)).step
+    clock_curve = logs.mean(axis=0)
+    out = []
+    for i, (width, seed) in enumerate(zip(runs.width, runs.seed)):
+        step = at.get((width, seed), np.nan)
+        if not np.isfinite(step):
+            continue
+        matched = float(np.interp(step, steps, logs[i]))
+        clock = float(np.interp(step, steps, clock_curve))
+        out.append(dict(width=width, seed=seed, step=float(step), matched=matched, clock=clock, y=matched - clock,
+                        checkpoints=len(steps)))
+    return pd.DataFrame(out, columns=columns)
+
+
+def _ols_slope(x: np.ndarray, y: np.ndarray) -> float:
+    xc = x - x.mean()
+    sxx = float((xc ** 2).sum())
+    return float((xc * (y - y.mean())).sum() / sxx) if sxx > 0 else math.nan
+
+
+def matched_loss_decomposed(rows: pd.DataFrame, value: str = "d_align", reference: float = PAPER_SLOPE,
+                            direction: int | None = None, confidence: float = 0.95) -> dict:
+    """The matched-loss claim, decomposed: the width slope read at a common held-out loss, the part the training
+    clock predicts, and the residual width term with its interval (:func:`decomposed_summaries`).
+
+    Returns :func:`~dalign_repro.sweep.trend.slope_test`'s columns for the width term (the residual: its ``label`` is
+    the verdict), plus ``matched``/``matched_lo``/``matched_hi`` (the slope of log ``value`` at the crossing, its t
+    interval over runs), ``clock`` (the slope of the step-only model's prediction: ``matched = clock + slope``
+    exactly), ``level`` (the common loss, nats) and ``crossing`` (width → median crossing step).
+    """
+    summaries = decomposed_summaries(rows, value)
+    tested = slope_test(summaries, reference, confidence, direction=direction)
+    extra = dict(matched=math.nan, matched_lo=math.nan, matched_hi=math.nan, clock=math.nan, level=math.nan,
+                 crossing={})
+    if tested["label"] != "not run":
+        plain = slope_test(summaries.assign(y=summaries.matched), reference, confidence, direction=direction)
+        x = np.log(summaries.width.to_numpy(dtype=float))
+        crossings = matched_loss_summaries(rows, value, (0.0,))
+        extra.update(matched=plain["slope"], matched_lo=plain["slope_lo"], matched_hi=plain["slope_hi"],
+                     clock=_ols_slope(x, summaries.clock.to_numpy(dtype=float)),
+                     level=float(crossings.loss_level.iloc[0]),
+                     crossing={int(w): float(s) for w, s in summaries.groupby("width").step.median().items()})
+    return {**tested, **extra}
+
+
 def _fit_many(x: np.ndarray, y: np.ndarray, confidence: float) -> tuple[np.ndarray, np.ndarray]:
     """OLS slopes of every row of ``y`` (trials × runs) on ``x`` (runs) and their t half-widths, as slope_test fits."""
     xc = x - x.mean()
@@ -136,8 +214,11 @@ def simulate_clock_labels(rows: pd.DataFrame, slope: float, *, value: str = "d_a
     between the checkpoints of one run, their tails and their correlation along training kept. With ``slope = 0``
     the only path from width to ``value`` is the clock.
 
+    ``decomposed`` is the width term of :func:`matched_loss_decomposed`: the reading at each run's crossing minus the
+    step-only model (the synthetic sweep's mean over runs at each step) interpolated there.
+
     Returns:
-        One row per test (``clock_free``, ``matched_loss``), one column per label of
+        One row per test (``clock_free``, ``matched_loss``, ``decomposed``), one column per label of
         :data:`~dalign_repro.sweep.trend.LABELS` (shares).
     """
     start = clock_window(rows, value)
@@ -163,7 +244,9 @@ def simulate_clock_labels(rows: pd.DataFrame, slope: float, *, value: str = "d_a
         clock_free = (inside - inside.mean(axis=1, keepdims=True)).mean(axis=2)
         matched = (synthetic[:, np.arange(len(x)), upper - 1] * (1 - weight)
                    + synthetic[:, np.arange(len(x)), upper] * weight)
-        for name, y in (("clock_free", clock_free), ("matched_loss", matched)):
+        curve = synthetic.mean(axis=1)  # trials × steps: the step-only model of each synthetic sweep
+        clock = curve[:, upper - 1] * (1 - weight) + curve[:, upper] * weight
+        for name, y in (("clock_free", clock_free), ("matched_loss", matched), ("decomposed", matched - clock)):
             fitted, half = _fit_many(x, y, confidence)
             labels = [label_for(lo, hi, reference, direction) for lo, hi in zip(fitted - half, fitted + half)]
             out[name] = pd.Series(labels).value_counts().reindex(list(LABELS), fill_value=0) / trials

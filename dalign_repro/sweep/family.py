@@ -228,11 +228,13 @@ class SweepConfig(ExperimentConfig):
     def power_plan(self) -> dict[str, float]:
         """The design's power for the paper's slope, from ``run_sd``: seeds, SE, detectable slope, seeds needed.
 
-        Empty where ``run_sd`` is not set. See :mod:`dalign_repro.sweep.trend`.
+        Empty where ``run_sd`` is not set, or where the design has fewer than two widths (a single width has no
+        slope on log width to size: the sweep still trains and measures it, and its verdicts read "not run"). See
+        :mod:`dalign_repro.sweep.trend`.
         """
         from dalign_repro.sweep import trend
 
-        if self.run_sd is None:
+        if self.run_sd is None or len(set(self.widths)) < 2:
             return {}
         se, df = trend.design_se(self.run_sd, self.widths, self.seeds)
         return dict(run_sd=self.run_sd, seeds=self.seeds, widths=len(self.widths), se=se,

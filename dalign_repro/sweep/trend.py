@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -200,8 +200,14 @@ def power(slope: float, se: float, df: int, confidence: float = 0.95) -> float:
 
 
 def design_se(sigma: float, widths: Sequence[float], seeds: int) -> tuple[float, int]:
-    """(SE of the slope, degrees of freedom) of a design: ``seeds`` runs at each of ``widths``, run noise ``sigma``."""
+    """(SE of the slope, degrees of freedom) of a design: ``seeds`` runs at each of ``widths``, run noise ``sigma``.
+
+    Raises ValueError where the design has no slope on log width to estimate (fewer than two distinct widths, or
+    fewer than one seed): its SE would be a division by zero."""
     x = np.log(np.asarray(widths, dtype=float))
+    if len(np.unique(x)) < 2 or seeds < 1:
+        raise ValueError(f"design_se: a slope on log width needs at least two distinct widths and one seed each "
+                         f"(got widths {tuple(widths)}, {seeds} seeds): add a width to size the design")
     spread = float(((x - x.mean()) ** 2).sum()) * seeds
     return sigma / math.sqrt(spread), len(widths) * seeds - 2
 
@@ -386,6 +392,9 @@ class Verdict:
     detectable: float = math.nan
     reference: float = math.nan
     scale: str = ""
+    details: dict = field(default_factory=dict, compare=False, hash=False)
+    """What the claims table shows beside the label (the decomposition of matched loss, the variants, the derived
+    reference), by column name: see :func:`dalign_repro.report.describe.width_verdicts`."""
 
     @property
     def shown(self) -> str:
@@ -411,11 +420,16 @@ def _reference_text(reference: float, direction: int) -> str:
 
 
 def verdict(row: pd.Series | dict | None, claim: str, *, quantity: str = "log d_align", direction: int | None = None,
-            scale: str = "", note: str = "") -> Verdict:
+            scale: str = "", note: str = "", sign_holds: bool | None = None, details: dict | None = None,
+            reference_text: str | None = None) -> Verdict:
     """Judge ``claim`` from one slope-test row (:func:`slope_test`), with the sentence a chapter prints.
 
     ``direction`` (+1 rises, −1 falls) is needed for a row judged on its sign (``reference`` 0); ``scale`` is
-    appended to the label (" at this scale"); ``note`` is a sentence appended to the verdict's.
+    appended to the label (" at this scale"); ``note`` is a sentence appended to the verdict's. ``sign_holds``:
+    whether the sign of the trend survives the verdict's variants (:mod:`dalign_repro.sweep.robustness`); where it
+    is False the sentence states no direction ("moves the other way"), only where the interval lies. ``details``
+    are carried to :attr:`Verdict.details`; ``reference_text`` replaces the sentence that says what the claim is
+    judged against (a reference derived for the design, not the paper's number).
     """
     if row is None or (isinstance(row, pd.Series) and row.empty) or row.get("label", "not run") == "not run":
         return Verdict(claim, "not run", f"{claim}: not run at this profile (no slope could be fitted).")
@@ -426,8 +440,12 @@ def verdict(row: pd.Series | dict | None, claim: str, *, quantity: str = "log d_
     beyond = (hi < reference if direction > 0 else lo > reference) and reference != 0
     reading = {
         "reproduced": f"the interval excludes 0 on the claimed side"
-                      f"{' (though it also excludes the paper-sized effect)' if beyond else ''}",
-        "contradicted": ("the interval lies on the wrong side of 0: the quantity moves the other way"
+                      f"{' (though it also excludes the paper-sized effect)' if beyond else ''}"
+                      f"{'; that sign does not hold in every variant' if sign_holds is False else ''}",
+        "contradicted": (("the interval lies on the wrong side of 0: the quantity moves the other way"
+                          if sign_holds is not False else
+                          f"the interval lies on the wrong side of 0, so any {word} is smaller than claimed; that "
+                          "sign does not hold in every variant, so no direction is read from it")
                          if (hi < 0 if direction > 0 else lo > 0) else
                          f"the interval excludes the paper-sized {word}: any {word} is smaller than claimed"),
         "inconclusive": ("the interval holds 0: this design cannot tell a " + word + " from none" if reference == 0
@@ -436,9 +454,10 @@ def verdict(row: pd.Series | dict | None, claim: str, *, quantity: str = "log d_
     }[label]
     sentence = (f"{claim}: {label}{scale}. The slope of {quantity} on log width is {slope:+.2f}, 95% interval "
                 f"[{lo:+.2f}, {hi:+.2f}], over {int(row['n_runs'])} runs at {int(row['n_widths'])} widths; "
-                f"{reading}. {_reference_text(reference, direction)}; this design detects slopes of "
+                f"{reading}. {reference_text or _reference_text(reference, direction)}; this design detects slopes of "
                 f"{float(row['detectable']):.2f} or more in size with 80% power." + (f" {note}" if note else ""))
-    return Verdict(claim, label, sentence, slope, lo, hi, float(row["detectable"]), reference, scale)
+    return Verdict(claim, label, sentence, slope, lo, hi, float(row["detectable"]), reference, scale,
+                   dict(details or {}))
 
 
 def not_estimable(claim: str, counts: dict, scale: str = "") -> Verdict:

@@ -49,7 +49,8 @@ def summarize(results_dir: str | Path) -> str:
                 family, sorted(runs.width.unique()), depth=regime if column == "depth" else None,
                 dataset=regime if column == "dataset" else None) else ""
             lines += ([v.sentence for v in width_verdicts(part["trend"], layer, geometry=part["geometry"],
-                                                          family=family, scale=scale)] if layer else
+                                                          family=family, scale=scale, misalignment=misalignment)]
+                      if layer else
                       ["No trend: nothing was measured."])
         lines.append("")
     for provenance_json in sorted(results_dir.glob("theory_*.json")):

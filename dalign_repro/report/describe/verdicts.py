@@ -9,13 +9,16 @@ import math
 
 import pandas as pd
 
-from dalign_repro.sweep.clock import clock_diagnostics, clock_free_test
-from dalign_repro.sweep.trend import (PAPER_SLOPE, SIGN, Verdict, estimability, label_for, not_estimable, run_summaries,
-                                     slope_test, verdict)
+from dalign_repro.sweep.clock import clock_diagnostics, matched_loss_decomposed
+from dalign_repro.sweep.operating_point import implied_reference, misalignment_label, reference_sentence
+from dalign_repro.sweep.robustness import survives, variants_text, width_variants
+from dalign_repro.sweep.trend import (PAPER_SLOPE, SIGN, Verdict, estimability, label_for, logit_clip, not_estimable,
+                                     run_summaries, slope_test, verdict)
 from dalign_repro.report.describe.text import DASH, D_ALIGN_HTML, number, trained_rows
 
 __all__ = ["WIDTH_CLAIMS", "PAPER_REGIMES", "SCALE", "at_this_scale", "scale_for", "family_reference",
            "reference_text", "judged_rows", "judged_geometry", "late_steps", "width_verdicts", "describe_clock",
+           "misalignment_cells", "misalignment_reference_text", "robustness_sentence",
            "describe_power", "paper_comparison", "verdict_table"]
 
 
@@ -121,28 +124,98 @@ def late_steps(rows: pd.DataFrame) -> list:
     return sorted(s for s in rows.step.unique() if 3 * s >= 2 * rows.step.max()) if len(rows) else []
 
 
+def misalignment_cells(misalignment: pd.DataFrame | None, M: int, K: int, layer: str | None = None) -> pd.DataFrame:
+    """The cells the misalignment claim reads: one per trained model at (M, K), the theorem's setting
+    (held-out/held-out), at ``layer`` (the table's first where None)."""
+    if misalignment is None or misalignment.empty:
+        return pd.DataFrame(columns=["width", "seed", "M", "K", "p_misalign", "trials", "b_exact"])
+    cells = misalignment[(misalignment.setting == "heldout/heldout") & misalignment.trained_ok.astype(bool)
+                         & (misalignment.M == M) & (misalignment.K == K)]
+    if "layer" in cells and len(cells):
+        cells = cells[cells.layer == (layer if layer is not None else cells.layer.iloc[0])]
+    return cells
+
+
+def misalignment_reference_text(reference: dict, family: str | None = None) -> str:
+    """The ``reference`` column of a misalignment row: the p̂ slope the paper's d_align slope implies at the design's
+    own operating point, and how it was derived (:mod:`dalign_repro.sweep.operating_point`)."""
+    if not math.isfinite(reference.get("slope", math.nan)):
+        return ("sign: falls (§2; the paper's d_align slope could not be carried to p̂ here: no trained cell at the "
+                "judged budget)")
+    whose = "" if family is None or family.split("_")[0] == "llama" else " (the paper's LLaMA number: it gives none for this family)"
+    return (f"slope {reference['slope']:+.2f} of logit p̂: the paper's d_align slope {PAPER_SLOPE:+.2f}{whose} carried to "
+            f"p̂ at this design's (M, K) = ({reference['M']}, {reference['K']}) and measured d_∥, d_2 (median "
+            f"B_exact {reference['b_exact']:.3g}): with d_∥, d_2 ∝ N^{PAPER_SLOPE:.2f}, r = B_exact/(1 − B_exact) "
+            f"falls as N^−{PAPER_SLOPE:.2f} and a Gaussian μ_Mᵀg_K gives p = Φ(−r^−1/2); the median over "
+            f"{reference['cells']} models (range {reference['lo']:+.2f} to {reference['hi']:+.2f}). The label reads "
+            "the sign (below 0 reproduced, above 0 contradicted); the implied slope sizes the design")
+
+
+def robustness_sentence(held: dict, variants: pd.DataFrame, label: str, quantity: str = "d_align",
+                        direction: int = 1) -> str:
+    """The sentence beside a width verdict: its variants, whether its label holds in each, and the direction of the
+    trend only where it survives every variant (:func:`dalign_repro.sweep.robustness.survives`)."""
+    if not held["variants"]:
+        return ""
+    text = f"Variants: {variants_text(variants)}. "
+    text += (f"The label ({label}) holds in every variant. " if held["label"] else
+             f"The label ({label}) does not hold in every variant "
+             f"({', '.join(f'{v} {lab}' for v, lab in zip(variants.variant, variants.label) if lab != label)}). ")
+    if held["sign"]:
+        moves = "rises" if held["sign"] > 0 else "falls"
+        text += (f"{quantity} {moves} with width in every variant: without any one width, at every insertion point"
+                 + (" and for d_∥ and d_2 alike." if (variants.kind == "dimension").any() else "."))
+    elif held["breaks"]:
+        text += (f"Its sign does not survive ({held['breaks'].replace('/', ', ')} hold 0 or lie on the other side), "
+                 "so no direction of the trend is read from it.")
+    return text.strip()
+
+
+def _every_layer(geometry: pd.DataFrame, trend: pd.DataFrame, pool: str) -> pd.DataFrame:
+    """The judged pool and reduction's trained rows at every insertion point: what the layer variants read."""
+    late = judged_rows(trend)[("d_align", "late_window")]
+    rows = trained_rows(geometry)
+    if rows.empty:
+        return rows
+    rows = rows[rows.pool == pool]
+    if late is not None and "reduction" in rows and isinstance(late.get("reduction"), str):
+        rows = rows[rows.reduction == late["reduction"]]
+    return rows
+
+
 def width_verdicts(trend: pd.DataFrame, layer: str | None = None, pool: str = "heldout", *,
                    geometry: pd.DataFrame | None = None, family: str | None = None,
-                   scale: str = "") -> list[Verdict]:
+                   scale: str = "", misalignment: pd.DataFrame | None = None) -> list[Verdict]:
     """The chapter's verdicts on the paper's width claims.
 
     * d_align rises with width at matched steps (each run's late-window mean of log d_align);
-    * d_align rises with width at matched held-out loss with the training clock removed
-      (:func:`dalign_repro.sweep.clock.clock_free_test`: runs compared at the same steps over the window where every
-      width's loss passes the common level);
-    * the misalignment probability falls with width at the judged (M, K) (logit p̂, same-law setting).
+    * d_align rises with width at matched held-out loss, training clock removed
+      (:func:`dalign_repro.sweep.clock.matched_loss_decomposed`: each run read where its held-out loss reaches the
+      common level; the slope there is split into what a step-only model fitted on the same runs predicts, the
+      clock, and the residual width term, which the label reads);
+    * the misalignment probability falls with width at the judged (M, K) (logit p̂, same-law setting), read on its
+      sign (:func:`dalign_repro.sweep.operating_point.misalignment_label`), with the fall the paper's d_align slope
+      implies at the design's own operating point as its reference where ``misalignment`` (``<family>_misalignment``)
+      is given.
 
-    Each is a slope test (:mod:`dalign_repro.sweep.trend`) against the family's own claim (:func:`family_reference`):
-    reproduced, contradicted, inconclusive, not estimable (d_align unresolved from 0 at most late checkpoints:
-    :func:`dalign_repro.sweep.trend.estimability`) or not run. With ``geometry`` (``<family>_geometry``) the d_align claims
-    are computed from its judged rows (:func:`judged_geometry`), checkpoints whose d_align reads 0 left out of their
-    run's mean (no floor under the log); without it they read the trend table's judged rows (the matched-loss one
-    is then the plain crossing, clock included). ``scale`` (:data:`SCALE`) follows each label.
+    Each d_align claim is a slope test (:mod:`dalign_repro.sweep.trend`) against the family's own claim
+    (:func:`family_reference`): reproduced, contradicted, inconclusive, not estimable (d_align unresolved from 0 at
+    most late checkpoints: :func:`dalign_repro.sweep.trend.estimability`) or not run. With ``geometry``
+    (``<family>_geometry``) the d_align claims are computed from its judged rows (:func:`judged_geometry`),
+    checkpoints whose d_align reads 0 left out of their run's mean (no floor under the log), each beside its variants
+    (without each width, at each insertion point, for d_∥ and d_2: :mod:`dalign_repro.sweep.robustness`), and its
+    sentence states a direction of the trend only where that sign survives them (the variants' sentence is
+    ``details["robustness"]``: :func:`robustness_sentence`); without it they read the trend
+    table's judged rows (the matched-loss one is then the plain crossing, clock included). ``scale`` (:data:`SCALE`)
+    follows each label. :attr:`~dalign_repro.sweep.trend.Verdict.details` holds what the claims table shows beside
+    the label (``matched_slope``, ``clock_slope``, ``robustness``, ``variants``, ``label_survives``, ``sign_survives``,
+    ``reference_slope``, ``reference``).
     """
     rows = judged_rows(trend)
     reference = family_reference(family)
     references = {"d_align": (reference, 1), "p_misalign": (-reference if reference else SIGN, -1)}
     judged = judged_geometry(geometry, trend, layer, pool) if geometry is not None else None
+    every_layer = _every_layer(geometry, trend, pool) if geometry is not None else None
     verdicts = []
     for key, claim, quantity in WIDTH_CLAIMS:
         row = rows[key]
@@ -162,20 +235,82 @@ def width_verdicts(trend: pd.DataFrame, layer: str | None = None, pool: str = "h
                 verdicts.append(not_estimable(claim, counts, scale))
                 continue
             if key[1] == "late_window":
-                tested = slope_test(run_summaries(judged, "d_align", late, drop_zeros=True), ref,
-                                    direction=direction)
+                def test(part: pd.DataFrame, value: str) -> dict:
+                    return slope_test(run_summaries(part, value, late_steps(part), drop_zeros=True), ref,
+                                      direction=direction)
+
+                tested = test(judged, "d_align")
                 note = (f"{counts['zeros']} late checkpoints whose d_align reads 0 are left out of their runs' means "
                         "(log 0 has no value)." if counts["zeros"] else "")
+                details = {}
             else:
-                tested = clock_free_test(judged, "d_align", ref, direction)
-                note = (f"Runs are compared at the same steps from step {int(tested['start'])}, where every "
-                        "width's held-out loss passes the common level (a fixed effect per step, one summary per run)."
-                        if tested["label"] != "not run" else "")
-            verdicts.append(verdict(tested, claim, quantity=quantity, direction=direction, scale=scale, note=note))
+                def test(part: pd.DataFrame, value: str) -> dict:
+                    return matched_loss_decomposed(part, value, ref, direction)
+
+                tested = test(judged, "d_align")
+                details = dict(matched_slope=tested["matched"], matched_slope_lo=tested["matched_lo"],
+                               matched_slope_hi=tested["matched_hi"], clock_slope=tested["clock"],
+                               matched_level=tested["level"])
+                note = _decomposition_note(tested) if tested["label"] != "not run" else ""
+            if tested["label"] != "not run" and every_layer is not None:
+                variants = width_variants(every_layer, judged.layer.iloc[0], test)
+                held = survives(tested, variants)
+                details.update(robustness=robustness_sentence(held, variants, tested["label"]),
+                               variants=variants_text(variants), label_survives=held["label"],
+                               sign_survives=held["sign"], sign_breaks=held["breaks"])
+                sign_holds = bool(held["sign"]) if held["variants"] else None
+            else:
+                sign_holds = None
+            said = quantity if key[1] == "late_window" else f"{quantity} at matched loss (its width term, the clock out)"
+            verdicts.append(verdict(tested, claim, quantity=said, direction=direction, scale=scale, note=note,
+                                    sign_holds=sign_holds, details=details))
+            continue
+        if key[0] == "p_misalign" and row is not None:
+            verdicts.append(_misalignment_verdict(row, claim, quantity, scale, misalignment, family))
             continue
         verdicts.append(verdict(_relabel(row, ref, direction), claim, quantity=quantity, direction=direction,
                                 scale=scale))
     return verdicts
+
+
+def _decomposition_note(tested: dict) -> str:
+    crossing = ", ".join(f"N={w} at step {s:.0f}" for w, s in tested["crossing"].items())
+    return (f"Each run is read where its held-out loss first reaches {tested['level']:.3f} nats ({crossing}; medians "
+            f"over seeds): there the slope is {tested['matched']:+.2f} [{tested['matched_lo']:+.2f}, "
+            f"{tested['matched_hi']:+.2f}]; a step-only model fitted on the same runs (their mean log d_align at each "
+            f"checkpoint) predicts {tested['clock']:+.2f} of it (the training clock), and the width term left, "
+            f"{tested['slope']:+.2f} [{tested['slope_lo']:+.2f}, {tested['slope_hi']:+.2f}], is what the label reads.")
+
+
+def _misalignment_verdict(row: pd.Series, claim: str, quantity: str, scale: str, misalignment: pd.DataFrame | None,
+                          family: str | None) -> Verdict:
+    """The misalignment claim read on its sign, with the reference the paper's d_align slope implies at the design's
+    operating point, and its variants without each width."""
+    tested = row.to_dict()
+    tested.update(reference=SIGN, label=misalignment_label(tested["slope_lo"], tested["slope_hi"]))
+    cells = misalignment_cells(misalignment, int(row["M"]), int(row["K"]), row.get("layer"))
+    implied = implied_reference(cells)
+    details = dict(reference_slope=implied["slope"], reference=misalignment_reference_text(implied, family))
+    note = ""
+    if len(cells) and tested["label"] != "not run":
+        logits = cells.assign(y=logit_clip(cells.p_misalign, cells.trials))
+
+        def test(part: pd.DataFrame, value: str) -> dict:
+            out = slope_test(part, SIGN, direction=-1)
+            return {**out, "label": misalignment_label(out["slope_lo"], out["slope_hi"])}
+
+        variants = width_variants(logits, row.get("layer"), test, value="y", dimensions=False)
+        held = survives(tested, variants)
+        details.update(robustness=robustness_sentence(held, variants, tested["label"], quantity="p̂"),
+                       variants=variants_text(variants), label_survives=held["label"], sign_survives=held["sign"],
+                       sign_breaks=held["breaks"])
+    said = reference_sentence(implied, float(tested["slope_lo"]), float(tested["slope_hi"]),
+                              float(tested["detectable"]))
+    text = ("The paper reports no slope of p̂; this claim is judged on its sign (a fall: the interval below 0)"
+            + (f", and {said}" if said else ""))
+    return verdict(tested, claim, quantity=quantity, direction=-1, scale=scale, note=note, details=details,
+                   reference_text=text,
+                   sign_holds=bool(details["sign_survives"]) if "sign_survives" in details else None)
 
 
 def describe_clock(rows: pd.DataFrame) -> str:
@@ -207,8 +342,10 @@ def describe_clock(rows: pd.DataFrame) -> str:
                                   f"{'higher' if (clock['time_slope'] < 0) == (hi < 0) else 'lower'}. "
                                   if (hi < 0 or lo > 0) else
                                   "Here the clock cannot make matched loss and matched steps disagree by much. ")
-                 + "The verdict therefore compares the runs at the same steps over the window in which every width's "
-                 "loss passes the common level: the comparison spans matched loss, and the clock is held fixed.")
+                 + "The verdict therefore splits the matched-loss slope in two: the part a step-only model fitted on "
+                 "the same runs (their mean log d_align at each checkpoint, read at each run's crossing step) "
+                 "predicts, which is the clock, and the width term left, which carries its own interval and the "
+                 "label.")
     else:
         text += "."
     return text
