@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The two cells that make a chapter run when a reader launches it on Binder or Colab (issue 46).
+"""The two cells that make a chapter run when a reader launches it on Binder or Colab.
 
 A launch button opens ``notebooks/<chapter>.ipynb`` itself, outside the book's build. Two cells make it run there:
 

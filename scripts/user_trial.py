@@ -11,7 +11,7 @@ tensor and image data files and their damaged variants. It then tries, as a new 
   ``--config`` files, bad ``--out`` targets, and small runs that must keep earlier results (``exp-*``);
 * the API: ``activation_gradients``, ``accumulate_geometry``, ``estimate_geometry``, ``geometry_from_gram`` and
   the bounds, on each model kind, with misuse (``api-*``);
-* an engineer's own model (issue 48, ``scripts/user_trial_own_model.py``: families ``own-cli-*`` and
+* an engineer's own model (``scripts/user_trial_own_model.py``: families ``own-cli-*`` and
   ``api-own-*``): a ViT, a GRU language model, an MLP in nested containers, a LoRA-wrapped Linear and a
   ``DataParallel`` wrapper against the single-example loop and a brute-force U-statistic; batch keys the forward
   does not take, losses that couple the examples, ``--out`` files that carry a .csv name but hold no table, pipes

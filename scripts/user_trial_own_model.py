@@ -1,4 +1,4 @@
-"""The trial's third round (issue 48): an engineer's own model, checked against independent references.
+"""The trial's third round: an engineer's own model, checked against independent references.
 
 New model kinds (torchvision's ViT, a GRU language model, an MLP in nested containers, a LoRA-wrapped Linear, a
 ``DataParallel`` wrapper, a model whose block never reaches the loss, models that raise in their forward) and the

@@ -1,4 +1,4 @@
-"""Building the book leaves every committed file as it was (issue 46): the claims table it shows is judged by the
+"""Building the book leaves every committed file as it was: the claims table it shows is judged by the
 current code, but a committed table is never rewritten by a book build."""
 
 from __future__ import annotations

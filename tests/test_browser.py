@@ -75,7 +75,7 @@ PAGE_TIMEOUT_S = 60
 WINDOW = (1280, 900)
 PHONE_WIDTH = 390
 MIN_LABEL_PX = 9
-"""The smallest label a figure may show on a phone, in screen pixels (issue 46)."""
+"""The smallest label a figure may show on a phone, in screen pixels."""
 MAX_SCREENSHOT_HEIGHT = 12000
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "[::1]"}
 LOCAL_SCHEMES = {"data", "blob", "file", "about"}

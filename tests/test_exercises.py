@@ -1,4 +1,4 @@
-"""Every chapter's exercises agree with themselves (issue 46): one dict of parameters, read through glue.
+"""Every chapter's exercises agree with themselves: one dict of parameters, read through glue.
 
 Each chapter keeps its exercises' parameters in ONE literal dict, ``EXERCISES``, in a code cell tagged
 ``remove-cell``::

@@ -1,4 +1,4 @@
-"""An engineer's own model, round three (issue 48): inputs the model would swallow, losses that couple examples,
+"""An engineer's own model, round three: inputs the model would swallow, losses that couple examples,
 files checked by content, inputs that never arrive, the model's own exceptions in one line, and the API's checks
 before the forward pass. Each test fails on the code before that issue."""
 
