@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Count the words a reader sees in each chapter, outside tables, code and folded blocks: at most about
+"""Count the words a reader sees in each chapter, outside tables, code and folded blocks (at most about
 2,500 a chapter, about 18,000 for the book).
 
 Counts the prose of the markdown cells and the sentences the code writes (``text/markdown`` outputs of cells whose
