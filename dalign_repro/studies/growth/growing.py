@@ -13,14 +13,12 @@ removed, parameters, buffers, ``requires_grad`` and mode as they were.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 from torch import nn
 
 from dalign_core._tensor import derived_seed
-from dalign_core.capture.layers import resolve_layers
 from dalign_core.growth.blocks import ZeroOutputBlock, block_for, inserted, mean_loss
 
 __all__ = ["ZeroOutputBlock", "inserted", "block_for", "grow", "seeded_batches"]
@@ -45,7 +43,7 @@ def grow(model: nn.Module, layer: str, train_batches: Iterable, eval_batches: li
     budgets = sorted(set(int(b) for b in budgets))
     if not budgets or budgets[0] < 1:
         raise ValueError(f"budgets must be positive numbers of steps, got {budgets}")
-    device, _ = _device_dtype(model)
+    device = next(model.parameters()).device
     block = block_for(model, layer, eval_batches[0], hidden, seed)
     optimizer = torch.optim.Adam(block.parameters(), lr=lr)
     after = {}

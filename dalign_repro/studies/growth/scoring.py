@@ -25,7 +25,7 @@ import pandas as pd
 from scipy import stats
 
 from dalign_repro.sweep.trend import Verdict
-from dalign_core.growth.predicting import SIGN, PointStats, order, point_rows
+from dalign_core.growth.predicting import SIGN, order, point_rows
 
 __all__ = ["CLAIM", "RHO_CLAIM", "CALIBRATION", "spearman", "spearman_interval", "MODEL_KEYS", "model_keys", "score",
            "first_choice", "order", "point_rows", "t_interval", "summarize", "label_for", "verdict"]
