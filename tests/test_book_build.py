@@ -76,6 +76,6 @@ def test_a_committed_folder_without_a_claims_table_gets_none(committed_results):
 
 def test_a_figure_style_change_does_not_make_the_claims_stale():
     modules = [path for folder in claims.JUDGES for path in
-               (__import__("pathlib").Path(claims.dalign_core.__file__).parent / folder).rglob("*.py")]
-    names = {path.as_posix().split("dalign_core/", 1)[1] for path in modules}
+               (__import__("pathlib").Path(claims.dalign_repro.__file__).parent / folder).rglob("*.py")]
+    names = {path.as_posix().split("dalign_repro/", 1)[1] for path in modules}
     assert set(claims.DRAWS_ONLY) <= names  # the excluded modules exist where the digest would read them

@@ -147,7 +147,11 @@ def test_requires_grad_is_restored_after_an_error_and_after_ctrl_c(error):
     model = _Raises(error).eval()
     before = _flags(model)
     assert before == {"block.weight": True, "block.bias": True, "head.weight": True, "head.bias": False}
-    with pytest.raises(type(error)):
+    # a model's own error reaches the caller as the project's ModelError (naming the submodule that raised); Ctrl-C
+    # as itself
+    from dalign_core.capture.refusals import ModelError
+
+    with pytest.raises(ModelError if isinstance(error, Exception) else type(error)):
         activation_gradients(model, "block", torch.randn(5, 4), torch.zeros(5, dtype=torch.long))
     assert _flags(model) == before
 

@@ -76,7 +76,9 @@ def _declared_requirements(pyproject) -> list[tuple[str, Requirement]]:
     declared = [("dependencies", Requirement(spec)) for spec in project["dependencies"]]
     for extra, specs in project.get("optional-dependencies", {}).items():
         declared += [(f"optional-dependencies.{extra}", Requirement(spec)) for spec in specs]
-    return declared
+    # an extra that names other extras (dalign[hf,vision]) adds no package; one for another Python needs no pin here
+    return [(where, req) for where, req in declared
+            if canonicalize_name(req.name) != "dalign" and (req.marker is None or req.marker.evaluate())]
 
 
 def test_runtime_dependencies_are_pinned(requirements, pyproject):
@@ -106,7 +108,8 @@ def test_package_metadata(pyproject):
     assert project["name"] == "dalign"
     assert project["scripts"]["dalign"] == "dalign_core.cli:main"
     packages = pyproject["tool"]["setuptools"]["packages"]  # listed (tests/test_packaging.py checks the list)
-    assert "dalign_core" in packages and all(name.startswith("dalign_core") for name in packages)
+    assert {"dalign_core", "dalign_repro"} <= set(packages)
+    assert all(name.startswith(("dalign_core", "dalign_repro")) for name in packages)
     assert SpecifierSet(project["requires-python"]).contains("3.10")
 
 

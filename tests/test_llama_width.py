@@ -143,8 +143,14 @@ def test_the_large_profiles_pass_the_data_checks_only_with_a_corpus_that_suffice
     enough = config.steps * config.batch_size  # one epoch of training text
     facts = check_supply(config, _splits_of_size(config, enough, 600, 1600))
     assert facts["epochs"] == pytest.approx(1.0)
-    # Shakespeare at the paper's context and vocabulary: 897 held-out sequences of 256 tokens
-    with pytest.raises(DataSupplyError, match=r"held-out split has 897 sequences of \d+ tokens; pool_size \+ "):
+    needed = config.pool_size + config.eval_examples
+    with pytest.raises(DataSupplyError, match=rf"held-out split has {needed - 1} sequences of \d+ tokens; pool_size \+ "):
+        check_supply(config, _splits_of_size(config, enough, 600, needed - 1))
+    # Shakespeare at context 256: 897 held-out sequences, which the gpu profile is sized to and the paper's is not
+    if profile == "paper":
+        with pytest.raises(DataSupplyError, match=r"held-out split has 897 sequences of \d+ tokens; pool_size \+ "):
+            check_supply(config, _splits_of_size(config, enough, 600, 897))
+    else:
         check_supply(config, _splits_of_size(config, enough, 600, 897))
     with pytest.warns(RepeatedDataWarning):
         check_supply(config, _splits_of_size(config, enough // 5, 600, 1600))  # 5 epochs

@@ -379,8 +379,6 @@ def claims_grid_html(table: pd.DataFrame, link: bool = True, details: bool = Tru
     if not study.empty:
         parts.append(context_grid_html(study, link, style=False))
     if not checks.empty:
-        from dalign_repro.claims.checks import checks_grid_html
-
         parts.append(checks_grid_html(checks, link))
     if details:
         parts.append(claims_details_html(pd.concat([table, study, checks]), style=False))
@@ -503,3 +501,20 @@ def chapter_verdicts_markdown(chapter: str, results_dir) -> str:
         lines.append(f"- {claim} ({row.scope}): **{said}**")
     return ("The verdicts this chapter's results give, as the claims chapter ({doc}`06_claims`) judged them at "
             "this profile:\n\n" + "\n".join(lines))
+
+
+def checks_grid_html(checks: pd.DataFrame, link: bool = True) -> str:
+    """The checks of the computation (rows whose ``section`` is :data:`dalign_repro.claims.checks.CHECKS`) as a grid
+    of their own under the claims: rules that can barely fail, each label with its simulated chance of failing under
+    the alternative the row states, never counted as a reproduction."""
+    claims = list(dict.fromkeys(checks.claim))
+    families = _families(checks)
+    chances = [f"{html.escape(str(r.claim))} ({html.escape(str(r.scope))}): fails {r.fail_chance:.0%} under "
+               f"{html.escape(str(r.alternative))}" for r in checks.itertuples(index=False)
+               if isinstance(getattr(r, "fail_chance", None), float) and r.fail_chance == r.fail_chance]
+    note = ("<p><strong>Checks of the computation</strong>: rules that can barely fail at this design, reported "
+            "apart from the claims and not counted as reproductions.</p>")
+    listed = ("<details><summary>Their chance of failing</summary><ul>" + "".join(f"<li>{c}</li>" for c in chances)
+              + "</ul></details>") if chances else ""
+    return "\n".join(['<div class="dalign-claims" id="dalign-checks-grid">', note,
+                      _table_html(checks, claims, families, link), listed, "</div>"])
