@@ -480,7 +480,7 @@ def test_a_sweep_with_out_writes_nothing_in_the_working_folder(tmp_path, monkeyp
            "DALIGN_WORKERS": "1", "DALIGN_CACHE": cache}
     settings = dict(widths=(16, 32), seeds=2, weight_decay=0.0937)
     done = subprocess.run([sys.executable, "-m", "dalign_repro.experiments.llama_width", "--profile", "smoke",
-                           *[f"--set={k}={','.join(map(str, v)) if isinstance(v, tuple) else v}"
+                           *[f"--set={k}={list(v) if isinstance(v, tuple) else v}"
                              for k, v in settings.items()], "--out", str(out)],
                           capture_output=True, text=True, timeout=600, env=env, cwd=work)
     assert done.returncode == 0, done.stderr[-3000:]

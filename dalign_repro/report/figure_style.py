@@ -45,15 +45,16 @@ COLUMN_WIDTH = 5.0
 """Inches: at :data:`DPI`, the book's 700-px column (a 1280-px window less the sidebars)."""
 DPI = 140
 """Dots per inch of every figure, on screen and saved: :data:`COLUMN_WIDTH` × DPI = 700 px."""
-MIN_FONT_PT = 10.0
-"""The smallest font of a figure (tick labels, legends, annotations): 19.4 px at :data:`DPI`."""
+MIN_FONT_PT = 11.0
+"""The smallest font of a figure (tick labels, legends, annotations): 21.4 px at :data:`DPI`, so a figure that a
+legend widens to 800 px still shows labels of 9 px on a phone's 336-px column."""
 PHONE_COLUMN_PX = 358
 """The width a figure is shown at on a 390-px phone: the article's column less its margins (measured in Chromium,
 sphinx-book-theme 1.3; ``tests/test_browser.py`` measures it again)."""
 RC = {
     "figure.dpi": DPI, "savefig.dpi": DPI, "figure.figsize": (COLUMN_WIDTH, 3.4),
     "figure.constrained_layout.use": True,
-    "font.size": 10.5, "axes.titlesize": 11, "axes.labelsize": 10.5, "figure.titlesize": 11.5,
+    "font.size": 11.5, "axes.titlesize": 12, "axes.labelsize": 11.5, "figure.titlesize": 12.5,
     "xtick.labelsize": MIN_FONT_PT, "ytick.labelsize": MIN_FONT_PT, "legend.fontsize": MIN_FONT_PT,
     "legend.title_fontsize": MIN_FONT_PT, "axes.formatter.use_mathtext": True, "lines.markersize": 5,
 }
