@@ -161,6 +161,8 @@ bench: $(STAMP) ## run every benchmarks/bench_*.py with --out results/bench (BEN
 		$(BENCH_PY) "$$script" "$${flags[@]}" || failed+=("$$script"); \
 		echo "== $$script took $$((SECONDS - started)) s"; \
 	done; \
+	echo; echo "== every figure beside its target (benchmarks/summary.py)"; \
+	$(BENCH_PY) benchmarks/summary.py --out "$(BENCH_OUT)"; \
 	if [ $${#failed[@]} -gt 0 ]; then echo "benchmarks failed: $${failed[*]}" >&2; exit 1; fi; \
 	echo "benchmark results in $(abspath $(BENCH_OUT)); $$SECONDS s in all (target: 20 minutes on 2 idle cores$${quick:+; QUICK=1})"
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import time
@@ -28,10 +29,28 @@ def parser(description: str, repeats: int, sweep: str = "LLaMA") -> argparse.Arg
     return made
 
 
-def save(out: Path, name: str, records: list[dict], started: float, **settings) -> None:
+def target(figure: str, measured: float, limit: float | None, *, unit: str = "x", at_least: bool = False,
+           peers: str = "") -> dict:
+    """One figure of a benchmark beside its target, as ``benchmarks/summary.py`` prints it.
+
+    ``measured`` is met when it is at most ``limit`` (``at_least=True``: at least ``limit``); ``limit=None`` records
+    a figure that has no target (``met`` is then None, as it is when ``measured`` is not a number). ``unit``: how the
+    two read (``"x"`` a ratio, ``"s"`` seconds, ``"%"`` a percentage, ``""`` a plain number); ``peers``: the same
+    figure of the peers on the same run, in words (``"torch.func 0.41 s, BackPACK 0.38 s"``).
+    """
+    measured = float(measured)
+    met = None
+    if limit is not None and not math.isnan(measured):
+        met = bool(measured >= limit) if at_least else bool(measured <= limit)
+    return {"figure": figure, "measured": measured, "limit": limit, "sense": ">=" if at_least else "<=",
+            "unit": unit, "met": met, "peers": peers}
+
+
+def save(out: Path, name: str, records: list[dict], started: float, targets: list[dict] = (), **settings) -> None:
     """``out/<name>.csv`` (a row per record) and ``out/<name>.json`` (the records, ``settings``, the machine), atomically.
 
-    ``started``: the ``time.perf_counter()`` at the benchmark's start, for its total wall time.
+    ``started``: the ``time.perf_counter()`` at the benchmark's start, for its total wall time; ``targets``: the
+    benchmark's figures beside their targets (:func:`target`), which ``make bench`` prints together at the end.
     """
     import pandas as pd
     import torch
@@ -40,8 +59,8 @@ def save(out: Path, name: str, records: list[dict], started: float, **settings) 
 
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / f"{name}.csv", pd.DataFrame(records).to_csv(index=False))
-    meta = {"benchmark": name, **settings, "platform": platform.platform(), "torch": torch.__version__,
-            "records": records, "total_wall_s": round(time.perf_counter() - started, 1),
+    meta = {"benchmark": name, **settings, "targets": list(targets), "platform": platform.platform(),
+            "torch": torch.__version__, "cpu_count": os.cpu_count(), "records": records, "total_wall_s": round(time.perf_counter() - started, 1),
             "loadavg_end": os.getloadavg(), "written_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     atomic_write_text(out / f"{name}.json", json.dumps(meta, indent=2) + "\n")
     print(f"wrote {out / f'{name}.csv'} and {name}.json")

@@ -400,6 +400,14 @@ def _versus_peers(capture_s: float, by_method: dict) -> dict:
             "peers_s": ran, "meets_peer_target": bool(ratio <= PEER_TARGET)}
 
 
+def peer_target(figure: str, versus: dict) -> dict:
+    """The capture's time over the fastest peer's, with every peer's time, as ``benchmarks/summary.py`` prints it."""
+    from _bench import target
+
+    peers = ", ".join(f"{m} {t:.3f} s" for m, t in (versus.get("peers_s") or {}).items()) or "no peer ran"
+    return target(figure, versus["capture_over_best_peer"], PEER_TARGET, peers=peers)
+
+
 def _peer_line(where: str, versus: dict, skipped=()) -> str:
     if versus["best_peer"] is None:
         return f"capture against the peers ({where}): no peer ran" + (f" ({'; '.join(skipped)})" if skipped else "")
@@ -556,6 +564,18 @@ def main(argv=None) -> int:
 
     import pandas as pd
 
+    from _bench import target
+
+    targets = []
+    if ratio.get("status") == "ok":
+        targets.append(target("capture + estimate / bare pass, self-check on", ratio["ratio"], CAPTURE_RATIO_TARGET))
+        targets.append(peer_target("capture / fastest peer, self-check on", ratio))
+    for width in widths:
+        capture = next((r for r in captures if r["width"] == width), None)
+        if capture is not None:
+            targets.append(target(f"capture / bare pass, N = {width}", capture["ratio_vs_bare"], TARGET_RATIO))
+        if width in peer_widths:
+            targets.append(peer_target(f"capture / fastest peer, N = {width}", peer_widths[width]))
     args.out.mkdir(parents=True, exist_ok=True)
     frame = pd.DataFrame([{k: v for k, v in r.items() if k != "wall_s_all"} for r in records])
     _atomic_write(args.out / "bench_capture.csv", frame.to_csv(index=False))
@@ -567,7 +587,7 @@ def main(argv=None) -> int:
         "written_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "capture_over_floor": {str(width): by_floor for width, by_floor in floor_ratios.items()},
         "capture_ratio": ratio, "capture_over_best_peer": {str(w): v for w, v in peer_widths.items()},
-        "records": records, "table": table,
+        "records": records, "table": table, "targets": targets,
     }
     _atomic_write(args.out / "bench_capture.json", json.dumps(meta, indent=2, default=str) + "\n")
     print(f"\nwrote {args.out / 'bench_capture.csv'} and {args.out / 'bench_capture.json'}")

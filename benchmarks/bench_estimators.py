@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks._bench import parser, save  # noqa: E402
+from benchmarks._bench import parser, save, target  # noqa: E402
 
 FLOOR_TARGET = 1.3
 ACCURACY_TARGET = 0.01
@@ -223,7 +223,12 @@ def main(argv=None) -> None:
               f"(float64 {row['d_align_float64']:.6g})", flush=True)
     settings = dict(threads=args.threads, device=args.device, mean_ratio=MEAN_RATIO, quick=args.quick,
                     floor_target=FLOOR_TARGET, accuracy_target=ACCURACY_TARGET, repeats=args.repeats)
-    save(args.out, "bench_estimators_gram", gram, started, **settings,
+    targets = [item for r in gram for item in (
+        target(f"estimate_geometry / Q @ Q.T, {r['n']:,} x {r['d']:,}", r["estimate_over_floor"], FLOOR_TARGET,
+               peers=f"Q @ Q.T {r['floor_s']:.2f} s, float64 path {r['float64_s']:.2f} s"),
+        target(f"worst moment off float64 (its SEs), {r['n']:,} x {r['d']:,}", r["worst_se"], ACCURACY_TARGET,
+               unit=""))]
+    save(args.out, "bench_estimators_gram", gram, started, targets=targets, **settings,
          met=all(r["estimate_over_floor"] <= FLOOR_TARGET and r["worst_se"] <= ACCURACY_TARGET for r in gram))
     print()
     memory = memory_table(args)

@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks._bench import parser, save  # noqa: E402
+from benchmarks._bench import parser, save, target  # noqa: E402
 
 BUDGETS = ((4, 4), (16, 16), (32, 32), (64, 64), (128, 128))  # the sweep's (dalign_repro.sweep.family)
 CHOSEN_TARGET = 1.2
@@ -118,7 +118,13 @@ def main(argv=None) -> None:
     worst = max(row["chosen_over_best"] for row in records)
     print(f"\nworst chosen way over the faster: {worst:.2f}x (target <= {CHOSEN_TARGET}); p̂ the same in "
           f"{sum(row['same_p_hat'] for row in records)} of {len(records)} budgets (target: all)")
-    save(args.out, "bench_misalignment", records, started, threads=args.threads, trials=args.trials,
+    same = sum(row["same_p_hat"] for row in records)
+    targets = [target("chosen resampling way / the faster way (worst budget)", worst, CHOSEN_TARGET),
+               target(f"budgets with the same p̂ both ways (of {len(records)})", same, len(records), unit="",
+                      at_least=True),
+               target("drawing's share of a first call (worst budget)",
+                      max(row["draw_share"] for row in records), None, unit="%")]
+    save(args.out, "bench_misalignment", records, started, targets=targets, threads=args.threads, trials=args.trials,
          pools=args.pools, dim=args.dim, matmul_share=MATMUL_SHARE, matmul_min_block=MATMUL_MIN_BLOCK, quick=args.quick,
          worst_chosen_over_best=worst, chosen_target=CHOSEN_TARGET)
 

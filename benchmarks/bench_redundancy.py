@@ -77,7 +77,7 @@ def time_width(config, width: int, examples: int, repeats: int, seed: int) -> di
 
 
 def main(argv=None) -> int:
-    from _bench import parser as bench_parser, save
+    from _bench import parser as bench_parser, save, target
 
     parser = bench_parser(__doc__.split("\n\n")[0], repeats=1)
     parser.add_argument("--examples", type=int, default=64, help="examples per timed pass (default 64)")
@@ -109,14 +109,20 @@ def main(argv=None) -> int:
     if args.share_examples is None:
         args.share_examples = 32 if args.profile == "smoke" else 256
     if args.share_examples:
-        from bench_command import measure, share_lines
+        from bench_command import measure, redundancy_target, share_lines
 
         share, _ = measure(128, 2, args.share_examples, 64, args.repeats, args.threads, args.seed, thorough=False,
                            imports=False, warmup=args.profile != "smoke")
         print(f"\nthe redundancy check's share of dalign estimate (LLaMA N=128, 2 layers, {args.share_examples} "
               "examples of 64 tokens):")
         print("\n".join(share_lines(share)))
-    save(args.out, "bench_redundancy", records, started, profile=args.profile, threads=args.threads,
+    targets = [item for r in records for item in (
+        target(f"micro-batched redundancy check, speed-up over whole batches, N = {r['width']}", r["speedup"], None),
+        target(f"rows' relative difference, micro vs whole, N = {r['width']}", r["max_relative_difference"], 1e-6,
+               unit=""))]
+    if share is not None:
+        targets.append(redundancy_target(share))
+    save(args.out, "bench_redundancy", records, started, targets=targets, profile=args.profile, threads=args.threads,
          examples=args.examples, repeats=args.repeats, command_share=share)
     return 0
 

@@ -154,7 +154,7 @@ def time_width(config, width: int, steps: int, repeats: int, seed: int) -> dict:
 
 
 def main(argv=None) -> int:
-    from _bench import parser as bench_parser, save
+    from _bench import parser as bench_parser, save, target
 
     parser = bench_parser(__doc__.split("\n\n")[0], repeats=2)
     parser.add_argument("--steps", type=int, default=10, help="optimizer steps per timed loop (default 10)")
@@ -180,7 +180,11 @@ def main(argv=None) -> int:
               f"limit at these shapes ({record['achieved_over_limit']:.0%})", flush=True)
     print(f"\nLLaMA {args.profile} shapes (depth {config.depth}, head dim {config.head_dim}, context {config.context}, "
           f"batch {config.batch_size}), {args.threads} thread(s), best of {args.repeats} rounds")
-    save(args.out, "bench_training", records, started, profile=args.profile, threads=args.threads, steps=args.steps,
+    targets = [item for r in records for item in (
+        target(f"project's step / a minimal loop's, N = {r['width']}", r["project_over_minimal"], None),
+        target(f"achieved / matmul-limit FLOP rate, N = {r['width']}", r["achieved_over_limit"], None, unit="%"))]
+    save(args.out, "bench_training", records, started, targets=targets, profile=args.profile, threads=args.threads,
+         steps=args.steps,
          repeats=args.repeats)
     return 0
 
