@@ -7,6 +7,8 @@ parsed), then glues their numbers:
 * :func:`matched_loss_numbers`: the matched-loss reading decomposed (the slope at the common held-out loss, the part
   the training clock predicts, the width term the label reads), as strings for the prose;
 * :func:`same_as_sentence`: why a test reported once stands for another here (its ``same_as``);
+* :func:`reference_clause` and :func:`spread_of`: the misalignment row's derived reference, and the sentence setting
+  the cross-machine spread beside the seed spread;
 * :func:`checks_table`: the rows of the section "checks of the computation", each with its chance of failing under
   its alternative and why it cannot count as a reproduction;
 * :func:`context_table`: per context of the context study, what its rows can and cannot show (trained widths, the
@@ -22,10 +24,11 @@ import pandas as pd
 
 from dalign_repro.claims.certificates import certificate_rows
 from dalign_repro.claims.checks import CHECKS, WHY_NOT_A_REPRODUCTION
-from dalign_repro.claims.width import FEWER_THAN_TWO, width_rows
+from dalign_repro.claims.width import CROSS_MACHINE, FEWER_THAN_TWO, width_rows
 from dalign_repro.sweep.trend import PAPER_SLOPE
 
-__all__ = ["chapter_rows", "matched_loss_numbers", "same_as_sentence", "checks_table", "context_table",
+__all__ = ["chapter_rows", "row_of", "matched_loss_numbers", "same_as_sentence", "reference_clause", "spread_of",
+           "checks_table", "context_table",
            "MATCHED_STEPS", "MATCHED_LOSS", "MISALIGNMENT"]
 
 DASH = "–"
@@ -85,6 +88,41 @@ def same_as_sentence(rows: pd.DataFrame) -> str:
                         f"({_signed(row.slope)} {_interval(row.slope_lo, row.slope_hi)}), so the claims table reports "
                         "it once, in that row.")
     return " ".join(said)
+
+
+def reference_clause(row: pd.Series | None, lead: bool = True) -> str:
+    """The misalignment row's derived reference in words: the fall of logit p̂ the paper's d_align slope implies at
+    the design's own operating point, and whether this design detects it ("" where none was derived). ``lead``:
+    open with why the label reads the sign (once a chapter)."""
+    if row is None or not pd.notna(row.get("reference_slope")) or not math.isfinite(float(row["reference_slope"])):
+        return ""
+    implied, detects = float(row["reference_slope"]), float(row["detectable"])
+    can = "can" if math.isfinite(detects) and detects <= abs(implied) else "cannot"
+    whose = ("the paper's d_align slope" if str(row["scope"]).startswith("LLaMA") else
+             "the paper's LLaMA d_align slope (it gives none for this family)")
+    text = (f"carried to this design's (M, K) and measured d_∥ and d_2, {whose} of {_signed(PAPER_SLOPE)} implies a "
+            f"slope of {_signed(implied)}, which this design {can} detect (it detects {detects:.2f} or more).")
+    return ("The paper reports no slope of p̂, so the label reads the sign; " + text) if lead else \
+        text[0].upper() + text[1:]
+
+
+def spread_of(rows: pd.DataFrame) -> str:
+    """The sentence setting the cross-machine spread beside the seed spread, once for a chapter: the row's own where
+    one scope carries one, else one sentence naming each scope's seed spread ("" where no row carries one)."""
+    if not len(rows) or "spread" not in rows:
+        return ""
+    carried = rows[rows.spread.fillna("").astype(str) != ""].drop_duplicates("scope")
+    if len(carried) <= 1:
+        return str(carried.spread.iloc[0]) if len(carried) else ""
+    machine = CROSS_MACHINE["d_align_median"]
+    seeds = " and ".join(f"{float(r.seed_spread):.0%} ({r.scope})" for r in carried.itertuples(index=False))
+    ratio = float(carried.seed_spread.min()) / machine
+    return (f"Across machines (LLaMA N = {CROSS_MACHINE['width']} seed {CROSS_MACHINE['seed']} retrained on another "
+            f"machine) d_align per checkpoint moved by a median {machine:.1%} (at most "
+            f"{CROSS_MACHINE['d_align_max']:.1%}); between two seeds of one width here d_align at one checkpoint "
+            f"differs by a median {seeds}" + (
+                f": the machine spread is at least {ratio:.0f}× smaller than the seed spread, which the interval over "
+                "seeds already carries." if ratio > 1 else ": the machine spread is as large as a seed spread here."))
 
 
 def checks_table(rows: pd.DataFrame) -> pd.DataFrame:
