@@ -6,7 +6,9 @@
 * :mod:`~dalign_repro.claims.certificates`: the certificates' claims (§2: coverage, tracking, the fall with the budget);
 * :mod:`~dalign_repro.claims.studies`: the intervention study's claims (§3) and the growth claim (ours);
 * :mod:`~dalign_repro.claims.rows`: what every row is made of (the row, the results it may read, the families).
-* :mod:`~dalign_repro.claims.page`: the claims grid of the book.
+* :mod:`~dalign_repro.claims.page`: the claims grid of the book;
+* :mod:`~dalign_repro.claims.chapter`: what a chapter shows of its own rows (matched loss decomposed, the checks of
+  the computation with their chance of failing, each context's rows), from the same code.
 
 May import: :mod:`dalign_repro.studies`, :mod:`dalign_repro.report` and everything below them.
 """

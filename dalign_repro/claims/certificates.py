@@ -79,9 +79,12 @@ def tracking_label(lo: float, hi: float) -> str:
     return "contradicted" if hi < TRACKING["partly"] else "inconclusive"
 
 
-def certificate_rows(results: Path) -> list[Row]:
+def certificate_rows(results: Path, only: tuple[str, ...] | None = None) -> list[Row]:
+    """The certificates' rows of each family and regime (``only``: the families to judge, all where None)."""
     rows = []
     for family, column, chapter in FAMILIES:
+        if only is not None and family not in only:
+            continue
         table = read_current(results, f"{family}_misalignment")
         same = None if table is None else table[(table.setting == "heldout/heldout") & table.trained_ok.astype(bool)]
         fresh_all = None if table is None else table[(table.setting == "evaluation/evaluation")

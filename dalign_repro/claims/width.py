@@ -162,10 +162,15 @@ def reduce_duplicates(rows: list[Row]) -> list[Row]:
     return out
 
 
-def width_rows(results: Path) -> list[Row]:
-    """The paper's width claims, one row per family and regime, with the regime beside the paper's."""
+def width_rows(results: Path, only: tuple[str, ...] | None = None) -> list[Row]:
+    """The paper's width claims, one row per family and regime, with the regime beside the paper's.
+
+    ``only``: the families to judge (``"llama"``, ``"pythia"``, ``"resnet"``, ``"llama_context"``; all where None),
+    so a chapter can show its own rows as the claims table computes them without judging every family."""
     rows = []
     for family, column, chapter in _WIDTH_FAMILIES:
+        if only is not None and family not in only:
+            continue
         trend, misalignment = read_current(results, f"{family}_trend"), read_current(results, f"{family}_misalignment")
         geometry, provenance = load_current(results, f"{family}_geometry")
         runs = read_current(results, f"{family}_runs")

@@ -333,8 +333,9 @@ def describe_clock(rows: pd.DataFrame) -> str:
         text += ", so the widths are read at about the same time and the clock barely moves this comparison"
     if math.isfinite(clock["time_slope"]):
         text += (f". Within a run, $\\log d_{{\\mathrm{{align}}}}$ moves by {clock['time_slope']:+.2f} per unit of log "
-                 f"step over the checkpoints from step {int(clock['start'])}, at every width alike, so the clock alone "
-                 f"predicts a matched-loss slope of {clock['predicted']:+.2f} (the product of the two), against the "
+                 f"step over the checkpoints from step {int(clock['start'])}, at every width alike, so to first order "
+                 f"the clock accounts for a matched-loss slope of {clock['predicted']:+.2f} (the product of the two; "
+                 "the step-only model of the verdict is the exact split), against the "
                  f"{clock['matched']:+.2f} [{clock['matched_lo']:+.2f}, {clock['matched_hi']:+.2f}] read at the "
                  "crossings. " + ("That is why matched loss and matched steps disagree here: read at the crossing, "
                                   f"a wider run is read {'earlier' if hi < 0 else 'later'}, where every run's "
