@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 LAYERS = {
-    "dalign_core": {"": 0, "_env": 0, "_tensor": 0, "atomic": 0, "device": 0,
+    "dalign_core": {"": 0, "_env": 0, "_tensor": 0, "atomic": 0, "device": 0, "environment": 0, "seeding": 0,
                     "geometry": 1, "capture": 2, "growth": 3, "cli": 4, "__main__": 5},
     "dalign_repro": {"": 0, "config": 0, "data": 1, "models": 1, "training": 2, "sweep": 3, "report": 4,
                      "studies": 5, "claims": 6, "experiments": 7, "__main__": 8},
@@ -87,7 +87,8 @@ def test_every_subpackage_says_what_it_holds_and_may_import():
 
 def test_the_flat_folders_hold_only_the_helpers():
     loose = sorted(p.name for p in (ROOT / "dalign_core").glob("*.py"))
-    assert loose == ["__init__.py", "__main__.py", "_env.py", "_tensor.py", "atomic.py", "device.py"], loose
+    assert loose == ["__init__.py", "__main__.py", "_env.py", "_tensor.py", "atomic.py", "device.py", "environment.py",
+                     "seeding.py"], loose
     loose = sorted(p.name for p in (ROOT / "dalign_repro").glob("*.py"))
     assert loose == ["__init__.py", "__main__.py", "config.py"], loose
 

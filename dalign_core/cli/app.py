@@ -20,7 +20,7 @@ import argparse
 import re
 import sys
 
-from dalign_core._env import env_flag
+from dalign_core.environment import env_flag
 from dalign_core.cli.estimate import estimate
 from dalign_core.cli.layers import _layers
 from dalign_core.cli.options import (MAX_HIDDEN, _add_arch_options, _add_data_options, _check_common, _hidden_width,

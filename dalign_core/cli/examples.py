@@ -21,7 +21,7 @@ from typing import Iterable, Iterator
 
 import torch
 
-from dalign_core._env import offline_variable
+from dalign_core.environment import offline_variable
 from dalign_core.cli.loading import LoadError, _hub_reachable, _unreachable_message
 
 __all__ = ["check_data_file", "read_text_examples", "dataset_text_examples", "make_batches"]

@@ -38,7 +38,7 @@ from urllib.parse import urlparse
 
 import torch
 
-from dalign_core._env import offline_variable
+from dalign_core.environment import offline_variable
 from dalign_core.cli.errors import LoadError
 from dalign_core.cli.regular_files import check_regular_files, check_revision_name
 

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dalign_core._tensor import derived_seed
+from dalign_core.seeding import derived_seed
 from dalign_core.geometry.bounds import b_align
 from dalign_core.geometry.ustatistics import Geometry
 from dalign_core.capture.batches import conform_batch

@@ -52,7 +52,7 @@ from typing import Any, Callable
 import torch
 from tqdm import tqdm
 
-from dalign_core._tensor import derived_seed
+from dalign_core.seeding import derived_seed
 from dalign_repro.training.checkpoints import (
     _FORMAT,
     _history_rows,
