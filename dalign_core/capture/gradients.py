@@ -21,10 +21,10 @@ import torch
 from torch import nn
 
 from dalign_core.capture.batches import call_model
-from dalign_core.capture.losses import _logits, _positions_for_left_padding, _resolve_task, call_loss, per_example_loss
+from dalign_core.capture.losses import logits_of, positions_for_left_padding, resolve_task, call_loss, per_example_loss
 from dalign_core.capture.refusals import CaptureError
 
-__all__ = ["layer_gradients", "parameters_frozen", "primary_output"]
+__all__ = ["layer_gradients", "parameters_frozen", "primary_output", "forward_to_losses"]
 
 
 def _restore_requires_grad(parameters: list[torch.Tensor]) -> None:
@@ -87,9 +87,9 @@ def layer_gradients(model, modules: dict[str, nn.Module], inputs, targets, task,
                logits_index: int | None = None) -> dict[str, torch.Tensor]:
     """One forward pass and one backward pass down to the layers' outputs z: ∂(Σ_i ℓ_i)/∂z per layer (z's shape).
 
-    Refuses what :func:`_forward_to_losses` refuses, and a layer whose output no gradient path links to the loss.
+    Refuses what :func:`forward_to_losses` refuses, and a layer whose output no gradient path links to the loss.
     """
-    zs, losses = _forward_to_losses(model, modules, inputs, targets, task, loss_fn, logits_index)
+    zs, losses = forward_to_losses(model, modules, inputs, targets, task, loss_fn, logits_index)
     with torch.enable_grad():
         grads = torch.autograd.grad(losses.sum(), zs, allow_unused=True)
     unreached = [name for name, grad in zip(modules, grads) if grad is None]
@@ -102,7 +102,7 @@ def layer_gradients(model, modules: dict[str, nn.Module], inputs, targets, task,
     return {name: grad.detach() for name, grad in zip(modules, grads)}
 
 
-def _forward_to_losses(model, modules: dict[str, nn.Module], inputs, targets, task, loss_fn,
+def forward_to_losses(model, modules: dict[str, nn.Module], inputs, targets, task, loss_fn,
                        logits_index: int | None = None,
                        keep: Iterable[torch.Tensor] = ()) -> tuple[list[torch.Tensor], torch.Tensor]:
     """One forward pass with gradients on: each layer's output z (in the order of ``modules``) and the per-example
@@ -130,7 +130,7 @@ def _forward_to_losses(model, modules: dict[str, nn.Module], inputs, targets, ta
     try:
         for name, module in modules.items():
             handles.append(module.register_forward_hook(make_hook(name)))
-        inputs = _positions_for_left_padding(model, inputs, task, loss_fn)
+        inputs = positions_for_left_padding(model, inputs, task, loss_fn)
         with torch.enable_grad(), parameters_frozen(model, keep):
             try:
                 output = call_model(model, inputs)
@@ -151,8 +151,8 @@ def _forward_to_losses(model, modules: dict[str, nn.Module], inputs, targets, ta
             if loss_fn is not None:
                 losses = call_loss(loss_fn, output, targets)  # its errors and returns checked, coupling refused
             else:  # the task read from the model here, where the model is known
-                logits = _logits(output, logits_index)
-                losses = per_example_loss(logits, inputs, targets, _resolve_task(model, task, logits))
+                logits = logits_of(output, logits_index)
+                losses = per_example_loss(logits, inputs, targets, resolve_task(model, task, logits))
             if losses.ndim != 1:
                 raise CaptureError(f"per-example losses must have shape (batch,), got {tuple(losses.shape)}")
             bad = torch.nonzero(~torch.isfinite(losses.detach())).flatten().tolist()

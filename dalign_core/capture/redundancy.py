@@ -48,16 +48,16 @@ import torch
 from torch import nn
 
 from dalign_core.capture.batches import (
-    _batch_rows,
-    _check_batch,
-    _check_batches,
-    _device_of,
+    batch_rows,
+    check_batch,
+    check_batches,
+    device_of,
     conform_batch,
     split_batch,
     targets_from_labels,
 )
-from dalign_core.capture.gradients import _forward_to_losses
-from dalign_core.capture.hooks import REDUCTIONS, _check_options, reduce_gradient
+from dalign_core.capture.gradients import forward_to_losses
+from dalign_core.capture.hooks import REDUCTIONS, check_options, reduce_gradient
 from dalign_core.capture.layers import insertion_points, resolve_layers
 from dalign_core.capture.losses import LossFn
 from dalign_core.capture.refusals import CaptureError, check_capturable
@@ -193,7 +193,7 @@ def _collect(model, layers: list[str], names: list[str], batches, reductions, ta
     check_capturable(model)
     named = dict(model.named_parameters())
     params = [named[n] for n in names]
-    device = _device_of(model)
+    device = device_of(model)
     qs = {(l, r): [] for l in modules for r in reductions}
     gs: dict[str, list[torch.Tensor]] = {n: [] for n in names}
     seen = 0
@@ -202,7 +202,7 @@ def _collect(model, layers: list[str], names: list[str], batches, reductions, ta
             break
         inputs, targets = split_batch(batch)
         targets = targets_from_labels(inputs, targets)
-        _check_batch(model, inputs, targets, loss_fn)
+        check_batch(model, inputs, targets, loss_fn)
         inputs, targets = conform_batch(model, inputs, targets, device)
         size = _batch_size(inputs, targets)
         step = size if micro_batch is None else micro_batch
@@ -210,8 +210,8 @@ def _collect(model, layers: list[str], names: list[str], batches, reductions, ta
             if examples is not None and seen >= examples:
                 break
             rows = slice(start, start + step)
-            seen += _per_example(model, modules, params, names, _batch_rows(inputs, size, rows),
-                                 _batch_rows(targets, size, rows), reductions, task, loss_fn,
+            seen += _per_example(model, modules, params, names, batch_rows(inputs, size, rows),
+                                 batch_rows(targets, size, rows), reductions, task, loss_fn,
                                  None if examples is None else examples - seen, qs, gs)
     if seen < 4:
         raise CaptureError(f"the batches hold {seen} example(s); the held-out fit needs at least 4")
@@ -233,10 +233,10 @@ def _batch_size(inputs: Any, targets: Any) -> int:
 
 
 def _per_example(model, modules, params, names, inputs, targets, reductions, task, loss_fn, limit, qs, gs) -> int:
-    """One forward of ``inputs`` (with the capture's refusals: :func:`~dalign_core.capture.gradients._forward_to_losses`), then
+    """One forward of ``inputs`` (with the capture's refusals: :func:`~dalign_core.capture.gradients.forward_to_losses`), then
     one backward per example (at most ``limit``): appends their q and gradient rows to ``qs`` and ``gs``; returns
     how many examples it took."""
-    zs, losses = _forward_to_losses(model, modules, inputs, targets, task, loss_fn, keep=params)  # only they record
+    zs, losses = forward_to_losses(model, modules, inputs, targets, task, loss_fn, keep=params)  # only they record
     take = losses.shape[0] if limit is None else min(losses.shape[0], limit)
     for i in range(take):
         grads = torch.autograd.grad(losses[i], zs + params, retain_graph=i < take - 1, allow_unused=True,
@@ -323,10 +323,10 @@ def _assess(layer, reduction, Q, gs, dtypes, fit, ev, ridge, seed) -> Redundancy
 
 def _redundancies(model, layers, batches, reductions, parameters, task, loss_fn, fit_fraction, ridge, seed,
                   examples, device=None, micro_batch=MICRO_BATCH) -> list[Redundancy]:
-    _check_batches(batches)
+    check_batches(batches)
     layers = list(resolve_layers(model, layers))
     for r in reductions:
-        _check_options(r, task, loss_fn)
+        check_options(r, task, loss_fn)
     if not 0 < fit_fraction < 1:
         raise CaptureError(f"fit_fraction must lie strictly between 0 and 1, got {fit_fraction}")
     if ridge is not None and not ridge > 0:

@@ -22,9 +22,9 @@ import sys
 
 from dalign_core.environment import env_flag
 from dalign_core.cli.estimate import estimate
-from dalign_core.cli.layers import _layers
-from dalign_core.cli.options import (MAX_HIDDEN, _add_arch_options, _add_data_options, _check_common, _hidden_width,
-                                     _out_file)
+from dalign_core.cli.layers import layers_command
+from dalign_core.cli.options import (MAX_HIDDEN, add_arch_options, add_data_options, check_common, hidden_width_option,
+                                     out_file_option)
 from dalign_core.cli.rank import rank
 
 # torch and the library load inside the commands, so Ctrl-C while they load is caught by main().
@@ -63,8 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--layer", required=True,
                      help="module path as in model.named_modules() (e.g. model.layers.1), several separated by commas, "
                           "or 'all' for every residual block")
-    _add_arch_options(est)
-    _add_data_options(est, required=True)
+    add_arch_options(est)
+    add_data_options(est, required=True)
     est.add_argument("--examples", "-n", type=int, required=True, help="number of examples (sequences), at least 5")
     est.add_argument("--m", type=float, default=None, help="train budget M for the certificates (default: N)")
     est.add_argument("--k", type=float, default=None, help="test budget K for the certificates (default: N)")
@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "times the capture's time")
     est.add_argument("--dtype", choices=("float32", "bfloat16", "float16", "float64"), default="float32",
                      help="model dtype (default: float32)")
-    est.add_argument("--out", type=_out_file, default=None,
+    est.add_argument("--out", type=out_file_option, default=None,
                      help="write the results to this CSV file (atomically; never over an input or a non-CSV file)")
     est.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
 
@@ -89,9 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     lay.add_argument("--model", required=True,
                      help="local checkpoint folder or Hugging Face id; with --arch, a state dict file")
     lay.add_argument("--revision", default=None, help="checkpoint revision (Hub branch or local subfolder)")
-    _add_arch_options(lay)
+    add_arch_options(lay)
     lay.add_argument("--all-modules", action="store_true", help="list every named module, not only residual blocks")
-    _add_data_options(lay, required=False)
+    add_data_options(lay, required=False)
     lay.add_argument("--redundancy-examples", type=int, default=64,
                      help="with --data: examples for each block's redundancy fraction (default: 64)")
     lay.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
@@ -104,8 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="local checkpoint folder or Hugging Face id of a causal LM; with --arch, a state dict "
                            "file (.pt or .safetensors) for the model --arch builds")
     rank.add_argument("--revision", default=None, help="checkpoint revision (Hub branch or local subfolder)")
-    _add_arch_options(rank)
-    _add_data_options(rank, required=True)
+    add_arch_options(rank)
+    add_data_options(rank, required=True)
     rank.add_argument("--layer", default="all", help="insertion points, separated by commas (default: all blocks)")
     rank.add_argument("--examples", "-n", type=int, default=64,
                       help="examples: the first half train, the second held out (default: 64; at least 8)")
@@ -113,13 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
                       help="budgets M = K of mu_M.g_K and B_align, separated by commas (default: n/8 and n/2)")
     rank.add_argument("--reduction", choices=("shared", "full"), default="shared",
                       help="shared: sum q over positions (default); full: keep positions")
-    rank.add_argument("--hidden", type=_hidden_width, default=None,
+    rank.add_argument("--hidden", type=hidden_width_option, default=None,
                       help=f"width of the inserted block, 1 to {MAX_HIDDEN} (default: the layer's)")
     rank.add_argument("--seed", type=int, default=0, help="seed of the inserted block's W1 (default: 0)")
     rank.add_argument("--confidence", type=float, default=0.95, help="level of the intervals (default: 0.95)")
     rank.add_argument("--redundancy-examples", type=int, default=64,
                       help="examples of the redundancy check (warns above 0.9; 0: skip; default: 64)")
-    rank.add_argument("--csv", type=_out_file, default=None,
+    rank.add_argument("--csv", type=out_file_option, default=None,
                       help="write every number to this CSV file (atomically; never over an input or a non-CSV file)")
     rank.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     return parser
@@ -146,11 +146,11 @@ def _run(args: argparse.Namespace) -> int:
     from dalign_core.cli.loading import LoadError
 
     try:
-        _check_common(args)
+        check_common(args)
         if args.command == "estimate":
             estimate(args)
         elif args.command == "layers":
-            _layers(args)
+            layers_command(args)
         elif args.command == "rank":
             rank(args)
     except (LoadError, CaptureError, ValueError, OSError) as err:

@@ -42,17 +42,9 @@ from dalign_core.environment import offline_variable
 from dalign_core.cli.errors import LoadError
 from dalign_core.cli.regular_files import check_regular_files, check_revision_name
 
-__all__ = [
-    "LoadError",
-    "ModelSource",
-    "resolve_model_source",
-    "revision_folders",
-    "load_model",
-    "load_tokenizer",
-    "check_tokenizer_fits",
-    "max_positions",
-    "check_seq_len",
-]
+__all__ = ["LoadError", "ModelSource", "resolve_model_source", "revision_folders", "load_model", "load_tokenizer",
+           "check_tokenizer_fits", "max_positions", "check_seq_len", "load_arch", "hub_reachable",
+           "unreachable_message"]
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "spiece.model")
 _PROBE_TIMEOUT_S = 3.0
@@ -88,7 +80,9 @@ def _hub_cache() -> str:
         return "~/.cache/huggingface/hub"
 
 
-def _hub_reachable(timeout: float = _PROBE_TIMEOUT_S) -> bool:
+def hub_reachable(timeout: float = _PROBE_TIMEOUT_S) -> bool:
+    """True when a TCP connection to the model hub (``$HF_ENDPOINT``, else huggingface.co) opens within ``timeout``
+    s."""
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
     parsed = urlparse(endpoint)
     host, port = parsed.hostname or "huggingface.co", parsed.port or (80 if parsed.scheme == "http" else 443)
@@ -99,7 +93,7 @@ def _hub_reachable(timeout: float = _PROBE_TIMEOUT_S) -> bool:
         return False
 
 
-def _unreachable_message(kind: str, spec: str, flag: str, offline: str | None, revision: str | None = None) -> str:
+def unreachable_message(kind: str, spec: str, flag: str, offline: str | None, revision: str | None = None) -> str:
     """What to do when ``spec`` is neither local nor cached; ``offline`` names the offline variable set, if any."""
     reason = f"{offline} is set" if offline else "the Hugging Face Hub cannot be reached from here"
     at = f" at revision {revision!r}" if revision else ""
@@ -192,8 +186,8 @@ def resolve_model_source(spec: str, revision: str | None = None) -> ModelSource:
     if isinstance(cached, str):
         return ModelSource(spec, spec, local=False, cached=True, revision=revision)
     offline = offline_variable()
-    if offline or not _hub_reachable():
-        raise LoadError(_unreachable_message("model", spec, "--model", offline, revision))
+    if offline or not hub_reachable():
+        raise LoadError(unreachable_message("model", spec, "--model", offline, revision))
     return ModelSource(spec, spec, local=False, cached=False, revision=revision)
 
 
@@ -462,7 +456,7 @@ def load_tokenizer(source: ModelSource | str, revision: str | None = None):
 # --arch: any nn.Module a callable builds
 
 
-def _load_arch(args: argparse.Namespace, device):
+def load_arch(args: argparse.Namespace, device):
     """The model ``--arch`` builds, with the state dict ``--model`` loaded into it (strictly), in eval mode."""
     import importlib
     import json
@@ -523,3 +517,6 @@ def _load_arch(args: argparse.Namespace, device):
         raise LoadError(f"--model {args.model!r} does not match the model {args.arch} builds "
                         f"({str(err).splitlines()[0]}); check --arch-kwargs") from err
     return model.to(device).eval()
+
+
+_hub_reachable = hub_reachable  # the old name, kept for dalign_repro/experiments/pythia_checkpoints.py until it moves

@@ -20,9 +20,9 @@ import math
 import sys
 from pathlib import Path
 
-from dalign_core.cli.options import _check_out, _check_seq_len, _input_paths, _is_local_data
-from dalign_core.cli.output import _clip, _render, _with_progress
-from dalign_core.cli.redundancy_check import _is_redundant, _owner, _redundancy_warning
+from dalign_core.cli.options import check_out, check_seq_len_option, local_input_paths, is_local_data
+from dalign_core.cli.output import clip_left, render_table, with_progress
+from dalign_core.cli.redundancy_check import is_redundant, owner_of, redundancy_warning
 
 __all__ = ["rank", "format_ranking"]
 
@@ -87,11 +87,11 @@ def format_ranking(rows: list[dict], names: list[str], owned: dict, n: int, redu
     for i, row in enumerate(rows):
         check = owned.get(row["layer"])
         legend.append([str(i), row["layer"], f"{check['fraction']:.2f}" if check else "-",
-                       "*" if check and _is_redundant(check) else ""])
+                       "*" if check and is_redundant(check) else ""])
     used = max(4, *(len(r[1]) for r in legend))
     for r in legend:
-        r[1] = _clip(r[1], min(used, width - 16))
-    points = _render(["#", "layer", "red.", ""], legend, ["r", "l", "r", "l"])
+        r[1] = clip_left(r[1], min(used, width - 16))
+    points = render_table(["#", "layer", "red.", ""], legend, ["r", "l", "r", "l"])
 
     def pm(row, name):
         lo, hi = row[f"{name}_lo"], row[f"{name}_hi"]
@@ -102,7 +102,7 @@ def format_ranking(rows: list[dict], names: list[str], owned: dict, n: int, redu
     alignment = next(name for name in names if name.startswith("alignment_"))
     shown = [("d_align", "d_align"), ("mean_sq", "||mu||^2"), (alignment, _rank_label(alignment)),
              ("grad_norm", "|grad|")]
-    values = _render(["#"] + [label for _, label in shown],
+    values = render_table(["#"] + [label for _, label in shown],
                      [[str(i)] + [pm(row, name) for name, _ in shown] for i, row in enumerate(rows)],
                      ["r"] + ["r"] * len(shown))
     index = {row["layer"]: i for i, row in enumerate(rows)}
@@ -151,35 +151,35 @@ def rank(args: argparse.Namespace) -> list[dict]:
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
     if args.arch is None:
-        _check_seq_len(args)
+        check_seq_len_option(args)
     device = resolve_device(args.device)
     if args.arch is not None:
-        from dalign_core.cli.examples import _arch_batches, _arch_examples
-        from dalign_core.cli.loading import _load_arch
+        from dalign_core.cli.examples import arch_batches, arch_examples
+        from dalign_core.cli.loading import load_arch
 
         if args.csv is not None:  # never over the state dict or the tensors it reads
-            _check_out(args.csv, (("the --model file", Path(args.model)), ("the --data file", Path(args.data))),
+            check_out(args.csv, (("the --model file", Path(args.model)), ("the --data file", Path(args.data))),
                        flag="--csv")
-        model = _load_arch(args, device)
-        inputs, targets = _arch_examples(args, args.examples)
+        model = load_arch(args, device)
+        inputs, targets = arch_examples(args, args.examples)
         n = len(targets)
-        batches = _arch_batches(inputs, targets, args.batch_size)
+        batches = arch_batches(inputs, targets, args.batch_size)
     else:
-        from dalign_core.cli.examples import _read_sequences, check_data_file, make_batches
+        from dalign_core.cli.examples import read_sequences, check_data_file, make_batches
         from dalign_core.cli.loading import (check_seq_len, check_tokenizer_fits, load_model, load_tokenizer,
                                              resolve_model_source)
 
         source = resolve_model_source(args.model, revision=args.revision)
-        data_path = Path(args.data).expanduser() if _is_local_data(args.data) else None
+        data_path = Path(args.data).expanduser() if is_local_data(args.data) else None
         if data_path is not None:
             check_data_file(data_path)
         if args.csv is not None:  # before anything is loaded; never over the data, model or tokenizer
-            _check_out(args.csv, _input_paths(source, data_path, args.tokenizer), flag="--csv")
+            check_out(args.csv, local_input_paths(source, data_path, args.tokenizer), flag="--csv")
         tokenizer = load_tokenizer(args.tokenizer if args.tokenizer else source)
         model = load_model(source, device=device)
         check_tokenizer_fits(tokenizer, model)
         check_seq_len(model, args.seq_len)
-        sequences = _read_sequences(args, tokenizer, args.examples, data_path)
+        sequences = read_sequences(args, tokenizer, args.examples, data_path)
         n = len(sequences)
         batches = lambda lo, hi: make_batches(sequences[lo:hi], args.batch_size, pad_id=0)  # noqa: E731
     if n < 8:
@@ -203,7 +203,7 @@ def rank(args: argparse.Namespace) -> list[dict]:
     rows = growth.point_rows(measured, names)
     owned = {}
     if args.redundancy_examples:
-        checked = redundancy_rows(model, layers, _with_progress(batches(0, min(n, args.redundancy_examples)),
+        checked = redundancy_rows(model, layers, with_progress(batches(0, min(n, args.redundancy_examples)),
                                                                 "redundancy check", not getattr(args, "quiet", False)),
                                   reductions=(args.reduction,))
         owned = {row["layer"]: row for row in checked}
@@ -213,12 +213,12 @@ def rank(args: argparse.Namespace) -> list[dict]:
         row.update(model=args.model, data=args.data, n=n, reduction=args.reduction, confidence=args.confidence,
                    layer_index=block_index.get(row["layer"]),
                    redundancy=check["fraction"] if check else None,
-                   redundant_with=_owner(check) if check and _is_redundant(check) else None)
+                   redundant_with=owner_of(check) if check and is_redundant(check) else None)
     print(format_ranking(rows, names, owned, n, args.reduction, args.confidence))
     for layer in layers:
         check = owned.get(layer)
-        if check and _is_redundant(check):
-            print(_redundancy_warning(check), file=sys.stderr)
+        if check and is_redundant(check):
+            print(redundancy_warning(check), file=sys.stderr)
     if args.csv is not None:
         import pandas as pd
 

@@ -75,7 +75,7 @@ from dalign_core.device import Context, configure, context, local_device  # call
 
 __all__ = ["init", "shutdown", "session", "barrier", "broadcast", "all_gather", "main_first", "hardware",
            "check_shared", "Job", "Assignment", "plan", "job_group", "ranks_per_job", "run_jobs", "remove_jobs",
-           "job_result_problem", "RANKS_PER_JOB_VARIABLE"]
+           "job_result_problem", "RANKS_PER_JOB_VARIABLE", "is_active"]
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,8 @@ def session(device: str = "auto") -> Iterator[Context]:
         shutdown()
 
 
-def _active() -> bool:
+def is_active() -> bool:
+    """True inside a torchrun job whose process group is up (collectives then reach the other ranks)."""
     return context().distributed and dist.is_initialized()
 
 
@@ -145,13 +146,13 @@ def _coordination():
 
 def barrier() -> None:
     """Wait for every rank (a no-op in a world of one)."""
-    if _active():
+    if is_active():
         dist.barrier(group=_coordination())
 
 
 def broadcast(value: Any) -> Any:
     """Rank 0's ``value`` on every rank (pickled; for small objects)."""
-    if not _active():
+    if not is_active():
         return value
     box = [value]
     dist.broadcast_object_list(box, src=0, group=_coordination())
@@ -160,7 +161,7 @@ def broadcast(value: Any) -> Any:
 
 def all_gather(value: Any) -> list[Any]:
     """Every rank's ``value``, in rank order (pickled; for small objects)."""
-    if not _active():
+    if not is_active():
         return [value]
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, value, group=_coordination())
@@ -191,7 +192,7 @@ def hardware() -> list[dict[str, Any]]:
 
 def check_shared(folder: str | os.PathLike) -> None:
     """Raise on every rank unless every rank sees ``folder`` as the same folder (a filesystem they share)."""
-    if not _active():
+    if not is_active():
         return
     folder = Path(folder)
     marker = folder / f".shared-{os.getpid()}-{socket.gethostname()}"

@@ -54,19 +54,19 @@ from tqdm import tqdm
 
 from dalign_core.seeding import derived_seed
 from dalign_repro.training.checkpoints import (
-    _FORMAT,
-    _history_rows,
-    _history_tensors,
-    _prune,
-    _rng_state,
-    _set_rng_state,
-    _weights,
-    _write_checkpoint,
+    CHECKPOINT_FORMAT,
+    history_rows,
+    history_tensors,
+    prune_checkpoints,
+    rng_state,
+    set_rng_state,
+    model_weights,
+    write_checkpoint,
     list_checkpoints,
     load_state,
     load_weights,
 )
-from dalign_repro.training.evaluation import _autocast, _data_len, _take, lm_loss
+from dalign_repro.training.evaluation import autocast_to, data_len, take_rows, lm_loss
 
 __all__ = [
     "TrainConfig",
@@ -294,7 +294,7 @@ def train(
         A :class:`TrainResult` (history, checkpoints, ...).
     """
     t0 = time.perf_counter()
-    n = _data_len(data)
+    n = data_len(data)
     device = next(model.parameters()).device
     rank, ranks = _group_shape(group)
     if config.batch_size % ranks:
@@ -332,19 +332,19 @@ def train(
                 )
             load_weights(model, folder)
             optimizer.load_state_dict(state["optimizer"])
-            _set_rng_state({k: (v.cpu() if isinstance(v, torch.Tensor) else [t.cpu() for t in v])
+            set_rng_state({k: (v.cpu() if isinstance(v, torch.Tensor) else [t.cpu() for t in v])
                             for k, v in state["rng"].items()})
-            history = _history_rows(state["history"])
+            history = history_rows(state["history"])
             start = resumed_from = int(state["step"])
 
     def resume_state(step: int) -> dict:
         return {
-            "format": _FORMAT,
+            "format": CHECKPOINT_FORMAT,
             "step": step,
             "samples_seen": step * config.batch_size,
             "optimizer": optimizer.state_dict(),
-            "rng": _rng_state(),
-            "history": _history_tensors(history),
+            "rng": rng_state(),
+            "history": history_tensors(history),
             "config": fingerprint,
         }
 
@@ -355,21 +355,21 @@ def train(
         resume_point = is_resume_point(step)
         if root is None:
             if step in requested or step == config.steps:
-                memory_ckpts[step] = _weights(model)
+                memory_ckpts[step] = model_weights(model)
             return
         if leader:
             meta = {"step": step, "requested": step in requested, "resume_point": resume_point,
                     "config": fingerprint, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
-            _write_checkpoint(root, step, model, resume_state(step) if resume_point else None, meta)
+            write_checkpoint(root, step, model, resume_state(step) if resume_point else None, meta)
             if resume_point:
-                _prune(root, requested, step, config.keep_resume)
+                prune_checkpoints(root, requested, step, config.keep_resume)
         if ranks > 1:  # the others read the checkpoint folder only once it is complete
             torch.distributed.barrier(group=group)
 
     if start == 0 and (0 in requested or config.steps == 0):
         save(0)
 
-    autocast = _autocast(device, config.autocast_dtype)
+    autocast = autocast_to(device, config.autocast_dtype)
     model.train()
     stepper = model if ranks == 1 else _data_parallel(model, group, device)
     bar = tqdm(total=config.steps, initial=start, desc=description, disable=not (config.progress and leader),
@@ -380,7 +380,7 @@ def train(
             for param_group in optimizer.param_groups:
                 param_group["lr"] = lr
             indices = order.batch(step, config.batch_size)
-            batch = _take(data, indices[rank * share:(rank + 1) * share] if ranks > 1 else indices, device)
+            batch = take_rows(data, indices[rank * share:(rank + 1) * share] if ranks > 1 else indices, device)
             with autocast:
                 loss = loss_fn(stepper, batch)
             reported = loss.detach()

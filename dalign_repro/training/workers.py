@@ -61,7 +61,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from dalign_core.device import THREADS_VARIABLE, _positive, configured, threads
+from dalign_core.device import THREADS_VARIABLE, positive_env_int, configured, threads
 
 __all__ = ["WORKERS_VARIABLE", "WorkerError", "GridProgress", "cores", "count", "settings", "reset", "recorded",
            "restore", "record_reused", "reused", "run_pool"]
@@ -114,7 +114,7 @@ def count() -> int:
     device = configured()
     if _state["in_worker"] or (device is not None and device.type != "cpu") or _cuda_in_use():
         return 1  # a worker's own job grids stay in the worker
-    asked, per_process = _positive(WORKERS_VARIABLE), threads()
+    asked, per_process = positive_env_int(WORKERS_VARIABLE), threads()
     if asked is not None and asked > 1 and per_process > 1:
         raise ValueError(f"{WORKERS_VARIABLE}={asked} with {THREADS_VARIABLE}={per_process}: workers compute on one "
                          f"thread each (a forked process cannot run OpenMP on more); choose {WORKERS_VARIABLE}=1 "
