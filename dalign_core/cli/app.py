@@ -35,6 +35,7 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``dalign`` command's parser: ``--version`` and the subcommands ``estimate``, ``layers`` and ``rank``."""
     parser = argparse.ArgumentParser(
         prog="dalign",
         description="Measure the effective alignment dimension d_align of a model's activation gradients.",
@@ -44,7 +45,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"dalign {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
+    _add_estimate(sub)
+    _add_layers(sub)
+    _add_rank(sub)
+    return parser
 
+
+def _add_estimate(sub) -> None:
+    """``dalign estimate``'s options: the model, the layer, the data, the budgets and the output."""
     est = sub.add_parser(
         "estimate",
         help="estimate d_align and the misalignment certificates at one layer or every residual block",
@@ -85,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="write the results to this CSV file (atomically; never over an input or a non-CSV file)")
     est.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
 
+
+def _add_layers(sub) -> None:
+    """``dalign layers``' options: the model, and with data the redundancy check of each block."""
     lay = sub.add_parser("layers", help="list a model's residual blocks (insertion points)")
     lay.add_argument("--model", required=True,
                      help="local checkpoint folder or Hugging Face id; with --arch, a state dict file")
@@ -95,6 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     lay.add_argument("--redundancy-examples", type=int, default=64,
                      help="with --data: examples for each block's redundancy fraction (default: 64)")
     lay.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+
+
+def _add_rank(sub) -> None:
+    """``dalign rank``'s options: the model, the data, the points, the budgets, the inserted block and the CSV."""
     rank = sub.add_parser(
         "rank", help="order the insertion points by each predictor of where to grow",
         description=("Order a model's insertion points (residual blocks) by each predictor of where an inserted "
@@ -122,7 +137,6 @@ def build_parser() -> argparse.ArgumentParser:
     rank.add_argument("--csv", type=out_file_option, default=None,
                       help="write every number to this CSV file (atomically; never over an input or a non-CSV file)")
     rank.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
