@@ -176,6 +176,57 @@ def _reductions(reduction: Any) -> tuple[str, ...]:
     return tuple(reduction)
 
 
+def _checked_call(model, layer, reduction, task, loss_fn, logits_index, check_determinism: Any,
+                  several: bool = False) -> tuple[dict[str, nn.Module], tuple[str, ...]]:
+    """What every public capture function checks first, in this order: the model (a module, not compiled: a
+    compiled model's names are prefixed with "_orig_mod."), the layers (resolved to submodules), the reduction
+    (``several``: a list of them is allowed), task, loss and logits index, and the determinism flag. Returns the
+    modules by name and the reductions."""
+    check_model(model)
+    check_not_compiled(model)  # before the names: a compiled model's are prefixed with "_orig_mod."
+    modules = resolve_layers(model, layer)
+    reductions = _reductions(reduction) if several else (reduction,)
+    for each in reductions:
+        check_options(each, task, loss_fn, logits_index)
+    _check_flag(check_determinism)
+    return modules, reductions
+
+
+def _progress_bar(progress: bool, examples: int | None, desc: str):
+    """A tqdm bar over ``examples`` examples labelled ``desc``, or None without ``progress``."""
+    if not progress:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=examples, desc=desc, unit="ex", leave=False)
+
+
+def _stream(captures: Iterable[dict[str, dict[str, torch.Tensor]]],
+            accumulators: dict[str, dict[str, GeometryAccumulator]], examples: int | None, bar) -> None:
+    """Feed each batch's rows (reduction → layer → (batch, d)) to ``accumulators`` until ``examples`` rows (all,
+    for None) have gone in; the last batch is truncated. Closes ``bar`` (if any) at the end."""
+    seen = 0
+    try:
+        for captured in captures:
+            batch_size = len(next(iter(next(iter(captured.values())).values())))
+            take = batch_size if examples is None else min(examples - seen, batch_size)
+            for each, rows in captured.items():
+                for name, batch_rows in rows.items():
+                    # The accumulator keeps its first batch's dtype: never a half-precision one (q is formed in
+                    # float32 from half-precision gradients already; this holds the line should that change).
+                    if batch_rows.dtype in (torch.float16, torch.bfloat16):
+                        batch_rows = batch_rows.float()
+                    accumulators[each][name].update(batch_rows if take == batch_size else batch_rows[:take])
+            seen += take
+            if bar is not None:
+                bar.update(take)
+            if examples is not None and seen >= examples:
+                break
+    finally:
+        if bar is not None:
+            bar.close()
+
+
 def activation_gradients(
     model: nn.Module,
     layer: str | Sequence[str],
@@ -228,11 +279,7 @@ def activation_gradients(
             (``check_determinism``), and arguments of the wrong type (a layer that is not
             a name, float ``input_ids``, token ids outside the embedding); it is a ``ValueError``.
     """
-    check_model(model)
-    check_not_compiled(model)  # before the names: a compiled model's are prefixed with "_orig_mod."
-    modules = resolve_layers(model, layer)
-    check_options(reduction, task, loss_fn, logits_index)
-    _check_flag(check_determinism)
+    modules, _ = _checked_call(model, layer, reduction, task, loss_fn, logits_index, check_determinism)
     rows = _capture(model, modules, inputs, targets, (reduction,), task, loss_fn, check_determinism,
                     logits_index)[reduction]
     if isinstance(layer, str) and layer != "all":
@@ -258,12 +305,8 @@ def iter_activation_gradients(
     during each batch's forward pass, so abandoning the iterator leaves the model clean.
     ``check_determinism`` checks the first batch only (one extra example's passes).
     """
-    check_model(model)
-    check_not_compiled(model)
-    modules = resolve_layers(model, layer)  # fail before the first batch
-    check_options(reduction, task, loss_fn, logits_index)
-    _check_flag(check_determinism)
-    check_batches(batches)
+    modules, _ = _checked_call(model, layer, reduction, task, loss_fn, logits_index, check_determinism)
+    check_batches(batches)  # fail before the first batch
     single = isinstance(layer, str) and layer != "all"
     for captured in _captures(model, modules, batches, (reduction,), task, loss_fn, check_determinism, logits_index):
         rows = captured[reduction]
@@ -300,13 +343,8 @@ def accumulate_geometry(
         The accumulator, or a dict name → accumulator for a list of layers or ``"all"``;
         for a list of reductions, a dict reduction → that.
     """
-    check_model(model)
-    check_not_compiled(model)
-    modules = resolve_layers(model, layer)
-    reductions = _reductions(reduction)
-    for each in reductions:
-        check_options(each, task, loss_fn, logits_index)
-    _check_flag(check_determinism)
+    modules, reductions = _checked_call(model, layer, reduction, task, loss_fn, logits_index, check_determinism,
+                                        several=True)
     check_batches(batches)
     single = isinstance(layer, str) and layer != "all"
     if examples is not None and not is_positive_int(examples):
@@ -317,31 +355,7 @@ def accumulate_geometry(
         each: {name: GeometryAccumulator(sketch_dim=sketch_dim, seed=seed, device=device) for name in modules}
         for each in reductions
     }
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=examples, desc=desc, unit="ex", leave=False)
-    seen = 0
-    try:
-        for captured in _captures(model, modules, batches, reductions, task, loss_fn, check_determinism,
-                                  logits_index):
-            batch_size = len(next(iter(captured[reductions[0]].values())))
-            take = batch_size if examples is None else min(examples - seen, batch_size)
-            for each, rows in captured.items():
-                for name, batch_rows in rows.items():
-                    # The accumulator keeps its first batch's dtype: never a half-precision one (q is formed in
-                    # float32 from half-precision gradients already; this holds the line should that change).
-                    if batch_rows.dtype in (torch.float16, torch.bfloat16):
-                        batch_rows = batch_rows.float()
-                    accumulators[each][name].update(batch_rows if take == batch_size else batch_rows[:take])
-            seen += take
-            if bar is not None:
-                bar.update(take)
-            if examples is not None and seen >= examples:
-                break
-    finally:
-        if bar is not None:
-            bar.close()
+    captures = _captures(model, modules, batches, reductions, task, loss_fn, check_determinism, logits_index)
+    _stream(captures, accumulators, examples, _progress_bar(progress, examples, desc))
     shaped = {each: by_layer[next(iter(modules))] if single else by_layer for each, by_layer in accumulators.items()}
     return shaped[reduction] if isinstance(reduction, str) else shaped
