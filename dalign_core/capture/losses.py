@@ -197,19 +197,27 @@ def per_example_loss(output: Any, inputs: Any, targets: Any = None, task: str = 
     logits = logits_of(output, logits_index)
     task = resolve_task(model, task, logits)
     if task == "classification":
-        if targets is None:
-            raise CaptureError("a classifier needs targets (the labels of the batch) to define each example's loss")
-        _check_classification_targets(logits, targets)
-        logits = _at_least_float32(logits)
-        if isinstance(targets, torch.Tensor) and targets.is_floating_point():  # class probabilities
-            targets = targets.to(logits.dtype)
-        elif isinstance(targets, torch.Tensor) and logits.ndim == 2:
-            _check_label_range(targets, logits.shape[-1], "targets (class labels)", ignore=False)
-        return F.cross_entropy(logits, as_long(targets), reduction="none")
+        return _classification_loss(logits, targets)
     if task in ("masked_lm", "token_classification"):
         return _token_loss(logits, inputs, targets, task)
-    # causal LM
-    mask = inputs.get("attention_mask") if isinstance(inputs, Mapping) else None
+    return _causal_lm_loss(logits, inputs, targets)
+
+
+def _classification_loss(logits: torch.Tensor, targets: Any) -> torch.Tensor:
+    """Each example's cross-entropy against its class index ``(b,)`` or class probabilities ``(b, C)``."""
+    if targets is None:
+        raise CaptureError("a classifier needs targets (the labels of the batch) to define each example's loss")
+    _check_classification_targets(logits, targets)
+    logits = _at_least_float32(logits)
+    if isinstance(targets, torch.Tensor) and targets.is_floating_point():  # class probabilities
+        targets = targets.to(logits.dtype)
+    elif isinstance(targets, torch.Tensor) and logits.ndim == 2:
+        _check_label_range(targets, logits.shape[-1], "targets (class labels)", ignore=False)
+    return F.cross_entropy(logits, as_long(targets), reduction="none")
+
+
+def _causal_lm_labels(inputs: Any, targets: Any, mask: torch.Tensor | None) -> torch.Tensor:
+    """The causal LM's unshifted labels ``(b, T)``: ``targets`` (default: the input ids), padding ignored."""
     if targets is None:
         ids = inputs.get("input_ids") if isinstance(inputs, Mapping) else inputs
         if not isinstance(ids, torch.Tensor) or ids.is_floating_point():
@@ -222,6 +230,13 @@ def per_example_loss(output: Any, inputs: Any, targets: Any = None, task: str = 
     labels = as_long(targets)
     if mask is not None:
         labels = labels.masked_fill(mask.to(labels.device) == 0, IGNORE_INDEX)
+    return labels
+
+
+def _causal_lm_loss(logits: torch.Tensor, inputs: Any, targets: Any) -> torch.Tensor:
+    """Each example's mean next-token cross-entropy over its scored positions (see :func:`per_example_loss`)."""
+    mask = inputs.get("attention_mask") if isinstance(inputs, Mapping) else None
+    labels = _causal_lm_labels(inputs, targets, mask)
     if logits.ndim == 3:
         _check_label_range(labels, logits.shape[-1], "causal-LM labels", ignore=True)
     if logits.ndim != 3 or labels.shape != logits.shape[:2]:
