@@ -458,6 +458,19 @@ def load_tokenizer(source: ModelSource | str, revision: str | None = None):
 
 def load_arch(args: argparse.Namespace, device):
     """The model ``--arch`` builds, with the state dict ``--model`` loaded into it (strictly), in eval mode."""
+    model = _built_arch(args)
+    state = _read_state_dict(args.model)
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as err:
+        raise LoadError(f"--model {args.model!r} does not match the model {args.arch} builds "
+                        f"({str(err).splitlines()[0]}); check --arch-kwargs") from err
+    return model.to(device).eval()
+
+
+def _built_arch(args: argparse.Namespace):
+    """The ``nn.Module`` that ``--arch module:callable`` returns when called with ``--arch-kwargs`` (a JSON
+    object); every way this fails is a one-line ValueError naming the flag."""
     import importlib
     import json
 
@@ -486,12 +499,18 @@ def load_arch(args: argparse.Namespace, device):
 
     if not isinstance(model, nn.Module):
         raise ValueError(f"--arch {args.arch!r} returned a {type(model).__name__}, not a torch.nn.Module")
-    path = Path(args.model).expanduser()
+    return model
+
+
+def _read_state_dict(model_arg: str) -> dict:
+    """The state dict in file ``--model`` (``.safetensors``, else a ``torch.save`` of tensors, read with
+    ``weights_only``); a missing, special, damaged or non-dict file is a one-line LoadError."""
+    path = Path(model_arg).expanduser()
     if path.exists() and not path.is_file() and not path.is_dir():
-        raise LoadError(f"--model {args.model!r} is not a regular file (a pipe, socket or device), which could block "
+        raise LoadError(f"--model {model_arg!r} is not a regular file (a pipe, socket or device), which could block "
                         "reading it forever; with --arch it is the state dict file (.pt or .safetensors)")
     if not path.is_file():
-        raise LoadError(f"--model {args.model!r} does not exist or is not a file; with --arch it is the state dict "
+        raise LoadError(f"--model {model_arg!r} does not exist or is not a file; with --arch it is the state dict "
                         "(torch.save(model.state_dict(), 'weights.pt') or a .safetensors file)")
     if path.suffix == ".safetensors":
         from safetensors import SafetensorError
@@ -506,17 +525,12 @@ def load_arch(args: argparse.Namespace, device):
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as err:  # noqa: BLE001  (a pickle that is more than tensors, or a damaged file)
-            raise LoadError(f"--model {args.model!r} could not be read as a state dict of tensors: "
+            raise LoadError(f"--model {model_arg!r} could not be read as a state dict of tensors: "
                             f"{str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}") from err
     if not isinstance(state, dict):
-        raise LoadError(f"--model {args.model!r} holds a {type(state).__name__}, not a state dict; save "
+        raise LoadError(f"--model {model_arg!r} holds a {type(state).__name__}, not a state dict; save "
                         "model.state_dict()")
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as err:
-        raise LoadError(f"--model {args.model!r} does not match the model {args.arch} builds "
-                        f"({str(err).splitlines()[0]}); check --arch-kwargs") from err
-    return model.to(device).eval()
+    return state
 
 
 _hub_reachable = hub_reachable  # the old name, kept for dalign_repro/experiments/pythia_checkpoints.py until it moves
