@@ -43,7 +43,7 @@ from dalign_core.cli.errors import LoadError
 from dalign_core.cli.regular_files import check_regular_files, check_revision_name
 
 __all__ = ["LoadError", "ModelSource", "resolve_model_source", "revision_folders", "load_model", "load_tokenizer",
-           "check_tokenizer_fits", "max_positions", "check_seq_len", "load_arch", "hub_reachable",
+           "check_tokenizer_fits", "max_positions", "check_seq_len", "load_arch", "hub_cache", "hub_reachable",
            "unreachable_message"]
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "spiece.model")
@@ -71,7 +71,8 @@ class ModelSource:
         return self.local or self.cached
 
 
-def _hub_cache() -> str:
+def hub_cache() -> str:
+    """The folder of the Hugging Face hub cache (``$HF_HUB_CACHE``, from ``$HF_HOME``), for messages that name it."""
     try:
         from huggingface_hub import constants
 
@@ -102,11 +103,11 @@ def unreachable_message(kind: str, spec: str, flag: str, offline: str | None, re
     rev_flag = f" --revision {revision}" if revision else ""
     return (
         f"{kind} {spec!r}{at} is not a local {'folder' if kind == 'model' else 'file'}, it is not in the Hugging Face "
-        f"cache ({_hub_cache()}), and {reason}. Either download it on a machine with network access, e.g. "
+        f"cache ({hub_cache()}), and {reason}. Either download it on a machine with network access, e.g. "
         f"`hf download {spec}{' --repo-type dataset' if kind == 'dataset' else ''}{rev_flag} --local-dir {folder}`, "
         f"copy that folder here and pass {flag} ./{name}{rev_flag}"
         + (" (a folder with config.json, model.safetensors and the tokenizer files)" if kind == "model" else "")
-        + f"; or copy a Hugging Face cache that holds it to {_hub_cache()} (or point HF_HOME at it)"
+        + f"; or copy a Hugging Face cache that holds it to {hub_cache()} (or point HF_HOME at it)"
         + (f"; or unset {offline} if this machine has network access" if offline else "")
         + "."
     )
@@ -533,4 +534,5 @@ def _read_state_dict(model_arg: str) -> dict:
     return state
 
 
-_hub_reachable = hub_reachable  # the old name, kept for dalign_repro/experiments/pythia_checkpoints.py until it moves
+# The old names, kept for dalign_repro/experiments/pythia_checkpoints.py until it imports the new ones.
+_hub_cache, _hub_reachable = hub_cache, hub_reachable
