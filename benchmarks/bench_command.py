@@ -107,7 +107,7 @@ def in_process(model_dir: Path, text: Path, examples: int, seq_len: int, threads
     from dalign_core.capture.hooks import accumulate_geometry
     from dalign_core.cli.examples import make_batches, read_text_examples
     from dalign_core.cli.loading import load_model, load_tokenizer, resolve_model_source
-    from dalign_core.cli.redundancy_check import QUICK_EXAMPLES, _redundancy_by_layer
+    from dalign_core.cli.redundancy_check import QUICK_EXAMPLES, redundancy_by_layer
 
     torch.set_num_threads(threads)
     source = resolve_model_source(str(model_dir))
@@ -119,7 +119,7 @@ def in_process(model_dir: Path, text: Path, examples: int, seq_len: int, threads
         accumulate_geometry(model, [LAYER], make_batches(sequences, batch_size), examples=len(sequences))[LAYER].result()
 
     def check(count):
-        return lambda: _redundancy_by_layer(model, [LAYER], sequences[:count], batch_size, ("shared",), progress=False)
+        return lambda: redundancy_by_layer(model, [LAYER], sequences[:count], batch_size, ("shared",), progress=False)
 
     return {"work": work, "check_default": check(min(QUICK_EXAMPLES, len(sequences))),
             "check_thorough": check(len(sequences))}

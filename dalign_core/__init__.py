@@ -10,7 +10,8 @@ The small library an engineer installs alone (torch, numpy and tqdm), in rooms b
 * :mod:`dalign_core.cli` — the ``dalign`` command (``estimate``, ``layers``, ``rank``) and its model loading.
 
 :mod:`dalign_core.atomic` writes files by temporary name and rename; :mod:`dalign_core.device` resolves where a
-process computes. The reproduction of the paper (:mod:`dalign_repro`) is built on this package and never
+process computes; :mod:`dalign_core.environment` reads on/off flags; :mod:`dalign_core.seeding` derives seeds from
+names. The reproduction of the paper (:mod:`dalign_repro`) is built on this package and never
 imported by it.
 """
 

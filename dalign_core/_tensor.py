@@ -6,19 +6,16 @@ on a GPU; numpy inputs are wrapped without a copy where possible.
 
 from __future__ import annotations
 
-import hashlib
 import numbers
 
 import numpy as np
 import torch
 
+from dalign_core.seeding import derived_seed  # the old path, kept for code not yet moved
+
+__all__ = ["ArrayLike", "as_count", "as_float64", "check_finite", "derived_seed"]
+
 ArrayLike = "np.ndarray | torch.Tensor"
-
-
-def derived_seed(*key) -> int:
-    """A 63-bit seed from ``key`` (sha256 of its ``:``-joined parts): independent streams named, not numbered."""
-    digest = hashlib.sha256(":".join(map(str, key)).encode()).digest()
-    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
 def as_float64(x, name: str) -> torch.Tensor:

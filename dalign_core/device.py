@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 __all__ = ["THREADS_VARIABLE", "Context", "context", "resolve_device", "local_device", "threads", "configure",
-           "configured"]
+           "configured", "positive_env_int"]
 
 THREADS_VARIABLE = "DALIGN_THREADS"
 
@@ -107,7 +107,9 @@ def local_device(device: str = "auto") -> torch.device:
 # ----------------------------------------------------------------------------- threads per process
 
 
-def _positive(name: str) -> int | None:
+def positive_env_int(name: str) -> int | None:
+    """Environment variable ``name`` as a whole number of at least 1, None when unset; anything else raises
+    ValueError."""
     value = os.environ.get(name, "").strip()
     if not value:
         return None
@@ -122,7 +124,7 @@ def _positive(name: str) -> int | None:
 
 def threads() -> int:
     """Intra-op threads per process on the CPU: ``$DALIGN_THREADS``, else 1."""
-    return _positive(THREADS_VARIABLE) or 1
+    return positive_env_int(THREADS_VARIABLE) or 1
 
 
 def _pin(number: int) -> None:

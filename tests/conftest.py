@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 # These (and dalign_core/__init__) load numpy and torch, not matplotlib or huggingface_hub.
-from dalign_core._env import OFFLINE_VARIABLES
+from dalign_core.environment import OFFLINE_VARIABLES
 from dalign_repro.config import REPO_ROOT
 
 # Before anything imports matplotlib or huggingface_hub (which read these once, at import).

@@ -437,12 +437,12 @@ def test_tokenizer_given_as_a_file_is_named_as_the_tokenizer(root, capsys, no_mo
 
 def test_a_negative_seed_is_one_sentence():
     from dalign_core.cli.app import build_parser
-    from dalign_core.cli.options import _check_common
+    from dalign_core.cli.options import check_common
 
     args = build_parser().parse_args(["layers", "--model", "m"])
     args.seed = -1
     with pytest.raises(ValueError, match="--seed must be a whole number from 0"):
-        _check_common(args)
+        check_common(args)
 
 
 def test_ctrl_c_while_starting_is_interrupted_not_a_traceback(monkeypatch, capsys):

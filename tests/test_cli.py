@@ -181,7 +181,7 @@ def test_layers_command_lists_decoder_layers(checkpoint, capsys):
 
 
 def test_offline_flags_are_parsed_in_one_place(monkeypatch):
-    from dalign_core._env import env_flag, hub_offline, offline_variable
+    from dalign_core.environment import env_flag, hub_offline, offline_variable
 
     for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
         monkeypatch.delenv(name, raising=False)

@@ -57,13 +57,13 @@ def _argv(checkpoint, *extra):
 def checked(monkeypatch):
     """The number of examples each redundancy check of the command ran on."""
     counts = []
-    check = estimate_module._redundancy_by_layer
+    check = estimate_module.redundancy_by_layer
 
     def counting(model, layers, sequences, *args, **kwargs):
         counts.append(len(sequences))
         return check(model, layers, sequences, *args, **kwargs)
 
-    monkeypatch.setattr(estimate_module, "_redundancy_by_layer", counting)
+    monkeypatch.setattr(estimate_module, "redundancy_by_layer", counting)
     return counts
 
 

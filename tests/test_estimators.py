@@ -322,7 +322,7 @@ def test_a_gram_matrix_that_is_not_symmetric_is_refused():
     n = len(Q)
     true = geometry_from_gram(G)
     bent = np.triu(G)  # the lower triangle zeroed: not a Gram matrix
-    wrong = ustatistics._geometry_from_scaled_gram(torch.as_tensor(bent), 0, None, confidence=0.95, sketch_dim=None)
+    wrong = ustatistics.geometry_from_scaled_gram(torch.as_tensor(bent), 0, None, confidence=0.95, sketch_dim=None)
     assert abs(wrong.d_align - true.d_align) > 0.5 * true.d_align  # what the refusal prevents
     with pytest.raises(ValueError, match=r"G is not symmetric: G\[\d+, \d+\] = .* but G\[\d+, \d+\] = .*Q @ Q\.T"):
         geometry_from_gram(bent)

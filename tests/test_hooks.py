@@ -469,7 +469,7 @@ def _legacy_per_example_loss(output, inputs, targets=None, task="auto"):
     """The causal-LM loss as it was before (cross-entropy on a copy of ``logits[:, :-1]``), the reference."""
     from dalign_core.capture import losses
 
-    logits = losses._logits(output)
+    logits = losses.logits_of(output)
     if logits.ndim != 3 or task == "classification":
         return losses.per_example_loss(output, inputs, targets, task)
     mask = inputs.get("attention_mask") if isinstance(inputs, dict) else None

@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 LAYERS = {
-    "dalign_core": {"": 0, "_env": 0, "_tensor": 0, "atomic": 0, "device": 0,
+    "dalign_core": {"": 0, "_env": 0, "_tensor": 0, "atomic": 0, "device": 0, "environment": 0, "seeding": 0,
                     "geometry": 1, "capture": 2, "growth": 3, "cli": 4, "__main__": 5},
     "dalign_repro": {"": 0, "config": 0, "data": 1, "models": 1, "training": 2, "sweep": 3, "report": 4,
                      "studies": 5, "claims": 6, "experiments": 7, "__main__": 8},
@@ -87,7 +87,8 @@ def test_every_subpackage_says_what_it_holds_and_may_import():
 
 def test_the_flat_folders_hold_only_the_helpers():
     loose = sorted(p.name for p in (ROOT / "dalign_core").glob("*.py"))
-    assert loose == ["__init__.py", "__main__.py", "_env.py", "_tensor.py", "atomic.py", "device.py"], loose
+    assert loose == ["__init__.py", "__main__.py", "_env.py", "_tensor.py", "atomic.py", "device.py", "environment.py",
+                     "seeding.py"], loose
     loose = sorted(p.name for p in (ROOT / "dalign_repro").glob("*.py"))
     assert loose == ["__init__.py", "__main__.py", "config.py"], loose
 
@@ -137,3 +138,43 @@ def test_no_import_cycle_between_modules():
         if name not in state:
             visit(name, [name])
     assert not cycles, "import cycles: " + "; ".join(cycles)
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_no_private_name_crosses_a_module_of_the_core():
+    """Inside dalign_core a module imports from another only that module's public names (``from m import _x`` and
+    ``m._x`` are refused): what siblings share is the module's API. The top-level ``_tensor`` may be imported
+    whole by the core's own modules; it is private to the package, not to a module."""
+    crossing = []
+    for path in sorted((ROOT / "dalign_core").rglob("*.py")):
+        here = _name(path)
+        tree = ast.parse(path.read_text(), filename=str(path))
+        modules = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("dalign_core"):
+                for alias in node.names:
+                    if _private(alias.name) and node.module != here:
+                        crossing.append(f"{path.relative_to(ROOT)} line {node.lineno}: {node.module}.{alias.name}")
+                    modules[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+            elif isinstance(node, ast.Import):
+                modules.update({a.asname: a.name for a in node.names if a.asname and a.name.startswith("dalign_core")})
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and _private(node.attr) and isinstance(node.value, ast.Name)
+                    and node.value.id in modules):
+                crossing.append(f"{path.relative_to(ROOT)} line {node.lineno}: {modules[node.value.id]}.{node.attr}")
+    assert not crossing, "private names imported from another module: " + "; ".join(crossing)
+
+
+def test_the_old_private_paths_still_import_the_public_names():
+    """``dalign_core._env`` and ``dalign_core._tensor.derived_seed`` stay importable (code not yet moved to
+    :mod:`dalign_core.environment` and :mod:`dalign_core.seeding`) and are the same objects."""
+    from dalign_core import _env, _tensor, environment, seeding
+
+    assert _env.__all__ == environment.__all__
+    assert all(getattr(_env, name) is getattr(environment, name) for name in environment.__all__)
+    assert _tensor.derived_seed is seeding.derived_seed
+    assert seeding.derived_seed("a", 1) != seeding.derived_seed("a", 2)
+    assert 0 <= seeding.derived_seed("dalign-order", 0, 0) < 2**63

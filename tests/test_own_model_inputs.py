@@ -387,8 +387,8 @@ def test_rank_and_layers_take_quiet(folder, capsys, monkeypatch):
     from dalign_core.cli import rank as rank_module
 
     seen = []
-    real = rank_module._with_progress
-    monkeypatch.setattr(rank_module, "_with_progress", lambda b, d, progress=True: seen.append(progress) or
+    real = rank_module.with_progress
+    monkeypatch.setattr(rank_module, "with_progress", lambda b, d, progress=True: seen.append(progress) or
                         real(b, d, progress))
     argv = ["rank", "--model", str(folder / "gpt2"), "--data", str(folder / "data.txt"), "--seq-len", "16",
             "--examples", "8", "--redundancy-examples", "4", "--device", "cpu"]

@@ -16,5 +16,5 @@
   couples the examples.
 * :mod:`~dalign_core.capture.redundancy`: which captured layers repeat each other's gradients.
 
-May import: :mod:`dalign_core.geometry` and the top-level helpers (``_tensor``, ``_env``). No training, no files.
+May import: :mod:`dalign_core.geometry` and the top-level helpers (``_tensor``, ``environment``, ``seeding``). No training, no files.
 """

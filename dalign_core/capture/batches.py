@@ -18,9 +18,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from dalign_core.capture.refusals import CaptureError, _describe, model_error
+from dalign_core.capture.refusals import CaptureError, describe, model_error
 
-__all__ = ["conform_batch", "position_limit", "split_batch", "call_model", "to_device", "targets_from_labels"]
+__all__ = ["conform_batch", "position_limit", "split_batch", "call_model", "to_device", "targets_from_labels",
+           "batch_rows", "take_first", "check_batch", "check_batches", "is_positive_int", "as_long",
+           "forward_params", "device_of"]
 
 
 def _embedding_rows(model: nn.Module) -> int | None:
@@ -37,7 +39,7 @@ def _check_token_ids(ids: Any, vocabulary: int | None, what: str) -> None:
     """Refuse token ids that are not an integer tensor, or that fall outside the model's embedding."""
     if not isinstance(ids, torch.Tensor) or ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
         raise CaptureError(
-            f"{what} must be an integer tensor of token ids (torch.long), got {_describe(ids)}; "
+            f"{what} must be an integer tensor of token ids (torch.long), got {describe(ids)}; "
             "pass the tokenizer's output, or convert whole-number ids with .long()"
         )
     if vocabulary is None or ids.numel() == 0:
@@ -51,14 +53,14 @@ def _check_token_ids(ids: Any, vocabulary: int | None, what: str) -> None:
         )
 
 
-def _check_batch(model: nn.Module, inputs: Any, targets: Any, loss_fn: Callable[[Any, Any], torch.Tensor] | None) -> None:
+def check_batch(model: nn.Module, inputs: Any, targets: Any, loss_fn: Callable[[Any, Any], torch.Tensor] | None) -> None:
     """Refuse inputs and targets of the wrong type before they reach the model (and fail deep inside torch), and
     a call the capture cannot differentiate (inside ``torch.inference_mode()``, a model on the meta device)."""
     _check_grad_mode(model)
     if not isinstance(inputs, (torch.Tensor, Mapping)):
         raise CaptureError(
             "inputs must be a tensor or a mapping of keyword arguments such as {'input_ids': ..., 'attention_mask': ...}, "
-            f"got {_describe(inputs)}"
+            f"got {describe(inputs)}"
         )
     vocabulary = _embedding_rows(model)
     if isinstance(inputs, Mapping) and "input_ids" in inputs:
@@ -66,7 +68,7 @@ def _check_batch(model: nn.Module, inputs: Any, targets: Any, loss_fn: Callable[
     elif isinstance(inputs, torch.Tensor) and vocabulary is not None:
         _check_token_ids(inputs, vocabulary, "inputs (token ids for a model with an input embedding)")
     if loss_fn is None and targets is not None and not isinstance(targets, torch.Tensor):
-        raise CaptureError(f"targets (or a batch's labels) must be a tensor, got {_describe(targets)}")
+        raise CaptureError(f"targets (or a batch's labels) must be a tensor, got {describe(targets)}")
     first = inputs.get("input_ids") if isinstance(inputs, Mapping) else inputs
     if not isinstance(first, torch.Tensor) and isinstance(inputs, Mapping):
         first = next((v for v in inputs.values() if isinstance(v, torch.Tensor)), None)
@@ -212,7 +214,7 @@ def _check_token_batch(model: nn.Module, inputs: Mapping) -> None:
     if mask is None:
         return
     if not isinstance(mask, torch.Tensor):
-        raise CaptureError(f"attention_mask must be a tensor (batch, T) of 1 (token) and 0 (padding), got {_describe(mask)}")
+        raise CaptureError(f"attention_mask must be a tensor (batch, T) of 1 (token) and 0 (padding), got {describe(mask)}")
     if isinstance(ids, torch.Tensor) and mask.shape != ids.shape:
         raise CaptureError(
             f"attention_mask has shape {tuple(mask.shape)}, input_ids {tuple(ids.shape)}; it must have the ids' "
@@ -235,7 +237,7 @@ def _check_position_ids(model: nn.Module, positions: Any, ids: Any) -> None:
     if positions is None:
         return
     if not isinstance(positions, torch.Tensor) or positions.is_floating_point() or positions.dtype == torch.bool:
-        raise CaptureError(f"position_ids must be an integer tensor (batch, T), got {_describe(positions)}")
+        raise CaptureError(f"position_ids must be an integer tensor (batch, T), got {describe(positions)}")
     if isinstance(ids, torch.Tensor) and positions.shape != ids.shape and positions.shape != ids.shape[1:] and \
             positions.shape != (1, *ids.shape[1:]):
         raise CaptureError(f"position_ids have shape {tuple(positions.shape)}, input_ids {tuple(ids.shape)}; give "
@@ -254,7 +256,7 @@ def _float_dtype(model: nn.Module) -> torch.dtype | None:
     return dtypes.pop() if len(dtypes) == 1 else None
 
 
-def _as_long(value: Any) -> Any:
+def as_long(value: Any) -> Any:
     """Integer (token ids, class labels) tensors other than int64 as int64, which embeddings and losses take."""
     if isinstance(value, torch.Tensor) and not value.is_floating_point() and not value.is_complex() \
             and value.dtype not in (torch.long, torch.bool):
@@ -266,14 +268,14 @@ def conform_batch(model: nn.Module, inputs: Any, targets: Any, device: torch.dev
     """``(inputs, targets)`` on the model's device as it takes them: int32 (any integer) token ids and labels as
     int64, floating inputs in the model's floating dtype (float32 inputs for a float64 model), and tensors made
     inside ``torch.inference_mode()`` as ordinary clones."""
-    device = _device_of(model) if device is None else device
+    device = device_of(model) if device is None else device
     # a tensor made inside torch.inference_mode() cannot enter autograd; its clone (made here, outside) can
     inputs, targets = (_map_tensors(v, lambda t: t.clone() if t.is_inference() else t) for v in (inputs, targets))
     if isinstance(inputs, Mapping):
-        inputs = {k: _as_long(v) if k in ("input_ids", "labels") else v for k, v in inputs.items()}
+        inputs = {k: as_long(v) if k in ("input_ids", "labels") else v for k, v in inputs.items()}
     elif _embedding_rows(model) is not None:
-        inputs = _as_long(inputs)
-    return to_device(inputs, device, _float_dtype(model)), to_device(_as_long(targets), device)
+        inputs = as_long(inputs)
+    return to_device(inputs, device, _float_dtype(model)), to_device(as_long(targets), device)
 
 
 def targets_from_labels(inputs: Any, targets: Any) -> Any:
@@ -288,7 +290,8 @@ def targets_from_labels(inputs: Any, targets: Any) -> Any:
     return inputs["labels"]
 
 
-def _device_of(model: nn.Module) -> torch.device:
+def device_of(model: nn.Module) -> torch.device:
+    """The device of ``model``'s first parameter (else first buffer, else the CPU): where its inputs go."""
     for tensor in model.parameters():
         return tensor.device
     for tensor in model.buffers():
@@ -315,31 +318,32 @@ def _map_tensors(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     return value
 
 
-def _batch_rows(value: Any, batch: int, index: Any) -> Any:
+def batch_rows(value: Any, batch: int, index: Any) -> Any:
     """Rows ``index`` (a slice or an index tensor) of the tensors in ``value`` whose leading dimension is the
     batch's ``batch`` examples; other tensors and values are passed as they are."""
     return _map_tensors(value, lambda tensor: tensor[index] if tensor.ndim and tensor.shape[0] == batch else tensor)
 
 
-def _take_first(value: Any, batch: int) -> Any:
+def take_first(value: Any, batch: int) -> Any:
     """A batch of the same size made of example 0 repeated: tensors with a leading dimension of ``batch`` (also in
     mappings and sequences) repeat their first row; everything else is passed as it is.
 
     The same batch size keeps the kernels' arithmetic (a batch of one can take other code paths, whose rounding
     flips a ReLU at an exact zero and moves q by percents); the other examples change, so batch statistics do."""
-    return _batch_rows(value, batch, [0] * batch)
+    return batch_rows(value, batch, [0] * batch)
 
 
-def _check_batches(batches: Any) -> None:
+def check_batches(batches: Any) -> None:
     """``batches`` is an iterable of batches; a single batch (a tensor or a mapping) is refused, not iterated."""
     if isinstance(batches, (torch.Tensor, Mapping)) or not isinstance(batches, Iterable):
         raise CaptureError(
-            f"batches must be an iterable of batches (a list, a DataLoader, a generator), got {_describe(batches)}; "
+            f"batches must be an iterable of batches (a list, a DataLoader, a generator), got {describe(batches)}; "
             "wrap a single batch in a list: [batch]"
         )
 
 
-def _is_positive_int(value: Any) -> bool:
+def is_positive_int(value: Any) -> bool:
+    """True for an integer (not a bool) of at least 1."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1
 
 
@@ -357,7 +361,7 @@ def _describe_inputs(inputs: Any) -> str:
         return "inputs {" + ", ".join(parts[:6]) + "}"
     if isinstance(inputs, torch.Tensor):
         return f"inputs of shape {tuple(inputs.shape)} ({str(inputs.dtype).replace('torch.', '')})"
-    return f"inputs {_describe(inputs)}"
+    return f"inputs {describe(inputs)}"
 
 
 def call_model(model: nn.Module, inputs: Any) -> Any:
@@ -367,7 +371,7 @@ def call_model(model: nn.Module, inputs: Any) -> Any:
     try:
         if isinstance(inputs, Mapping):
             kwargs = {k: v for k, v in inputs.items() if k != "labels"}
-            if hasattr(getattr(model, "config", None), "use_cache") or "use_cache" in _forward_params(model):
+            if hasattr(getattr(model, "config", None), "use_cache") or "use_cache" in forward_params(model):
                 kwargs.setdefault("use_cache", False)  # no key/value cache: it only costs memory here
             return model(**kwargs)
         return model(inputs)
@@ -381,7 +385,8 @@ def call_model(model: nn.Module, inputs: Any) -> Any:
         raise model_error(model, err, _describe_inputs(inputs)) from err
 
 
-def _forward_params(model: nn.Module) -> set[str]:
+def forward_params(model: nn.Module) -> set[str]:
+    """The names of the parameters of ``model.forward`` (empty where its signature cannot be read)."""
     try:
         return set(inspect.signature(model.forward).parameters)
     except (TypeError, ValueError):

@@ -8,9 +8,11 @@ import math
 
 import torch
 
-from dalign_core.capture.batches import _batch_rows, _take_first
+from dalign_core.capture.batches import batch_rows, take_first
 from dalign_core.capture.gradients import layer_gradients
 from dalign_core.capture.refusals import CaptureError
+
+__all__ = ["random_states", "drew_random_numbers", "check_deterministic"]
 
 
 def _determinism_tolerance(dtype: torch.dtype) -> float:
@@ -18,7 +20,7 @@ def _determinism_tolerance(dtype: torch.dtype) -> float:
     return max(1e-5, 8 * torch.finfo(dtype).eps) if dtype.is_floating_point else 1e-5
 
 
-def _random_states() -> list[torch.Tensor]:
+def random_states() -> list[torch.Tensor]:
     """The states of torch's default random number generators: the CPU one and each initialized CUDA device's."""
     states = [torch.random.get_rng_state()]
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -26,14 +28,14 @@ def _random_states() -> list[torch.Tensor]:
     return states
 
 
-def _drew_random_numbers(before: list[torch.Tensor]) -> bool:
-    """Whether a default generator moved since ``before`` (:func:`_random_states`): something drew random numbers.
+def drew_random_numbers(before: list[torch.Tensor]) -> bool:
+    """Whether a default generator moved since ``before`` (:func:`random_states`): something drew random numbers.
 
     Every random operation in torch (dropout, ``bernoulli_``, ``rand*``) advances its device's generator, whatever
     module or function calls it: the dependable sign that the forward is random, where the module flags miss a
     functional call with ``training=True`` and a recomputation of one example sees a random drop only when it
     happens to differ (stochastic depth of p = 0.1 keeps both copies of an example 81% of the time)."""
-    return any(not torch.equal(a, b) for a, b in zip(_random_states(), before))  # a device set up since: not compared
+    return any(not torch.equal(a, b) for a, b in zip(random_states(), before))  # a device set up since: not compared
 
 
 def _relative_gap(row: torch.Tensor, again: torch.Tensor) -> float:
@@ -49,7 +51,7 @@ def _agrees_alone(model, modules, inputs, targets, task, loss_fn, grads: dict[st
     """Whether example 0 alone gives its row of ``grads`` within rounding at every layer."""
     first = [0]
     try:
-        again = layer_gradients(model, modules, _batch_rows(inputs, batch, first), _batch_rows(targets, batch, first), task,
+        again = layer_gradients(model, modules, batch_rows(inputs, batch, first), batch_rows(targets, batch, first), task,
                            loss_fn, logits_index)
     except Exception:  # noqa: BLE001  (the decisive check runs it at full size and says what failed)
         return False
@@ -58,7 +60,7 @@ def _agrees_alone(model, modules, inputs, targets, task, loss_fn, grads: dict[st
                for name, grad in grads.items())
 
 
-def _check_deterministic(model, modules, inputs, targets, task, loss_fn, grads: dict[str, torch.Tensor],
+def check_deterministic(model, modules, inputs, targets, task, loss_fn, grads: dict[str, torch.Tensor],
                          logits_index: int | None = None) -> None:
     """Recompute example 0 in a batch of copies of itself and compare its gradient with its row of the batch's.
 
@@ -72,13 +74,13 @@ def _check_deterministic(model, modules, inputs, targets, task, loss_fn, grads: 
     size (rounding, which can flip a ReLU at an exact zero). So example 0 alone agreeing with the batch's row within
     :func:`_determinism_tolerance` passes, and only a disagreement pays for the decisive check: b copies, the
     batch's own kernels (refused there or not, as before). Random draws are caught before, by the generator's
-    state (:func:`_drew_random_numbers`).
+    state (:func:`drew_random_numbers`).
     """
     batch = next(iter(grads.values())).shape[0]
     if batch > 1 and _agrees_alone(model, modules, inputs, targets, task, loss_fn, grads, logits_index, batch):
         return
     try:
-        again = layer_gradients(model, modules, _take_first(inputs, batch), _take_first(targets, batch), task, loss_fn,
+        again = layer_gradients(model, modules, take_first(inputs, batch), take_first(targets, batch), task, loss_fn,
                            logits_index)
     except CaptureError:
         raise

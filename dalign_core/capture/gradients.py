@@ -21,10 +21,10 @@ import torch
 from torch import nn
 
 from dalign_core.capture.batches import call_model
-from dalign_core.capture.losses import _logits, _positions_for_left_padding, _resolve_task, call_loss, per_example_loss
+from dalign_core.capture.losses import logits_of, positions_for_left_padding, resolve_task, call_loss, per_example_loss
 from dalign_core.capture.refusals import CaptureError
 
-__all__ = ["layer_gradients", "parameters_frozen", "primary_output"]
+__all__ = ["layer_gradients", "parameters_frozen", "primary_output", "forward_to_losses"]
 
 
 def _restore_requires_grad(parameters: list[torch.Tensor]) -> None:
@@ -87,9 +87,9 @@ def layer_gradients(model, modules: dict[str, nn.Module], inputs, targets, task,
                logits_index: int | None = None) -> dict[str, torch.Tensor]:
     """One forward pass and one backward pass down to the layers' outputs z: ∂(Σ_i ℓ_i)/∂z per layer (z's shape).
 
-    Refuses what :func:`_forward_to_losses` refuses, and a layer whose output no gradient path links to the loss.
+    Refuses what :func:`forward_to_losses` refuses, and a layer whose output no gradient path links to the loss.
     """
-    zs, losses = _forward_to_losses(model, modules, inputs, targets, task, loss_fn, logits_index)
+    zs, losses = forward_to_losses(model, modules, inputs, targets, task, loss_fn, logits_index)
     with torch.enable_grad():
         grads = torch.autograd.grad(losses.sum(), zs, allow_unused=True)
     unreached = [name for name, grad in zip(modules, grads) if grad is None]
@@ -102,9 +102,73 @@ def layer_gradients(model, modules: dict[str, nn.Module], inputs, targets, task,
     return {name: grad.detach() for name, grad in zip(modules, grads)}
 
 
-def _forward_to_losses(model, modules: dict[str, nn.Module], inputs, targets, task, loss_fn,
-                       logits_index: int | None = None,
-                       keep: Iterable[torch.Tensor] = ()) -> tuple[list[torch.Tensor], torch.Tensor]:
+def _capturing_hook(captured: list[tuple[torch.Tensor, int]]):
+    """A forward hook that appends the layer's output z (and its version counter) to ``captured``; where z records
+    no graph (frozen parameters upstream) it is replaced by a leaf that can be differentiated."""
+    def hook(module, args, output):
+        tensor, rebuild = primary_output(output)
+        replacement = None
+        if not tensor.requires_grad:  # e.g. frozen parameters upstream: make z a leaf we can differentiate
+            tensor = tensor.detach().requires_grad_(True)
+            replacement = rebuild(tensor)
+        captured.append((tensor, tensor._version))
+        return replacement
+    return hook
+
+
+def _check_ran_once(captured: dict[str, list[tuple[torch.Tensor, int]]]) -> None:
+    """Refuse an insertion point that did not run, or ran more than once, in the forward pass."""
+    for name, seen in captured.items():
+        if len(seen) != 1:
+            what = "did not run" if not seen else f"ran {len(seen)} times"
+            raise CaptureError(
+                f"layer {name!r} {what} in one forward pass; an insertion point must be a submodule that runs "
+                "exactly once per forward"
+            )
+
+
+def _checked_losses(model, output, inputs, targets, task, loss_fn, logits_index: int | None) -> torch.Tensor:
+    """The per-example losses (batch,) of ``output``: from ``loss_fn``, else from the task's loss on the logits;
+    refused unless one-dimensional and finite."""
+    if loss_fn is not None:
+        losses = call_loss(loss_fn, output, targets)  # its errors and returns checked, coupling refused
+    else:  # the task read from the model here, where the model is known
+        logits = logits_of(output, logits_index)
+        losses = per_example_loss(logits, inputs, targets, resolve_task(model, task, logits))
+    if losses.ndim != 1:
+        raise CaptureError(f"per-example losses must have shape (batch,), got {tuple(losses.shape)}")
+    bad = torch.nonzero(~torch.isfinite(losses.detach())).flatten().tolist()
+    if bad:
+        raise CaptureError(
+            f"non-finite loss for example(s) {bad[:10]} of {losses.shape[0]} "
+            f"(values {[float(losses.detach()[i]) for i in bad[:3]]}); check the inputs, targets and the model's dtype"
+        )
+    return losses
+
+
+def _check_graph(captured: dict[str, list[tuple[torch.Tensor, int]]], losses: torch.Tensor) -> None:
+    """Refuse a z that is not batch-first, a z changed in place after the hook saw it, and losses that record no
+    graph (so nothing links them to the zs)."""
+    for name, [(z, _)] in captured.items():
+        if z.shape[0] != losses.shape[0]:
+            raise CaptureError(
+                f"layer {name!r} output has leading dimension {z.shape[0]}, the batch has {losses.shape[0]} "
+                "examples; the insertion point's output must be batch-first"
+            )
+    modified = [name for name, [(z, version)] in captured.items() if z._version != version]
+    if modified:
+        raise _in_place_error(modified)
+    if not losses.requires_grad:  # no parameter records a graph, so nothing but the zs can link it
+        raise CaptureError(
+            f"no gradient reaches the output of {', '.join(map(repr, captured))}: the loss does not depend on "
+            f"the output of {list(captured)} through autograd (was the forward, or the part after the layer, "
+            "run under torch.no_grad() or on detached tensors?); q would be 0"
+        )
+
+
+def forward_to_losses(model, modules: dict[str, nn.Module], inputs, targets, task, loss_fn,
+                      logits_index: int | None = None,
+                      keep: Iterable[torch.Tensor] = ()) -> tuple[list[torch.Tensor], torch.Tensor]:
     """One forward pass with gradients on: each layer's output z (in the order of ``modules``) and the per-example
     losses (batch,), ready for backward passes down to the zs (and to the parameters in ``keep``, the only ones
     whose graph is recorded: :func:`parameters_frozen`).
@@ -114,23 +178,11 @@ def _forward_to_losses(model, modules: dict[str, nn.Module], inputs, targets, ta
     losses, and a loss that no gradient path links to any z.
     """
     captured: dict[str, list[tuple[torch.Tensor, int]]] = {name: [] for name in modules}
-
-    def make_hook(name: str):
-        def hook(module, args, output):
-            tensor, rebuild = primary_output(output)
-            replacement = None
-            if not tensor.requires_grad:  # e.g. frozen parameters upstream: make z a leaf we can differentiate
-                tensor = tensor.detach().requires_grad_(True)
-                replacement = rebuild(tensor)
-            captured[name].append((tensor, tensor._version))
-            return replacement
-        return hook
-
     handles = []
     try:
         for name, module in modules.items():
-            handles.append(module.register_forward_hook(make_hook(name)))
-        inputs = _positions_for_left_padding(model, inputs, task, loss_fn)
+            handles.append(module.register_forward_hook(_capturing_hook(captured[name])))
+        inputs = positions_for_left_padding(model, inputs, task, loss_fn)
         with torch.enable_grad(), parameters_frozen(model, keep):
             try:
                 output = call_model(model, inputs)
@@ -141,43 +193,10 @@ def _forward_to_losses(model, modules: dict[str, nn.Module], inputs, targets, ta
             for handle in handles:  # no hook may outlive the forward pass
                 handle.remove()
             handles = []
-            for name, seen in captured.items():
-                if len(seen) != 1:
-                    what = "did not run" if not seen else f"ran {len(seen)} times"
-                    raise CaptureError(
-                        f"layer {name!r} {what} in one forward pass; an insertion point must be a submodule that runs "
-                        "exactly once per forward"
-                    )
-            if loss_fn is not None:
-                losses = call_loss(loss_fn, output, targets)  # its errors and returns checked, coupling refused
-            else:  # the task read from the model here, where the model is known
-                logits = _logits(output, logits_index)
-                losses = per_example_loss(logits, inputs, targets, _resolve_task(model, task, logits))
-            if losses.ndim != 1:
-                raise CaptureError(f"per-example losses must have shape (batch,), got {tuple(losses.shape)}")
-            bad = torch.nonzero(~torch.isfinite(losses.detach())).flatten().tolist()
-            if bad:
-                raise CaptureError(
-                    f"non-finite loss for example(s) {bad[:10]} of {losses.shape[0]} "
-                    f"(values {[float(losses.detach()[i]) for i in bad[:3]]}); check the inputs, targets and the model's dtype"
-                )
-            zs = [captured[name][0][0] for name in modules]
-            for name, z in zip(modules, zs):
-                if z.shape[0] != losses.shape[0]:
-                    raise CaptureError(
-                        f"layer {name!r} output has leading dimension {z.shape[0]}, the batch has {losses.shape[0]} "
-                        "examples; the insertion point's output must be batch-first"
-                    )
-            modified = [name for name in modules if captured[name][0][0]._version != captured[name][0][1]]
-            if modified:
-                raise _in_place_error(modified)
-            if not losses.requires_grad:  # no parameter records a graph, so nothing but the zs can link it
-                raise CaptureError(
-                    f"no gradient reaches the output of {', '.join(map(repr, modules))}: the loss does not depend on "
-                    f"the output of {list(modules)} through autograd (was the forward, or the part after the layer, "
-                    "run under torch.no_grad() or on detached tensors?); q would be 0"
-                )
+            _check_ran_once(captured)
+            losses = _checked_losses(model, output, inputs, targets, task, loss_fn, logits_index)
+            _check_graph(captured, losses)
     finally:
         for handle in handles:
             handle.remove()
-    return zs, losses
+    return [captured[name][0][0] for name in modules], losses

@@ -73,47 +73,44 @@ import torch
 from torch import nn
 
 from dalign_core.capture.batches import (
-    _check_batch,
-    _check_batches,
-    _is_positive_int,
+    check_batch,
+    check_batches,
+    is_positive_int,
     conform_batch,
     split_batch,
     targets_from_labels,
 )
-from dalign_core.capture.determinism import _check_deterministic, _drew_random_numbers, _random_states
+from dalign_core.capture.determinism import check_deterministic, drew_random_numbers, random_states
 from dalign_core.capture.gradients import layer_gradients
-from dalign_core.capture.layers import _check_sequence_first, resolve_layers
+from dalign_core.capture.layers import check_sequence_first, resolve_layers
 from dalign_core.capture.losses import TASKS, LossFn
-from dalign_core.capture.refusals import CaptureError, _check_model, _describe, check_capturable, check_not_compiled
+from dalign_core.capture.refusals import CaptureError, check_model, describe, check_capturable, check_not_compiled
 from dalign_core.geometry.accumulator import GeometryAccumulator
 
-__all__ = [
-    "REDUCTIONS",
-    "activation_gradients",
-    "iter_activation_gradients",
-    "accumulate_geometry",
-    "reduce_gradient",
-]
+__all__ = ["REDUCTIONS", "activation_gradients", "iter_activation_gradients", "accumulate_geometry",
+           "reduce_gradient", "check_options"]
 
 
 REDUCTIONS = ("shared", "full")
 
 
-def _check_options(reduction: Any, task: Any, loss_fn: Any, logits_index: Any = None) -> None:
+def check_options(reduction: Any, task: Any, loss_fn: Any, logits_index: Any = None) -> None:
+    """Raise CaptureError naming the first of ``reduction``, ``task``, ``loss_fn``, ``logits_index`` that is not
+    valid."""
     if reduction not in REDUCTIONS:
-        raise CaptureError(f"reduction must be one of {REDUCTIONS}, got {_describe(reduction)}")
+        raise CaptureError(f"reduction must be one of {REDUCTIONS}, got {describe(reduction)}")
     if task not in TASKS:
-        raise CaptureError(f"task must be one of {TASKS}, got {_describe(task)}")
+        raise CaptureError(f"task must be one of {TASKS}, got {describe(task)}")
     if loss_fn is not None and not callable(loss_fn):
-        raise CaptureError(f"loss_fn must be a function (output, targets) -> per-example losses, got {_describe(loss_fn)}")
+        raise CaptureError(f"loss_fn must be a function (output, targets) -> per-example losses, got {describe(loss_fn)}")
     if logits_index is not None and (not isinstance(logits_index, numbers.Integral) or isinstance(logits_index, bool)):
         raise CaptureError(f"logits_index must be an int (the position of the logits in the model's output tuple) or "
-                           f"None, got {_describe(logits_index)}")
+                           f"None, got {describe(logits_index)}")
 
 
 def _check_flag(check_determinism: Any) -> None:
     if not isinstance(check_determinism, bool):
-        raise CaptureError(f"check_determinism must be True or False, got {_describe(check_determinism)}")
+        raise CaptureError(f"check_determinism must be True or False, got {describe(check_determinism)}")
 
 
 def reduce_gradient(grad: torch.Tensor, reduction: str) -> torch.Tensor:
@@ -133,15 +130,15 @@ def _capture(model, modules: dict[str, nn.Module], inputs, targets, reductions: 
              check_determinism: bool = False, logits_index: int | None = None) -> dict[str, dict[str, torch.Tensor]]:
     """One forward and one backward pass; reduction → layer name → (batch, d) rows, every reduction from one gradient.
 
-    The public callers have checked the reductions, task and loss (:func:`_check_options`)."""
+    The public callers have checked the reductions, task and loss (:func:`check_options`)."""
     check_capturable(model)
-    _check_sequence_first(modules)
+    check_sequence_first(modules)
     targets = targets_from_labels(inputs, targets)
-    _check_batch(model, inputs, targets, loss_fn)
+    check_batch(model, inputs, targets, loss_fn)
     inputs, targets = conform_batch(model, inputs, targets)
-    before = _random_states() if check_determinism else None
+    before = random_states() if check_determinism else None
     grads = layer_gradients(model, modules, inputs, targets, task, loss_fn, logits_index)
-    if before is not None and _drew_random_numbers(before):
+    if before is not None and drew_random_numbers(before):
         raise CaptureError(
             "the model is not deterministic in eval mode: dropout or batch statistics in training mode? Its forward "
             "drew random numbers (torch's random number generator moved during the capture), so q is random: look "
@@ -157,7 +154,7 @@ def _capture(model, modules: dict[str, nn.Module], inputs, targets, reductions: 
                 raise CaptureError(f"non-finite activation gradient at {name!r} for example(s) {bad_rows[:10]}")
             out[reduction][name] = rows
     if check_determinism:
-        _check_deterministic(model, modules, inputs, targets, task, loss_fn, grads, logits_index)
+        check_deterministic(model, modules, inputs, targets, task, loss_fn, grads, logits_index)
     return out
 
 
@@ -175,8 +172,59 @@ def _reductions(reduction: Any) -> tuple[str, ...]:
     if isinstance(reduction, str) or not isinstance(reduction, (list, tuple)):
         return (reduction,)
     if not reduction or len(set(reduction)) != len(reduction):
-        raise CaptureError(f"reduction must be one of {REDUCTIONS} or a list of distinct ones, got {_describe(reduction)}")
+        raise CaptureError(f"reduction must be one of {REDUCTIONS} or a list of distinct ones, got {describe(reduction)}")
     return tuple(reduction)
+
+
+def _checked_call(model, layer, reduction, task, loss_fn, logits_index, check_determinism: Any,
+                  several: bool = False) -> tuple[dict[str, nn.Module], tuple[str, ...]]:
+    """What every public capture function checks first, in this order: the model (a module, not compiled: a
+    compiled model's names are prefixed with "_orig_mod."), the layers (resolved to submodules), the reduction
+    (``several``: a list of them is allowed), task, loss and logits index, and the determinism flag. Returns the
+    modules by name and the reductions."""
+    check_model(model)
+    check_not_compiled(model)  # before the names: a compiled model's are prefixed with "_orig_mod."
+    modules = resolve_layers(model, layer)
+    reductions = _reductions(reduction) if several else (reduction,)
+    for each in reductions:
+        check_options(each, task, loss_fn, logits_index)
+    _check_flag(check_determinism)
+    return modules, reductions
+
+
+def _progress_bar(progress: bool, examples: int | None, desc: str):
+    """A tqdm bar over ``examples`` examples labelled ``desc``, or None without ``progress``."""
+    if not progress:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=examples, desc=desc, unit="ex", leave=False)
+
+
+def _stream(captures: Iterable[dict[str, dict[str, torch.Tensor]]],
+            accumulators: dict[str, dict[str, GeometryAccumulator]], examples: int | None, bar) -> None:
+    """Feed each batch's rows (reduction → layer → (batch, d)) to ``accumulators`` until ``examples`` rows (all,
+    for None) have gone in; the last batch is truncated. Closes ``bar`` (if any) at the end."""
+    seen = 0
+    try:
+        for captured in captures:
+            batch_size = len(next(iter(next(iter(captured.values())).values())))
+            take = batch_size if examples is None else min(examples - seen, batch_size)
+            for each, rows in captured.items():
+                for name, batch_rows in rows.items():
+                    # The accumulator keeps its first batch's dtype: never a half-precision one (q is formed in
+                    # float32 from half-precision gradients already; this holds the line should that change).
+                    if batch_rows.dtype in (torch.float16, torch.bfloat16):
+                        batch_rows = batch_rows.float()
+                    accumulators[each][name].update(batch_rows if take == batch_size else batch_rows[:take])
+            seen += take
+            if bar is not None:
+                bar.update(take)
+            if examples is not None and seen >= examples:
+                break
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 def activation_gradients(
@@ -231,11 +279,7 @@ def activation_gradients(
             (``check_determinism``), and arguments of the wrong type (a layer that is not
             a name, float ``input_ids``, token ids outside the embedding); it is a ``ValueError``.
     """
-    _check_model(model)
-    check_not_compiled(model)  # before the names: a compiled model's are prefixed with "_orig_mod."
-    modules = resolve_layers(model, layer)
-    _check_options(reduction, task, loss_fn, logits_index)
-    _check_flag(check_determinism)
+    modules, _ = _checked_call(model, layer, reduction, task, loss_fn, logits_index, check_determinism)
     rows = _capture(model, modules, inputs, targets, (reduction,), task, loss_fn, check_determinism,
                     logits_index)[reduction]
     if isinstance(layer, str) and layer != "all":
@@ -261,12 +305,8 @@ def iter_activation_gradients(
     during each batch's forward pass, so abandoning the iterator leaves the model clean.
     ``check_determinism`` checks the first batch only (one extra example's passes).
     """
-    _check_model(model)
-    check_not_compiled(model)
-    modules = resolve_layers(model, layer)  # fail before the first batch
-    _check_options(reduction, task, loss_fn, logits_index)
-    _check_flag(check_determinism)
-    _check_batches(batches)
+    modules, _ = _checked_call(model, layer, reduction, task, loss_fn, logits_index, check_determinism)
+    check_batches(batches)  # fail before the first batch
     single = isinstance(layer, str) and layer != "all"
     for captured in _captures(model, modules, batches, (reduction,), task, loss_fn, check_determinism, logits_index):
         rows = captured[reduction]
@@ -303,48 +343,19 @@ def accumulate_geometry(
         The accumulator, or a dict name → accumulator for a list of layers or ``"all"``;
         for a list of reductions, a dict reduction → that.
     """
-    _check_model(model)
-    check_not_compiled(model)
-    modules = resolve_layers(model, layer)
-    reductions = _reductions(reduction)
-    for each in reductions:
-        _check_options(each, task, loss_fn, logits_index)
-    _check_flag(check_determinism)
-    _check_batches(batches)
+    modules, reductions = _checked_call(model, layer, reduction, task, loss_fn, logits_index, check_determinism,
+                                        several=True)
+    check_batches(batches)
     single = isinstance(layer, str) and layer != "all"
-    if examples is not None and not _is_positive_int(examples):
-        raise CaptureError(f"examples must be a positive int (a number of examples) or None, got {_describe(examples)}")
-    if sketch_dim is not None and not _is_positive_int(sketch_dim):
-        raise CaptureError(f"sketch_dim must be a positive int or None, got {_describe(sketch_dim)}")
+    if examples is not None and not is_positive_int(examples):
+        raise CaptureError(f"examples must be a positive int (a number of examples) or None, got {describe(examples)}")
+    if sketch_dim is not None and not is_positive_int(sketch_dim):
+        raise CaptureError(f"sketch_dim must be a positive int or None, got {describe(sketch_dim)}")
     accumulators = {
         each: {name: GeometryAccumulator(sketch_dim=sketch_dim, seed=seed, device=device) for name in modules}
         for each in reductions
     }
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=examples, desc=desc, unit="ex", leave=False)
-    seen = 0
-    try:
-        for captured in _captures(model, modules, batches, reductions, task, loss_fn, check_determinism,
-                                  logits_index):
-            batch_size = len(next(iter(captured[reductions[0]].values())))
-            take = batch_size if examples is None else min(examples - seen, batch_size)
-            for each, rows in captured.items():
-                for name, batch_rows in rows.items():
-                    # The accumulator keeps its first batch's dtype: never a half-precision one (q is formed in
-                    # float32 from half-precision gradients already; this holds the line should that change).
-                    if batch_rows.dtype in (torch.float16, torch.bfloat16):
-                        batch_rows = batch_rows.float()
-                    accumulators[each][name].update(batch_rows if take == batch_size else batch_rows[:take])
-            seen += take
-            if bar is not None:
-                bar.update(take)
-            if examples is not None and seen >= examples:
-                break
-    finally:
-        if bar is not None:
-            bar.close()
+    captures = _captures(model, modules, batches, reductions, task, loss_fn, check_determinism, logits_index)
+    _stream(captures, accumulators, examples, _progress_bar(progress, examples, desc))
     shaped = {each: by_layer[next(iter(modules))] if single else by_layer for each, by_layer in accumulators.items()}
     return shaped[reduction] if isinstance(reduction, str) else shaped

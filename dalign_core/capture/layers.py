@@ -9,9 +9,9 @@ from collections.abc import Iterable, Mapping, Sequence
 import torch
 from torch import nn
 
-from dalign_core.capture.refusals import CaptureError, _check_model, _describe
+from dalign_core.capture.refusals import CaptureError, check_model, describe
 
-__all__ = ["insertion_points", "resolve_layers"]
+__all__ = ["insertion_points", "resolve_layers", "check_sequence_first"]
 
 
 _BLOCK_CLASS = re.compile(r"(DecoderLayer|EncoderLayer|Layer|Block|Bottleneck)$")
@@ -67,7 +67,7 @@ def resolve_layers(model: nn.Module, layer: str | Sequence[str]) -> dict[str, nn
         CaptureError: a name that is not a submodule (the message lists the nearest
             names), or a ``layer`` that is not a string or a list of strings.
     """
-    _check_model(model)
+    check_model(model)
     if isinstance(layer, str):
         requested = insertion_points(model) if layer == "all" else [layer]
     else:
@@ -76,7 +76,7 @@ def resolve_layers(model: nn.Module, layer: str | Sequence[str]) -> dict[str, nn
         if requested is None or not all(isinstance(name, str) for name in requested):
             raise CaptureError(
                 f"layer must be a submodule name such as 'model.layers.1' (a str), a list of such names, or 'all'; "
-                f"got {_describe(layer)}. Names are dotted paths as printed by model.named_modules()."
+                f"got {describe(layer)}. Names are dotted paths as printed by model.named_modules()."
             )
         if not requested:
             raise CaptureError("no layer given: name at least one submodule")
@@ -101,7 +101,7 @@ def resolve_layers(model: nn.Module, layer: str | Sequence[str]) -> dict[str, nn
     return out
 
 
-def _check_sequence_first(modules: Mapping[str, nn.Module]) -> None:
+def check_sequence_first(modules: Mapping[str, nn.Module]) -> None:
     """Refuse an insertion point whose output is sequence-first (recurrent and transformer modules built with
     ``batch_first=False``): its rows are positions, not examples, and with as many positions as examples the
     axes would mix without any shape telling."""

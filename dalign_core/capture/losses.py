@@ -15,11 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dalign_core.capture.batches import _as_long, _forward_params
-from dalign_core.capture.refusals import CaptureError, ModelError, _describe, _first_line, _user_frame
+from dalign_core.capture.batches import as_long, forward_params
+from dalign_core.capture.refusals import CaptureError, ModelError, describe, first_line, user_frame
 
 __all__ = ["IGNORE_INDEX", "TASKS", "LossFn", "per_example_loss", "causal_lm_problem", "call_loss",
-           "check_losses_separate"]
+           "check_losses_separate", "logits_of", "positions_for_left_padding", "resolve_task"]
 
 
 IGNORE_INDEX = -100
@@ -29,7 +29,7 @@ TASKS = ("auto", "causal_lm", "masked_lm", "token_classification", "classificati
 LossFn = Callable[[Any, Any], torch.Tensor]
 
 
-def _logits(output: Any, logits_index: int | None = None) -> torch.Tensor:
+def logits_of(output: Any, logits_index: int | None = None) -> torch.Tensor:
     """The logits in a model output: the output itself (a tensor), its ``.logits``, or the one tensor of a tuple.
 
     A tuple or list holding several tensors (``(features, logits)``) is ambiguous: which one the logits are is
@@ -38,7 +38,7 @@ def _logits(output: Any, logits_index: int | None = None) -> torch.Tensor:
         if not isinstance(output, (tuple, list)) or not -len(output) <= logits_index < len(output) \
                 or not isinstance(output[logits_index], torch.Tensor):
             raise CaptureError(
-                f"logits_index={logits_index} does not name a tensor in the model output ({_describe(output)}); "
+                f"logits_index={logits_index} does not name a tensor in the model output ({describe(output)}); "
                 "pass the position of the logits in the tuple the model returns, or logits_index=None for a model "
                 "that returns the logits alone (or an output with .logits)"
             )
@@ -139,7 +139,7 @@ def causal_lm_problem(model: nn.Module) -> str:
             "a next-token loss would score predictions that read the answer")
 
 
-def _resolve_task(model: nn.Module | None, task: str, logits: torch.Tensor) -> str:
+def resolve_task(model: nn.Module | None, task: str, logits: torch.Tensor) -> str:
     """The loss ``task`` means for ``model`` and its logits: ``"auto"`` read from the model, refused when unclear.
 
     2-D logits: a classifier. 3-D logits: a transformers masked-LM or token classifier scores each token as it is,
@@ -194,22 +194,30 @@ def per_example_loss(output: Any, inputs: Any, targets: Any = None, task: str = 
     taken as a causal LM's when no ``model`` is given. ``logits_index``: the position
     of the logits in a model output that is a tuple of several tensors.
     """
-    logits = _logits(output, logits_index)
-    task = _resolve_task(model, task, logits)
+    logits = logits_of(output, logits_index)
+    task = resolve_task(model, task, logits)
     if task == "classification":
-        if targets is None:
-            raise CaptureError("a classifier needs targets (the labels of the batch) to define each example's loss")
-        _check_classification_targets(logits, targets)
-        logits = _at_least_float32(logits)
-        if isinstance(targets, torch.Tensor) and targets.is_floating_point():  # class probabilities
-            targets = targets.to(logits.dtype)
-        elif isinstance(targets, torch.Tensor) and logits.ndim == 2:
-            _check_label_range(targets, logits.shape[-1], "targets (class labels)", ignore=False)
-        return F.cross_entropy(logits, _as_long(targets), reduction="none")
+        return _classification_loss(logits, targets)
     if task in ("masked_lm", "token_classification"):
         return _token_loss(logits, inputs, targets, task)
-    # causal LM
-    mask = inputs.get("attention_mask") if isinstance(inputs, Mapping) else None
+    return _causal_lm_loss(logits, inputs, targets)
+
+
+def _classification_loss(logits: torch.Tensor, targets: Any) -> torch.Tensor:
+    """Each example's cross-entropy against its class index ``(b,)`` or class probabilities ``(b, C)``."""
+    if targets is None:
+        raise CaptureError("a classifier needs targets (the labels of the batch) to define each example's loss")
+    _check_classification_targets(logits, targets)
+    logits = _at_least_float32(logits)
+    if isinstance(targets, torch.Tensor) and targets.is_floating_point():  # class probabilities
+        targets = targets.to(logits.dtype)
+    elif isinstance(targets, torch.Tensor) and logits.ndim == 2:
+        _check_label_range(targets, logits.shape[-1], "targets (class labels)", ignore=False)
+    return F.cross_entropy(logits, as_long(targets), reduction="none")
+
+
+def _causal_lm_labels(inputs: Any, targets: Any, mask: torch.Tensor | None) -> torch.Tensor:
+    """The causal LM's unshifted labels ``(b, T)``: ``targets`` (default: the input ids), padding ignored."""
     if targets is None:
         ids = inputs.get("input_ids") if isinstance(inputs, Mapping) else inputs
         if not isinstance(ids, torch.Tensor) or ids.is_floating_point():
@@ -217,11 +225,18 @@ def per_example_loss(output: Any, inputs: Any, targets: Any = None, task: str = 
         targets = ids
     elif not isinstance(targets, torch.Tensor) or targets.is_floating_point() or targets.dtype == torch.bool:
         raise CaptureError(
-            f"causal-LM targets (labels) must be an integer tensor of token ids, -100 where ignored; got {_describe(targets)}"
+            f"causal-LM targets (labels) must be an integer tensor of token ids, -100 where ignored; got {describe(targets)}"
         )
-    labels = _as_long(targets)
+    labels = as_long(targets)
     if mask is not None:
         labels = labels.masked_fill(mask.to(labels.device) == 0, IGNORE_INDEX)
+    return labels
+
+
+def _causal_lm_loss(logits: torch.Tensor, inputs: Any, targets: Any) -> torch.Tensor:
+    """Each example's mean next-token cross-entropy over its scored positions (see :func:`per_example_loss`)."""
+    mask = inputs.get("attention_mask") if isinstance(inputs, Mapping) else None
+    labels = _causal_lm_labels(inputs, targets, mask)
     if logits.ndim == 3:
         _check_label_range(labels, logits.shape[-1], "causal-LM labels", ignore=True)
     if logits.ndim != 3 or labels.shape != logits.shape[:2]:
@@ -256,11 +271,11 @@ def _check_classification_targets(logits: torch.Tensor, targets: Any) -> None:
             "logits pass task='token_classification', 'masked_lm' or 'causal_lm'"
         )
     if not isinstance(targets, torch.Tensor):
-        raise CaptureError(f"classifier targets must be a tensor of class indices (batch,), got {_describe(targets)}")
+        raise CaptureError(f"classifier targets must be a tensor of class indices (batch,), got {describe(targets)}")
     batch, classes = logits.shape
     if targets.dtype == torch.bool or targets.is_complex():
         raise CaptureError(f"classifier targets must be class indices (an integer tensor of shape ({batch},)) or "
-                           f"class probabilities (float, ({batch}, {classes})), got {_describe(targets)}")
+                           f"class probabilities (float, ({batch}, {classes})), got {describe(targets)}")
     if targets.is_floating_point():
         if tuple(targets.shape) != (batch, classes):
             hint = "; whole-number class labels: convert them with .long()" if targets.ndim == 1 else ""
@@ -281,9 +296,9 @@ def _token_loss(logits: torch.Tensor, inputs: Any, targets: Any, task: str) -> t
     if not isinstance(targets, torch.Tensor) or targets.is_floating_point() or targets.dtype == torch.bool:
         raise CaptureError(
             f"{task} needs {what}: an integer tensor (batch, T) aligned with the inputs, -100 where a position is "
-            f"not scored (as transformers' labels); got {_describe(targets)}"
+            f"not scored (as transformers' labels); got {describe(targets)}"
         )
-    labels = _as_long(targets)
+    labels = as_long(targets)
     if logits.ndim != 3 or labels.shape != logits.shape[:2]:
         raise CaptureError(f"{what} of shape {tuple(labels.shape)} do not match logits {tuple(logits.shape)}")
     mask = inputs.get("attention_mask") if isinstance(inputs, Mapping) else None
@@ -310,7 +325,7 @@ def _left_padded(inputs: Any) -> bool:
     return bool((~real[:, 0] & real.any(dim=1)).any())
 
 
-def _positions_for_left_padding(model: nn.Module, inputs: Any, task: str, loss_fn: Any) -> Any:
+def positions_for_left_padding(model: nn.Module, inputs: Any, task: str, loss_fn: Any) -> Any:
     """A left-padded batch with the ``position_ids`` that place each example's tokens at 0, 1, 2, …
 
     Without them a transformers model numbers the positions of the padded row from its first pad, so its tokens
@@ -323,7 +338,7 @@ def _positions_for_left_padding(model: nn.Module, inputs: Any, task: str, loss_f
     if not _left_padded(inputs) or inputs.get("position_ids") is not None:
         return inputs
     causal = loss_fn is None and (task == "causal_lm" or task == "auto" and _hf_loss_kind(model) == "causal_lm")
-    if not causal or "position_ids" not in _forward_params(model):
+    if not causal or "position_ids" not in forward_params(model):
         why = "takes no position_ids" if causal else "is not captured with a causal LM's next-token loss"
         raise CaptureError(
             f"the batch is left-padded (an attention_mask row starts with 0) and {type(model).__name__} {why}, so "
@@ -343,18 +358,18 @@ def call_loss(loss_fn: LossFn, output: Any, targets: Any, batch: int | None = No
     except CaptureError:
         raise
     except Exception as err:  # noqa: BLE001  (the user's loss: any type it raises is its own)
-        frame = _user_frame(err.__traceback__)
+        frame = user_frame(err.__traceback__)
         raise ModelError(
-            f"loss_fn raised {type(err).__name__}" + (f" at {frame}" if frame else "") + f": {_first_line(err)}; it "
-            f"is called as loss_fn(output, targets) with the model's output ({_describe(output)}) and the targets "
-            f"({_describe(targets)}), and must return the per-example losses (batch,)",
+            f"loss_fn raised {type(err).__name__}" + (f" at {frame}" if frame else "") + f": {first_line(err)}; it "
+            f"is called as loss_fn(output, targets) with the model's output ({describe(output)}) and the targets "
+            f"({describe(targets)}), and must return the per-example losses (batch,)",
             model="loss_fn", kind=type(err).__name__, place="in loss_fn" + (f" at {frame}" if frame else ""),
-            detail=_first_line(err),
+            detail=first_line(err),
         ) from err
     if not isinstance(losses, torch.Tensor):
-        raise CaptureError(f"loss_fn must return a tensor of per-example losses (batch,), got {_describe(losses)}")
+        raise CaptureError(f"loss_fn must return a tensor of per-example losses (batch,), got {describe(losses)}")
     if not losses.is_floating_point():
-        raise CaptureError(f"loss_fn must return floating per-example losses (batch,), got {_describe(losses)}; a "
+        raise CaptureError(f"loss_fn must return floating per-example losses (batch,), got {describe(losses)}; a "
                            "loss that is an integer has no gradient")
     if losses.ndim != 1 or (batch is not None and losses.shape[0] != batch):
         want = f"({batch},)" if batch is not None else "(batch,)"

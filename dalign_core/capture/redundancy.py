@@ -48,16 +48,16 @@ import torch
 from torch import nn
 
 from dalign_core.capture.batches import (
-    _batch_rows,
-    _check_batch,
-    _check_batches,
-    _device_of,
+    batch_rows,
+    check_batch,
+    check_batches,
+    device_of,
     conform_batch,
     split_batch,
     targets_from_labels,
 )
-from dalign_core.capture.gradients import _forward_to_losses
-from dalign_core.capture.hooks import REDUCTIONS, _check_options, reduce_gradient
+from dalign_core.capture.gradients import forward_to_losses
+from dalign_core.capture.hooks import REDUCTIONS, check_options, reduce_gradient
 from dalign_core.capture.layers import insertion_points, resolve_layers
 from dalign_core.capture.losses import LossFn
 from dalign_core.capture.refusals import CaptureError, check_capturable
@@ -193,16 +193,17 @@ def _collect(model, layers: list[str], names: list[str], batches, reductions, ta
     check_capturable(model)
     named = dict(model.named_parameters())
     params = [named[n] for n in names]
-    device = _device_of(model)
+    device = device_of(model)
     qs = {(l, r): [] for l in modules for r in reductions}
     gs: dict[str, list[torch.Tensor]] = {n: [] for n in names}
+    gathering = _Gathering(model, modules, params, names, tuple(reductions), task, loss_fn, qs, gs)
     seen = 0
     for batch in batches:
         if examples is not None and seen >= examples:
             break
         inputs, targets = split_batch(batch)
         targets = targets_from_labels(inputs, targets)
-        _check_batch(model, inputs, targets, loss_fn)
+        check_batch(model, inputs, targets, loss_fn)
         inputs, targets = conform_batch(model, inputs, targets, device)
         size = _batch_size(inputs, targets)
         step = size if micro_batch is None else micro_batch
@@ -210,9 +211,8 @@ def _collect(model, layers: list[str], names: list[str], batches, reductions, ta
             if examples is not None and seen >= examples:
                 break
             rows = slice(start, start + step)
-            seen += _per_example(model, modules, params, names, _batch_rows(inputs, size, rows),
-                                 _batch_rows(targets, size, rows), reductions, task, loss_fn,
-                                 None if examples is None else examples - seen, qs, gs)
+            seen += _per_example(gathering, batch_rows(inputs, size, rows), batch_rows(targets, size, rows),
+                                 None if examples is None else examples - seen)
     if seen < 4:
         raise CaptureError(f"the batches hold {seen} example(s); the held-out fit needs at least 4")
 
@@ -232,20 +232,38 @@ def _batch_size(inputs: Any, targets: Any) -> int:
     raise CaptureError("cannot tell the batch size: neither the inputs nor the targets are batch-first tensors")
 
 
-def _per_example(model, modules, params, names, inputs, targets, reductions, task, loss_fn, limit, qs, gs) -> int:
-    """One forward of ``inputs`` (with the capture's refusals: :func:`~dalign_core.capture.gradients._forward_to_losses`), then
-    one backward per example (at most ``limit``): appends their q and gradient rows to ``qs`` and ``gs``; returns
+@dataclass(frozen=True)
+class _Gathering:
+    """What :func:`_collect`'s per-example passes read (the model, its layers and candidate parameters, the
+    reductions and the loss) and fill: q rows per (layer, reduction) in ``qs``, gradient rows per name in ``gs``."""
+
+    model: nn.Module
+    modules: dict[str, nn.Module]
+    params: list[torch.Tensor]
+    names: list[str]
+    reductions: tuple[str, ...]
+    task: str
+    loss_fn: LossFn | None
+    qs: dict[tuple[str, str], list[torch.Tensor]]
+    gs: dict[str, list[torch.Tensor]]
+
+
+def _per_example(gathering: _Gathering, inputs, targets, limit: int | None) -> int:
+    """One forward of ``inputs`` (with the capture's refusals: :func:`~dalign_core.capture.gradients.forward_to_losses`), then
+    one backward per example (at most ``limit``): appends their q and gradient rows to ``gathering``'s; returns
     how many examples it took."""
-    zs, losses = _forward_to_losses(model, modules, inputs, targets, task, loss_fn, keep=params)  # only they record
+    g = gathering
+    # only the candidates record a graph below the layers
+    zs, losses = forward_to_losses(g.model, g.modules, inputs, targets, g.task, g.loss_fn, keep=g.params)
     take = losses.shape[0] if limit is None else min(losses.shape[0], limit)
     for i in range(take):
-        grads = torch.autograd.grad(losses[i], zs + params, retain_graph=i < take - 1, allow_unused=True,
+        grads = torch.autograd.grad(losses[i], zs + g.params, retain_graph=i < take - 1, allow_unused=True,
                                     materialize_grads=True)
-        for layer, grad in zip(modules, grads[:len(zs)]):
-            for r in reductions:
-                qs[layer, r].append(reduce_gradient(grad[i:i + 1].detach(), r)[0].to("cpu", torch.float64))
-        for name, grad in zip(names, grads[len(zs):]):
-            gs[name].append(grad.detach().reshape(-1).to("cpu", torch.float64))
+        for layer, grad in zip(g.modules, grads[:len(zs)]):
+            for r in g.reductions:
+                g.qs[layer, r].append(reduce_gradient(grad[i:i + 1].detach(), r)[0].to("cpu", torch.float64))
+        for name, grad in zip(g.names, grads[len(zs):]):
+            g.gs[name].append(grad.detach().reshape(-1).to("cpu", torch.float64))
     return take
 
 
@@ -321,37 +339,70 @@ def _assess(layer, reduction, Q, gs, dtypes, fit, ev, ridge, seed) -> Redundancy
                       exact_all=exact_all, note=note)
 
 
-def _redundancies(model, layers, batches, reductions, parameters, task, loss_fn, fit_fraction, ridge, seed,
-                  examples, device=None, micro_batch=MICRO_BATCH) -> list[Redundancy]:
-    _check_batches(batches)
-    layers = list(resolve_layers(model, layers))
-    for r in reductions:
-        _check_options(r, task, loss_fn)
-    if not 0 < fit_fraction < 1:
-        raise CaptureError(f"fit_fraction must lie strictly between 0 and 1, got {fit_fraction}")
-    if ridge is not None and not ridge > 0:
-        raise CaptureError(f"ridge must be positive, got {ridge}")
-    if examples is not None and (not isinstance(examples, int) or examples < 4):
-        raise CaptureError(f"examples must be an int of at least 4 or None, got {examples!r}")
-    if micro_batch is not None and (isinstance(micro_batch, bool) or not isinstance(micro_batch, int)
-                                    or micro_batch < 1):
-        raise CaptureError(f"micro_batch must be a positive int or None (the whole batch), got {micro_batch!r}")
+@dataclass(frozen=True)
+class _Options:
+    """The redundancy check's options beside the model, layers, batches and reductions (see :func:`redundancy`)."""
+
+    parameters: Sequence[str] | None = None
+    task: str = "auto"
+    loss_fn: LossFn | None = None
+    fit_fraction: float = 0.5
+    ridge: float | None = None
+    seed: int = 0
+    examples: int | None = None
+    device: Any = None
+    micro_batch: int | None = MICRO_BATCH
+
+    def check(self) -> None:
+        """Raise CaptureError naming the first option out of its range."""
+        if not 0 < self.fit_fraction < 1:
+            raise CaptureError(f"fit_fraction must lie strictly between 0 and 1, got {self.fit_fraction}")
+        if self.ridge is not None and not self.ridge > 0:
+            raise CaptureError(f"ridge must be positive, got {self.ridge}")
+        if self.examples is not None and (not isinstance(self.examples, int) or self.examples < 4):
+            raise CaptureError(f"examples must be an int of at least 4 or None, got {self.examples!r}")
+        micro_batch = self.micro_batch
+        if micro_batch is not None and (isinstance(micro_batch, bool) or not isinstance(micro_batch, int)
+                                        or micro_batch < 1):
+            raise CaptureError(f"micro_batch must be a positive int or None (the whole batch), got {micro_batch!r}")
+
+
+def _candidates(model, layers: list[str], parameters: Sequence[str] | None) -> dict[str, list[str]]:
+    """Each layer's candidate parameter names (``parameters``, checked, or :func:`candidate_parameters`); raises
+    where a layer has none."""
     own = {l: (_check_parameters(model, parameters) if parameters is not None else candidate_parameters(model, l))
            for l in layers}
     for l, names in own.items():
         if not names:
             raise CaptureError(f"{l!r} and the module after it have no trained 1-D parameters to test; "
                                "name candidates with parameters=")
-    names = list(dict.fromkeys(n for l in layers for n in own[l]))
-    qs, gs, dtypes = _collect(model, layers, names, batches, reductions, task, loss_fn, examples, micro_batch)
-    if device is not None:
-        qs = {k: v.to(device) for k, v in qs.items()}
-        gs = {k: v.to(device) for k, v in gs.items()}
-    n = next(iter(gs.values())).shape[0]
+    return own
+
+
+def _fit_split(n: int, fit_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A seeded split of ``n`` examples into fit rows (``fit_fraction`` of them, at least 2, leaving at least 2)
+    and evaluation rows, each sorted."""
     n_fit = min(max(2, round(fit_fraction * n)), n - 2)
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    fit, ev = order[:n_fit].sort().values, order[n_fit:].sort().values
-    return [_assess(l, r, qs[l, r], {k: gs[k] for k in own[l]}, dtypes, fit, ev, ridge, seed)
+    return order[:n_fit].sort().values, order[n_fit:].sort().values
+
+
+def _redundancies(model, layers, batches, reductions, options: _Options) -> list[Redundancy]:
+    """:class:`Redundancy` of every layer and reduction, from one pass over ``batches``."""
+    check_batches(batches)
+    layers = list(resolve_layers(model, layers))
+    for r in reductions:
+        check_options(r, options.task, options.loss_fn)
+    options.check()
+    own = _candidates(model, layers, options.parameters)
+    names = list(dict.fromkeys(n for l in layers for n in own[l]))
+    qs, gs, dtypes = _collect(model, layers, names, batches, reductions, options.task, options.loss_fn,
+                              options.examples, options.micro_batch)
+    if options.device is not None:
+        qs = {k: v.to(options.device) for k, v in qs.items()}
+        gs = {k: v.to(options.device) for k, v in gs.items()}
+    fit, ev = _fit_split(next(iter(gs.values())).shape[0], options.fit_fraction, options.seed)
+    return [_assess(l, r, qs[l, r], {k: gs[k] for k in own[l]}, dtypes, fit, ev, options.ridge, options.seed)
             for l in layers for r in reductions]
 
 
@@ -381,8 +432,9 @@ def redundancy(model: nn.Module, layer: str, batches: Iterable[Any], *, reductio
     Raises:
         CaptureError: unknown layer or parameter, a frozen candidate, fewer than 4 examples, the capture's refusals.
     """
-    return _redundancies(model, [layer], batches, (reduction,), parameters, task, loss_fn, fit_fraction, ridge, seed,
-                         examples, device, micro_batch)[0]
+    options = _Options(parameters=parameters, task=task, loss_fn=loss_fn, fit_fraction=fit_fraction, ridge=ridge,
+                       seed=seed, examples=examples, device=device, micro_batch=micro_batch)
+    return _redundancies(model, [layer], batches, (reduction,), options)[0]
 
 
 def redundancy_rows(model: nn.Module, layers: str | Sequence[str], batches: Iterable[Any],
@@ -398,7 +450,4 @@ def redundancy_rows(model: nn.Module, layers: str | Sequence[str], batches: Iter
         raise TypeError(f"unknown option(s) {sorted(unknown)}")
     if isinstance(reductions, str) or not set(reductions) <= set(REDUCTIONS):
         raise CaptureError(f"reductions must be a list drawn from {REDUCTIONS}, got {reductions!r}")
-    options = dict(device=None, parameters=None, task="auto", loss_fn=None, fit_fraction=0.5, ridge=None, seed=0,
-                   examples=None, micro_batch=MICRO_BATCH)
-    options.update(kw)
-    return [r.to_row() for r in _redundancies(model, layers, batches, tuple(reductions), **options)]
+    return [r.to_row() for r in _redundancies(model, layers, batches, tuple(reductions), _Options(**kw))]

@@ -14,7 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["CaptureError", "ModelError", "check_capturable", "check_not_compiled", "model_error"]
+__all__ = ["CaptureError", "ModelError", "check_capturable", "check_not_compiled", "model_error", "describe",
+           "first_line", "user_frame", "check_model"]
 
 
 _RANDOM_PROBABILITY_ATTRS = ("p", "drop_prob", "drop_rate", "drop_path_prob", "drop_path_rate", "dropout_prob",
@@ -44,7 +45,7 @@ class ModelError(CaptureError):
         """The first line of the original exception's message."""
 
 
-def _describe(value: Any) -> str:
+def describe(value: Any) -> str:
     """A short description of a wrong argument for an error message: its type, and its elements' for a list."""
     if isinstance(value, (list, tuple)):
         kinds = sorted({type(item).__name__ for item in value})
@@ -56,9 +57,10 @@ def _describe(value: Any) -> str:
     return type(value).__name__
 
 
-def _check_model(model: Any) -> None:
+def check_model(model: Any) -> None:
+    """Raise CaptureError unless ``model`` is a ``torch.nn.Module``."""
     if not isinstance(model, nn.Module):
-        raise CaptureError(f"model must be a torch.nn.Module, got {_describe(model)}")
+        raise CaptureError(f"model must be a torch.nn.Module, got {describe(model)}")
 
 
 def _compiled(module: nn.Module) -> str:
@@ -154,7 +156,7 @@ def check_capturable(model: nn.Module) -> None:
         )
 
 
-def _first_line(err: BaseException) -> str:
+def first_line(err: BaseException) -> str:
     """The first non-empty line of an exception's message (at most 300 characters), or its type's name."""
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     return lines[0][:300] if lines else type(err).__name__
@@ -187,7 +189,7 @@ def failing_module(root: nn.Module | None, traceback: Any) -> tuple[str, nn.Modu
     return "", innermost
 
 
-def _user_frame(traceback: Any) -> str:
+def user_frame(traceback: Any) -> str:
     """``file:line in function`` of the innermost frame outside torch and dalign_core ("" if none): where the
     user's own code raised, or called the torch function that did."""
     found = ""
@@ -205,11 +207,11 @@ def model_error(model: nn.Module, err: BaseException, given: str) -> ModelError:
     description of the inputs): which submodule was running, where in the user's code, and what to check."""
     name, module = failing_module(model, err.__traceback__)
     where = f"in its submodule {name!r} ({type(module).__name__})" if name else "in its forward"
-    frame = _user_frame(err.__traceback__)
+    frame = user_frame(err.__traceback__)
     place = where + (f" at {frame}" if frame else "")
     return ModelError(
-        f"{type(model).__name__} raised {type(err).__name__} {place} on {given}: {_first_line(err)}. Check that the "
+        f"{type(model).__name__} raised {type(err).__name__} {place} on {given}: {first_line(err)}. Check that the "
         "inputs fit the model (their keys, shapes and dtypes, and the size it was built for); the model's own "
         "traceback is this error's __cause__",
-        model=type(model).__name__, where=name, kind=type(err).__name__, place=place, detail=_first_line(err),
+        model=type(model).__name__, where=name, kind=type(err).__name__, place=place, detail=first_line(err),
     )

@@ -20,11 +20,11 @@ import argparse
 import re
 import sys
 
-from dalign_core._env import env_flag
+from dalign_core.environment import env_flag
 from dalign_core.cli.estimate import estimate
-from dalign_core.cli.layers import _layers
-from dalign_core.cli.options import (MAX_HIDDEN, _add_arch_options, _add_data_options, _check_common, _hidden_width,
-                                     _out_file)
+from dalign_core.cli.layers import layers_command
+from dalign_core.cli.options import (MAX_HIDDEN, add_arch_options, add_data_options, check_common, hidden_width_option,
+                                     out_file_option)
 from dalign_core.cli.rank import rank
 
 # torch and the library load inside the commands, so Ctrl-C while they load is caught by main().
@@ -35,6 +35,7 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``dalign`` command's parser: ``--version`` and the subcommands ``estimate``, ``layers`` and ``rank``."""
     parser = argparse.ArgumentParser(
         prog="dalign",
         description="Measure the effective alignment dimension d_align of a model's activation gradients.",
@@ -44,7 +45,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"dalign {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
+    _add_estimate(sub)
+    _add_layers(sub)
+    _add_rank(sub)
+    return parser
 
+
+def _add_estimate(sub) -> None:
+    """``dalign estimate``'s options: the model, the layer, the data, the budgets and the output."""
     est = sub.add_parser(
         "estimate",
         help="estimate d_align and the misalignment certificates at one layer or every residual block",
@@ -63,8 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--layer", required=True,
                      help="module path as in model.named_modules() (e.g. model.layers.1), several separated by commas, "
                           "or 'all' for every residual block")
-    _add_arch_options(est)
-    _add_data_options(est, required=True)
+    add_arch_options(est)
+    add_data_options(est, required=True)
     est.add_argument("--examples", "-n", type=int, required=True, help="number of examples (sequences), at least 5")
     est.add_argument("--m", type=float, default=None, help="train budget M for the certificates (default: N)")
     est.add_argument("--k", type=float, default=None, help="test budget K for the certificates (default: N)")
@@ -81,20 +89,27 @@ def build_parser() -> argparse.ArgumentParser:
                           "times the capture's time")
     est.add_argument("--dtype", choices=("float32", "bfloat16", "float16", "float64"), default="float32",
                      help="model dtype (default: float32)")
-    est.add_argument("--out", type=_out_file, default=None,
+    est.add_argument("--out", type=out_file_option, default=None,
                      help="write the results to this CSV file (atomically; never over an input or a non-CSV file)")
     est.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
 
+
+def _add_layers(sub) -> None:
+    """``dalign layers``' options: the model, and with data the redundancy check of each block."""
     lay = sub.add_parser("layers", help="list a model's residual blocks (insertion points)")
     lay.add_argument("--model", required=True,
                      help="local checkpoint folder or Hugging Face id; with --arch, a state dict file")
     lay.add_argument("--revision", default=None, help="checkpoint revision (Hub branch or local subfolder)")
-    _add_arch_options(lay)
+    add_arch_options(lay)
     lay.add_argument("--all-modules", action="store_true", help="list every named module, not only residual blocks")
-    _add_data_options(lay, required=False)
+    add_data_options(lay, required=False)
     lay.add_argument("--redundancy-examples", type=int, default=64,
                      help="with --data: examples for each block's redundancy fraction (default: 64)")
     lay.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+
+
+def _add_rank(sub) -> None:
+    """``dalign rank``'s options: the model, the data, the points, the budgets, the inserted block and the CSV."""
     rank = sub.add_parser(
         "rank", help="order the insertion points by each predictor of where to grow",
         description=("Order a model's insertion points (residual blocks) by each predictor of where an inserted "
@@ -104,8 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="local checkpoint folder or Hugging Face id of a causal LM; with --arch, a state dict "
                            "file (.pt or .safetensors) for the model --arch builds")
     rank.add_argument("--revision", default=None, help="checkpoint revision (Hub branch or local subfolder)")
-    _add_arch_options(rank)
-    _add_data_options(rank, required=True)
+    add_arch_options(rank)
+    add_data_options(rank, required=True)
     rank.add_argument("--layer", default="all", help="insertion points, separated by commas (default: all blocks)")
     rank.add_argument("--examples", "-n", type=int, default=64,
                       help="examples: the first half train, the second held out (default: 64; at least 8)")
@@ -113,16 +128,15 @@ def build_parser() -> argparse.ArgumentParser:
                       help="budgets M = K of mu_M.g_K and B_align, separated by commas (default: n/8 and n/2)")
     rank.add_argument("--reduction", choices=("shared", "full"), default="shared",
                       help="shared: sum q over positions (default); full: keep positions")
-    rank.add_argument("--hidden", type=_hidden_width, default=None,
+    rank.add_argument("--hidden", type=hidden_width_option, default=None,
                       help=f"width of the inserted block, 1 to {MAX_HIDDEN} (default: the layer's)")
     rank.add_argument("--seed", type=int, default=0, help="seed of the inserted block's W1 (default: 0)")
     rank.add_argument("--confidence", type=float, default=0.95, help="level of the intervals (default: 0.95)")
     rank.add_argument("--redundancy-examples", type=int, default=64,
                       help="examples of the redundancy check (warns above 0.9; 0: skip; default: 64)")
-    rank.add_argument("--csv", type=_out_file, default=None,
+    rank.add_argument("--csv", type=out_file_option, default=None,
                       help="write every number to this CSV file (atomically; never over an input or a non-CSV file)")
     rank.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,11 +160,11 @@ def _run(args: argparse.Namespace) -> int:
     from dalign_core.cli.loading import LoadError
 
     try:
-        _check_common(args)
+        check_common(args)
         if args.command == "estimate":
             estimate(args)
         elif args.command == "layers":
-            _layers(args)
+            layers_command(args)
         elif args.command == "rank":
             rank(args)
     except (LoadError, CaptureError, ValueError, OSError) as err:

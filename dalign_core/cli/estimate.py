@@ -28,10 +28,10 @@ import sys
 import time
 from pathlib import Path
 
-from dalign_core.cli.options import _check_out, _check_seq_len, _input_paths, _is_local_data
-from dalign_core.cli.output import _fmt, _render, _with_progress
-from dalign_core.cli.redundancy_check import (QUICK_EXAMPLES, _is_redundant, _owner, _redundancy_by_layer,
-                                             _redundancy_warning)
+from dalign_core.cli.options import check_out, check_seq_len_option, local_input_paths, is_local_data
+from dalign_core.cli.output import format_value, render_table, with_progress
+from dalign_core.cli.redundancy_check import (QUICK_EXAMPLES, is_redundant, owner_of, redundancy_by_layer,
+                                             redundancy_warning)
 
 __all__ = ["estimate", "format_table", "CSV_COLUMNS"]
 
@@ -42,7 +42,7 @@ def _ci(row: dict, name: str) -> str:
         return "-"
     if not (math.isfinite(lo) and math.isfinite(hi)):
         return "none (see the note below)"
-    return f"[{_fmt(lo)}, {_fmt(hi)}]"
+    return f"[{format_value(lo)}, {format_value(hi)}]"
 
 
 def _undefined_note(records: list[dict]) -> str:
@@ -109,23 +109,23 @@ def format_table(records: list[dict], confidence: float) -> str:
         r = records[0]
         header = (f"layer {r['layer']}: n={r['n']} examples, d={r['d']} ({r['reduction']} reduction), "
                   f"{pct} jackknife intervals")
-        budgets = f"(M={_fmt(r['M'])}, K={_fmt(r['K'])})"
+        budgets = f"(M={format_value(r['M'])}, K={format_value(r['K'])})"
         rows = [
-            ["||mu||^2", _fmt(r["mean_sq"]), _ci(r, "mean_sq")],
-            ["d_par", _fmt(r["d_par"]), _ci(r, "d_par")],
-            ["d_2", _fmt(r["d_2"]), _ci(r, "d_2")],
-            ["d_align", _fmt(r["d_align"]), _ci(r, "d_align")],
-            [f"B_exact {budgets}", _fmt(r["b_exact"]), ""],
-            [f"B_align {budgets}", _fmt(r["b_align"]), _ci(r, "b_align")],
-            [f"B_align at d_align's {pct} lower end (certificate)", _fmt(r["b_align_at_lo"]), ""],
+            ["||mu||^2", format_value(r["mean_sq"]), _ci(r, "mean_sq")],
+            ["d_par", format_value(r["d_par"]), _ci(r, "d_par")],
+            ["d_2", format_value(r["d_2"]), _ci(r, "d_2")],
+            ["d_align", format_value(r["d_align"]), _ci(r, "d_align")],
+            [f"B_exact {budgets}", format_value(r["b_exact"]), ""],
+            [f"B_align {budgets}", format_value(r["b_align"]), _ci(r, "b_align")],
+            [f"B_align at d_align's {pct} lower end (certificate)", format_value(r["b_align_at_lo"]), ""],
         ]
-        table = _render(["quantity", "estimate", f"{pct} CI"], rows, ["l", "r", "l"])
+        table = render_table(["quantity", "estimate", f"{pct} CI"], rows, ["l", "r", "l"])
         return (header + "\n" + table + _zero_note(records) + _certificate_note(records, pct) + _undefined_note(records)
                 + _sketch_note(records))
     ranked = sorted(records, key=lambda r: r["rank"])
     rows = [
-        [str(r["rank"]), r["layer"], _fmt(r["mean_sq"]), _fmt(r["d_par"]), _fmt(r["d_2"]), _fmt(r["d_align"]),
-         _ci(r, "d_align"), _fmt(r["b_exact"]), _fmt(r["b_align"]), _fmt(r["b_align_at_lo"])]
+        [str(r["rank"]), r["layer"], format_value(r["mean_sq"]), format_value(r["d_par"]), format_value(r["d_2"]), format_value(r["d_align"]),
+         _ci(r, "d_align"), format_value(r["b_exact"]), format_value(r["b_align"]), format_value(r["b_align_at_lo"])]
         for r in ranked
     ]
     first = ranked[0]
@@ -133,12 +133,12 @@ def format_table(records: list[dict], confidence: float) -> str:
         f"{len(records)} insertion points, ranked by d_align (highest first: where an inserted block's training "
         f"direction would carry over to test data best)\n"
         f"n={first['n']} examples, d={first['d']} ({first['reduction']} reduction), {pct} jackknife intervals, "
-        f"certificates at M={_fmt(first['M'])}, K={_fmt(first['K'])}; B_align@lo: the certificate, B_align at "
+        f"certificates at M={format_value(first['M'])}, K={format_value(first['K'])}; B_align@lo: the certificate, B_align at "
         f"d_align's {pct} lower end"
     )
     headers = ["rank", "layer", "||mu||^2", "d_par", "d_2", "d_align", f"d_align {pct} CI", "B_exact", "B_align",
                "B_align@lo"]
-    table = _render(headers, rows, ["r", "l", "r", "r", "r", "r", "l", "r", "r", "r"])
+    table = render_table(headers, rows, ["r", "l", "r", "r", "r", "r", "l", "r", "r", "r"])
     return (header + "\n" + table + _zero_note(ranked) + _certificate_note(ranked, pct) + _undefined_note(ranked)
             + _sketch_note(ranked))
 
@@ -203,7 +203,7 @@ def _check_numbers(args: argparse.Namespace) -> None:
     if args.examples < 5:
         raise ValueError(f"--examples must be at least 5 (the intervals need n >= 5), got {args.examples}")
     if args.arch is None:
-        _check_seq_len(args)
+        check_seq_len_option(args)
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
     if args.sketch_dim is not None and args.sketch_dim < 1:
@@ -238,7 +238,7 @@ def estimate(args: argparse.Namespace) -> list[dict]:
     from dalign_core.device import resolve_device
     from dalign_core.capture.hooks import accumulate_geometry
     from dalign_core.capture.layers import resolve_layers
-    from dalign_core.cli.examples import _read_sequences, check_data_file, make_batches
+    from dalign_core.cli.examples import read_sequences, check_data_file, make_batches
     from dalign_core.cli.loading import (
         check_seq_len,
         check_tokenizer_fits,
@@ -252,11 +252,11 @@ def estimate(args: argparse.Namespace) -> list[dict]:
     if args.arch is not None:
         return _estimate_arch(args, device)
     source = resolve_model_source(args.model, revision=args.revision)  # fails fast, loads nothing
-    data_path = Path(args.data).expanduser() if _is_local_data(args.data) else None
+    data_path = Path(args.data).expanduser() if is_local_data(args.data) else None
     if data_path is not None:
         check_data_file(data_path)
     if args.out is not None:  # before anything is loaded or computed; never over the data, model or tokenizer
-        _check_out(args.out, _input_paths(source, data_path, args.tokenizer))
+        check_out(args.out, local_input_paths(source, data_path, args.tokenizer))
     start = time.perf_counter()
 
     tokenizer = load_tokenizer(args.tokenizer if args.tokenizer else source)
@@ -267,7 +267,7 @@ def estimate(args: argparse.Namespace) -> list[dict]:
     modules = resolve_layers(model, layer_arg)  # unknown names fail here, before any data is read
     block_index = _block_indices(model)
 
-    sequences = _read_sequences(args, tokenizer, args.examples, data_path)
+    sequences = read_sequences(args, tokenizer, args.examples, data_path)
     if len(sequences) < 5:
         raise ValueError(
             f"{args.data} gives only {len(sequences)} example(s) of up to {args.seq_len} tokens; at least 5 are "
@@ -284,7 +284,7 @@ def estimate(args: argparse.Namespace) -> list[dict]:
     )
     owned = {}
     if args.redundancy_examples:  # is the q just measured a trained parameter's gradient?
-        owned = _redundancy_by_layer(model, list(modules), sequences[:args.redundancy_examples], args.batch_size,
+        owned = redundancy_by_layer(model, list(modules), sequences[:args.redundancy_examples], args.batch_size,
                                      (args.reduction,), progress=not args.quiet)
     return _report_estimate(args, accumulators, owned, block_index, n, args.revision, time.perf_counter() - start)
 
@@ -295,17 +295,17 @@ def _estimate_arch(args: argparse.Namespace, device) -> list[dict]:
     from dalign_core.capture.hooks import accumulate_geometry
     from dalign_core.capture.layers import resolve_layers
     from dalign_core.capture.redundancy import redundancy_rows
-    from dalign_core.cli.examples import _arch_batches, _arch_examples
-    from dalign_core.cli.loading import _load_arch
+    from dalign_core.cli.examples import arch_batches, arch_examples
+    from dalign_core.cli.loading import load_arch
 
     if args.out is not None:  # never over the state dict or the examples
-        _check_out(args.out, (("the --model file", Path(args.model)), ("the --data file or folder", Path(args.data))))
+        check_out(args.out, (("the --model file", Path(args.model)), ("the --data file or folder", Path(args.data))))
     start = time.perf_counter()
-    model = _load_arch(args, device).to(getattr(torch, args.dtype))
+    model = load_arch(args, device).to(getattr(torch, args.dtype))
     layer_arg = args.layer if args.layer == "all" else [s.strip() for s in args.layer.split(",") if s.strip()]
     modules = resolve_layers(model, layer_arg)
     block_index = _block_indices(model)
-    inputs, targets = _arch_examples(args, args.examples)
+    inputs, targets = arch_examples(args, args.examples)
     if inputs.is_floating_point():
         inputs = inputs.to(getattr(torch, args.dtype))
     n = len(targets)
@@ -313,14 +313,14 @@ def _estimate_arch(args: argparse.Namespace, device) -> list[dict]:
         raise ValueError(f"{args.data} gives only {n} example(s); at least 5 are needed")
     if n < args.examples:
         print(f"note: {args.data} holds only {n} examples; using all of them", file=sys.stderr)
-    batches = _arch_batches(inputs, targets, args.batch_size)
+    batches = arch_batches(inputs, targets, args.batch_size)
     accumulators = accumulate_geometry(
         model, list(modules), batches(0, n), examples=n, reduction=args.reduction, sketch_dim=args.sketch_dim,
         progress=not args.quiet, desc=f"capture ({len(modules)} layer{'s' if len(modules) > 1 else ''})",
     )
     owned = {}
     if args.redundancy_examples:
-        rows = redundancy_rows(model, list(modules), _with_progress(batches(0, min(n, args.redundancy_examples)),
+        rows = redundancy_rows(model, list(modules), with_progress(batches(0, min(n, args.redundancy_examples)),
                                                                     "redundancy check", not args.quiet),
                                reductions=(args.reduction,))
         owned = {(row["layer"], row["reduction"]): row for row in rows}
@@ -345,7 +345,7 @@ def _report_estimate(args: argparse.Namespace, accumulators: dict, owned: dict, 
         row["q_all_zero"] = accumulator.n > 0 and not bool((accumulator.gram().diagonal() > 0).any())
         check = owned.get((name, args.reduction))
         row.update(redundancy=check["fraction"] if check else None,
-                   redundant_with=_owner(check) if check and _is_redundant(check) else None)
+                   redundant_with=owner_of(check) if check and is_redundant(check) else None)
         records.append(row)
     ranked = sorted(records, key=lambda r: (-r["d_align"] if not math.isnan(r["d_align"]) else math.inf))
     for rank, row in enumerate(ranked, start=1):
@@ -353,8 +353,8 @@ def _report_estimate(args: argparse.Namespace, accumulators: dict, owned: dict, 
     print(format_table(records, args.confidence))
     for row in records:
         check = owned.get((row["layer"], args.reduction))
-        if check and _is_redundant(check):
-            print(_redundancy_warning(check), file=sys.stderr)
+        if check and is_redundant(check):
+            print(redundancy_warning(check), file=sys.stderr)
     if args.out is not None:
         _write_csv(args.out, records)
         print(f"wrote {args.out}")

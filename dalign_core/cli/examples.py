@@ -21,10 +21,11 @@ from typing import Iterable, Iterator
 
 import torch
 
-from dalign_core._env import offline_variable
-from dalign_core.cli.loading import LoadError, _hub_reachable, _unreachable_message
+from dalign_core.environment import offline_variable
+from dalign_core.cli.loading import LoadError, hub_reachable, unreachable_message
 
-__all__ = ["check_data_file", "read_text_examples", "dataset_text_examples", "make_batches"]
+__all__ = ["check_data_file", "read_text_examples", "dataset_text_examples", "make_batches", "read_sequences",
+           "arch_batches", "arch_examples"]
 
 
 def _encode(tokenizer, text: str) -> list[int]:
@@ -217,7 +218,7 @@ def dataset_text_examples(name: str, tokenizer, examples: int, seq_len: int, *, 
                           mode: str = "chunks") -> list[list[int]]:
     """Token id sequences from a Hugging Face dataset (streamed; needs network or a cached copy)."""
     offline = offline_variable(include_datasets=True)  # read before the line below may set one
-    if offline or not _hub_reachable():
+    if offline or not hub_reachable():
         # Let datasets (which reads this once, at import) try its cache without network calls.
         os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     try:
@@ -229,8 +230,8 @@ def dataset_text_examples(name: str, tokenizer, examples: int, seq_len: int, *, 
     except KeyError as err:
         raise LoadError(f"dataset {name!r} has no text field {text_field!r}; pass --text-field") from err
     except Exception as err:  # datasets raises many types (ConnectionError, FileNotFoundError, DatasetNotFoundError)
-        if offline or not _hub_reachable(1.0):
-            raise LoadError(_unreachable_message("dataset", name, "--data", offline) +
+        if offline or not hub_reachable(1.0):
+            raise LoadError(unreachable_message("dataset", name, "--data", offline) +
                             " (for a local text file, pass its path)") from err
         raise LoadError(f"could not read dataset {name!r} (config {config!r}, split {split!r}): {err}") from err
 
@@ -252,7 +253,7 @@ def make_batches(sequences: list[list[int]], batch_size: int, pad_id: int = 0) -
     return batches
 
 
-def _read_sequences(args: argparse.Namespace, tokenizer, count: int, data_path: Path | None) -> list[list[int]]:
+def read_sequences(args: argparse.Namespace, tokenizer, count: int, data_path: Path | None) -> list[list[int]]:
     """Up to ``count`` token sequences from ``--data`` (a local file when ``data_path`` is set, else a dataset)."""
     if data_path is not None:
         return read_text_examples(data_path, tokenizer, count, args.seq_len, args.split_mode)
@@ -315,7 +316,7 @@ def _image_folder_examples(args: argparse.Namespace, path: Path, examples: int) 
     return torch.stack(images), torch.tensor(labels)
 
 
-def _arch_examples(args: argparse.Namespace, examples: int) -> tuple[torch.Tensor, torch.Tensor]:
+def arch_examples(args: argparse.Namespace, examples: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(inputs, targets)`` of an ``--arch`` model: from a ``.pt`` file of tensors or an image folder."""
     path = Path(args.data).expanduser()
     if path.is_dir():
@@ -323,7 +324,7 @@ def _arch_examples(args: argparse.Namespace, examples: int) -> tuple[torch.Tenso
     return _tensor_examples(args.data, examples)
 
 
-def _arch_batches(inputs, targets, batch_size: int):
+def arch_batches(inputs, targets, batch_size: int):
     """``batches(lo, hi)``: the pairs ``(inputs, targets)`` of examples lo to hi, ``batch_size`` at a time."""
     return lambda lo, hi: [(inputs[i:min(i + batch_size, hi)], targets[i:min(i + batch_size, hi)])
                            for i in range(lo, hi, batch_size)]

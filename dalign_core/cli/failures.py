@@ -45,16 +45,16 @@ def _deepest_frame(traceback) -> str:
 def failure_line(err: BaseException, args: argparse.Namespace) -> str | None:
     """The one line (without the ``dalign: error:`` prefix) for ``err``, or None for a bug of this project's own
     (raised inside ``dalign_core`` with no model call on the way), which keeps its traceback."""
-    from dalign_core.capture.refusals import ModelError, _first_line, _user_frame, failing_module
+    from dalign_core.capture.refusals import ModelError, first_line, user_frame, failing_module
 
     model, layer, check = _model_name(args), _layer_text(args), _what_to_check(args)
     if isinstance(err, ModelError):  # the capture saw the model raise: it knows where and what
         kind, place, detail = err.kind, err.place, err.detail
     else:
         name, module = failing_module(None, err.__traceback__)
-        frame = _user_frame(err.__traceback__)
+        frame = user_frame(err.__traceback__)
         at = f" at {frame}" if frame else ""
-        kind, detail = type(err).__name__, _first_line(err)
+        kind, detail = type(err).__name__, first_line(err)
         if module is None:
             deepest = _deepest_frame(err.__traceback__)
             if "/dalign_core/" in deepest:

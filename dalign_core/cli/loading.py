@@ -38,21 +38,13 @@ from urllib.parse import urlparse
 
 import torch
 
-from dalign_core._env import offline_variable
+from dalign_core.environment import offline_variable
 from dalign_core.cli.errors import LoadError
 from dalign_core.cli.regular_files import check_regular_files, check_revision_name
 
-__all__ = [
-    "LoadError",
-    "ModelSource",
-    "resolve_model_source",
-    "revision_folders",
-    "load_model",
-    "load_tokenizer",
-    "check_tokenizer_fits",
-    "max_positions",
-    "check_seq_len",
-]
+__all__ = ["LoadError", "ModelSource", "resolve_model_source", "revision_folders", "load_model", "load_tokenizer",
+           "check_tokenizer_fits", "max_positions", "check_seq_len", "load_arch", "hub_cache", "hub_reachable",
+           "unreachable_message"]
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "spiece.model")
 _PROBE_TIMEOUT_S = 3.0
@@ -79,7 +71,8 @@ class ModelSource:
         return self.local or self.cached
 
 
-def _hub_cache() -> str:
+def hub_cache() -> str:
+    """The folder of the Hugging Face hub cache (``$HF_HUB_CACHE``, from ``$HF_HOME``), for messages that name it."""
     try:
         from huggingface_hub import constants
 
@@ -88,7 +81,9 @@ def _hub_cache() -> str:
         return "~/.cache/huggingface/hub"
 
 
-def _hub_reachable(timeout: float = _PROBE_TIMEOUT_S) -> bool:
+def hub_reachable(timeout: float = _PROBE_TIMEOUT_S) -> bool:
+    """True when a TCP connection to the model hub (``$HF_ENDPOINT``, else huggingface.co) opens within ``timeout``
+    s."""
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
     parsed = urlparse(endpoint)
     host, port = parsed.hostname or "huggingface.co", parsed.port or (80 if parsed.scheme == "http" else 443)
@@ -99,7 +94,7 @@ def _hub_reachable(timeout: float = _PROBE_TIMEOUT_S) -> bool:
         return False
 
 
-def _unreachable_message(kind: str, spec: str, flag: str, offline: str | None, revision: str | None = None) -> str:
+def unreachable_message(kind: str, spec: str, flag: str, offline: str | None, revision: str | None = None) -> str:
     """What to do when ``spec`` is neither local nor cached; ``offline`` names the offline variable set, if any."""
     reason = f"{offline} is set" if offline else "the Hugging Face Hub cannot be reached from here"
     at = f" at revision {revision!r}" if revision else ""
@@ -108,11 +103,11 @@ def _unreachable_message(kind: str, spec: str, flag: str, offline: str | None, r
     rev_flag = f" --revision {revision}" if revision else ""
     return (
         f"{kind} {spec!r}{at} is not a local {'folder' if kind == 'model' else 'file'}, it is not in the Hugging Face "
-        f"cache ({_hub_cache()}), and {reason}. Either download it on a machine with network access, e.g. "
+        f"cache ({hub_cache()}), and {reason}. Either download it on a machine with network access, e.g. "
         f"`hf download {spec}{' --repo-type dataset' if kind == 'dataset' else ''}{rev_flag} --local-dir {folder}`, "
         f"copy that folder here and pass {flag} ./{name}{rev_flag}"
         + (" (a folder with config.json, model.safetensors and the tokenizer files)" if kind == "model" else "")
-        + f"; or copy a Hugging Face cache that holds it to {_hub_cache()} (or point HF_HOME at it)"
+        + f"; or copy a Hugging Face cache that holds it to {hub_cache()} (or point HF_HOME at it)"
         + (f"; or unset {offline} if this machine has network access" if offline else "")
         + "."
     )
@@ -192,8 +187,8 @@ def resolve_model_source(spec: str, revision: str | None = None) -> ModelSource:
     if isinstance(cached, str):
         return ModelSource(spec, spec, local=False, cached=True, revision=revision)
     offline = offline_variable()
-    if offline or not _hub_reachable():
-        raise LoadError(_unreachable_message("model", spec, "--model", offline, revision))
+    if offline or not hub_reachable():
+        raise LoadError(unreachable_message("model", spec, "--model", offline, revision))
     return ModelSource(spec, spec, local=False, cached=False, revision=revision)
 
 
@@ -462,8 +457,21 @@ def load_tokenizer(source: ModelSource | str, revision: str | None = None):
 # --arch: any nn.Module a callable builds
 
 
-def _load_arch(args: argparse.Namespace, device):
+def load_arch(args: argparse.Namespace, device):
     """The model ``--arch`` builds, with the state dict ``--model`` loaded into it (strictly), in eval mode."""
+    model = _built_arch(args)
+    state = _read_state_dict(args.model)
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as err:
+        raise LoadError(f"--model {args.model!r} does not match the model {args.arch} builds "
+                        f"({str(err).splitlines()[0]}); check --arch-kwargs") from err
+    return model.to(device).eval()
+
+
+def _built_arch(args: argparse.Namespace):
+    """The ``nn.Module`` that ``--arch module:callable`` returns when called with ``--arch-kwargs`` (a JSON
+    object); every way this fails is a one-line ValueError naming the flag."""
     import importlib
     import json
 
@@ -492,12 +500,18 @@ def _load_arch(args: argparse.Namespace, device):
 
     if not isinstance(model, nn.Module):
         raise ValueError(f"--arch {args.arch!r} returned a {type(model).__name__}, not a torch.nn.Module")
-    path = Path(args.model).expanduser()
+    return model
+
+
+def _read_state_dict(model_arg: str) -> dict:
+    """The state dict in file ``--model`` (``.safetensors``, else a ``torch.save`` of tensors, read with
+    ``weights_only``); a missing, special, damaged or non-dict file is a one-line LoadError."""
+    path = Path(model_arg).expanduser()
     if path.exists() and not path.is_file() and not path.is_dir():
-        raise LoadError(f"--model {args.model!r} is not a regular file (a pipe, socket or device), which could block "
+        raise LoadError(f"--model {model_arg!r} is not a regular file (a pipe, socket or device), which could block "
                         "reading it forever; with --arch it is the state dict file (.pt or .safetensors)")
     if not path.is_file():
-        raise LoadError(f"--model {args.model!r} does not exist or is not a file; with --arch it is the state dict "
+        raise LoadError(f"--model {model_arg!r} does not exist or is not a file; with --arch it is the state dict "
                         "(torch.save(model.state_dict(), 'weights.pt') or a .safetensors file)")
     if path.suffix == ".safetensors":
         from safetensors import SafetensorError
@@ -512,14 +526,13 @@ def _load_arch(args: argparse.Namespace, device):
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as err:  # noqa: BLE001  (a pickle that is more than tensors, or a damaged file)
-            raise LoadError(f"--model {args.model!r} could not be read as a state dict of tensors: "
+            raise LoadError(f"--model {model_arg!r} could not be read as a state dict of tensors: "
                             f"{str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}") from err
     if not isinstance(state, dict):
-        raise LoadError(f"--model {args.model!r} holds a {type(state).__name__}, not a state dict; save "
+        raise LoadError(f"--model {model_arg!r} holds a {type(state).__name__}, not a state dict; save "
                         "model.state_dict()")
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as err:
-        raise LoadError(f"--model {args.model!r} does not match the model {args.arch} builds "
-                        f"({str(err).splitlines()[0]}); check --arch-kwargs") from err
-    return model.to(device).eval()
+    return state
+
+
+# The old names, kept for dalign_repro/experiments/pythia_checkpoints.py until it imports the new ones.
+_hub_cache, _hub_reachable = hub_cache, hub_reachable

@@ -12,8 +12,10 @@ import argparse
 import re
 from pathlib import Path
 
+__all__ = ["MAX_HIDDEN", "add_arch_options", "add_data_options", "is_local_data", "hidden_width_option", "check_seq_len_option", "out_file_option", "check_out", "local_input_paths", "check_common"]
 
-def _add_arch_options(parser: argparse.ArgumentParser) -> None:
+
+def add_arch_options(parser: argparse.ArgumentParser) -> None:
     """``--arch`` (any nn.Module a callable builds) and how an image folder given as ``--data`` is read."""
     parser.add_argument("--arch", default=None, metavar="MODULE:CALLABLE",
                         help="build the model by calling this (e.g. torchvision.models:resnet18) and load --model, a "
@@ -29,7 +31,7 @@ def _add_arch_options(parser: argparse.ArgumentParser) -> None:
                              "standard deviations, as torchvision's pretrained models expect (default), or not")
 
 
-def _add_data_options(parser: argparse.ArgumentParser, required: bool) -> None:
+def add_data_options(parser: argparse.ArgumentParser, required: bool) -> None:
     """The options that say which examples to read (``--data``) and how to run the model on them."""
     parser.add_argument("--data", required=required, default=None,
                         help="local UTF-8 text file, or a Hugging Face dataset name (network)"
@@ -46,7 +48,7 @@ def _add_data_options(parser: argparse.ArgumentParser, required: bool) -> None:
     parser.add_argument("--text-field", default="text", help="Hugging Face dataset text column (default: text)")
 
 
-def _is_local_data(spec: str) -> bool:
+def is_local_data(spec: str) -> bool:
     """True when ``--data`` names a local file (or a path meant as one), False for a Hugging Face dataset name."""
     return Path(spec).expanduser().exists() or spec.endswith((".txt", ".text", ".md")) or \
         spec.startswith((".", "/", "~"))
@@ -56,7 +58,7 @@ MAX_HIDDEN = 65_536
 """The widest inserted block ``dalign rank --hidden`` builds (its W1 is hidden x width floats)."""
 
 
-def _hidden_width(text: str) -> int:
+def hidden_width_option(text: str) -> int:
     """``--hidden``: a whole number from 1 to :data:`MAX_HIDDEN` (``1e3`` reads as 1000)."""
     try:
         number = float(text)
@@ -68,20 +70,20 @@ def _hidden_width(text: str) -> int:
     return int(number)
 
 
-def _check_seq_len(args: argparse.Namespace) -> None:
+def check_seq_len_option(args: argparse.Namespace) -> None:
     """``--seq-len``: at least 2 tokens (a next-token loss needs two)."""
     if args.seq_len < 2:
         raise ValueError(f"--seq-len must be at least 2 (a next-token loss needs two tokens), got {args.seq_len}")
 
 
-def _out_file(text: str) -> Path:
+def out_file_option(text: str) -> Path:
     """``--out``'s value as a path; an empty one (it would name the current folder) is a usage error."""
     if not text.strip():
         raise argparse.ArgumentTypeError("is empty; give a file name, e.g. --out geometry.csv")
     return Path(text)
 
 
-def _check_out(path: Path, inputs: tuple = (), flag: str = "--out") -> None:
+def check_out(path: Path, inputs: tuple = (), flag: str = "--out") -> None:
     """Refuse an ``--out`` that cannot be written, or should not be, before any work.
 
     Refused: an empty name, a folder, a path under a file, a folder without write access,
@@ -165,7 +167,7 @@ def _same_or_inside(path: Path, given: Path) -> bool:
         return False
 
 
-def _input_paths(source, data_path: Path | None, tokenizer: str | None) -> tuple:
+def local_input_paths(source, data_path: Path | None, tokenizer: str | None) -> tuple:
     """The local inputs an ``--out`` must never overwrite: the data file, the model folder (and, for a revision
     subfolder, its parent, where the tokenizer may be) and a local tokenizer."""
     inputs = [("the --data file", data_path)] if data_path is not None else []
@@ -196,7 +198,7 @@ def _check_device(name: str) -> None:
                      f"(here: {here}; default: auto)")
 
 
-def _check_common(args: argparse.Namespace) -> None:
+def check_common(args: argparse.Namespace) -> None:
     """Checks of the options several commands share (--device, --tokenizer, --seed), before anything is loaded."""
     if getattr(args, "device", None) is not None:
         _check_device(args.device)

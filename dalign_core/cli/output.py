@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import math
 
+__all__ = ["format_value", "render_table", "clip_left", "with_progress"]
 
-def _fmt(x) -> str:
+
+def format_value(x) -> str:
+    """``x`` in a few significant digits for a table (``-`` for None, ``nan`` and ``inf`` as such)."""
     if x is None:
         return "-"
     x = float(x)
@@ -21,7 +24,9 @@ def _fmt(x) -> str:
     return f"{x:.3e}"
 
 
-def _render(headers: list[str], rows: list[list[str]], align: list[str]) -> str:
+def render_table(headers: list[str], rows: list[list[str]], align: list[str]) -> str:
+    """A plain-text table: ``headers`` above ``rows``, each column as wide as its widest cell, ``align`` per column
+    (``"l"`` left, anything else right)."""
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
     lines = []
 
@@ -34,11 +39,12 @@ def _render(headers: list[str], rows: list[list[str]], align: list[str]) -> str:
     return "\n".join(lines)
 
 
-def _clip(text: str, width: int) -> str:
+def clip_left(text: str, width: int) -> str:
+    """``text`` cut to ``width`` characters from the left, with an ellipsis: a layer name keeps its end."""
     return text if len(text) <= width else "…" + text[-(width - 1):]
 
 
-def _with_progress(batches: list, desc: str, progress: bool = True):
+def with_progress(batches: list, desc: str, progress: bool = True):
     """``batches`` behind a progress bar with an ETA on stderr (shown on a terminal only, never with --quiet)."""
     from tqdm import tqdm
 

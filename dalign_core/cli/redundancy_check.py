@@ -3,7 +3,9 @@ share of q that trained parameters' gradients already own, who owns it, and the 
 
 from __future__ import annotations
 
-from dalign_core.cli.output import _with_progress
+from dalign_core.cli.output import with_progress
+
+__all__ = ["QUICK_EXAMPLES", "redundancy_by_layer", "is_redundant", "owner_of", "redundancy_warning"]
 
 QUICK_EXAMPLES = 64
 """Examples of ``dalign estimate``'s redundancy check by default (``--thorough-redundancy``: every example). The
@@ -14,31 +16,31 @@ rank`` take. An exact owner (a trained bias whose gradient is q, row for row) sh
 held-out share of the others is fitted on fewer coordinates (at most a quarter of the examples), a lower bound."""
 
 
-def _redundancy_by_layer(model, layers: list[str], sequences, batch_size: int, reductions,
+def redundancy_by_layer(model, layers: list[str], sequences, batch_size: int, reductions,
                          progress: bool = True) -> dict:
     """``(layer, reduction) -> row`` of :func:`dalign_core.capture.redundancy.redundancy_rows` on ``sequences`` (a progress
     bar with an ETA on a terminal: the check takes most of an ``estimate`` on a large model)."""
     from dalign_core.cli.examples import make_batches
     from dalign_core.capture.redundancy import redundancy_rows
 
-    batches = _with_progress(make_batches(sequences, batch_size, pad_id=0),
+    batches = with_progress(make_batches(sequences, batch_size, pad_id=0),
                              f"redundancy check ({len(sequences)} examples)", progress)
     rows = redundancy_rows(model, layers, batches, reductions=reductions)
     return {(row["layer"], row["reduction"]): row for row in rows}
 
 
-def _is_redundant(row: dict) -> bool:
+def is_redundant(row: dict) -> bool:
     from dalign_core.capture.redundancy import REDUNDANT
 
     return row["fraction"] > REDUNDANT
 
 
-def _owner(row: dict) -> str | None:
+def owner_of(row: dict) -> str | None:
     """The trained parameter that owns q: the exact one, else the one explaining most of q on its own."""
     return row["exact"] or row["owner"]
 
 
-def _redundancy_warning(row: dict) -> str:
+def redundancy_warning(row: dict) -> str:
     from dalign_core.capture.redundancy import REDUNDANT
 
     what = (f"is exactly the per-example gradient of the trained parameter {row['exact']}" if row["exact"] else

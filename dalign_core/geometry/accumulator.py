@@ -14,18 +14,18 @@ import torch
 from dalign_core.geometry.rows import (
     FLOAT32_MIN_WORK,
     CountSketch,
-    _check_precision,
-    _check_sketch_dim,
-    _checked_rows,
-    _column_block,
-    _scale_exponent,
-    _times_pow2_,
+    check_precision,
+    check_sketch_dim,
+    checked_rows,
+    column_block,
+    scale_exponent,
+    times_pow2_,
     float32_gram,
     float32_mean_ratio_allows,
     float32_products_allowed,
     gram_product,
 )
-from dalign_core.geometry.ustatistics import Geometry, _check_n, _geometry_from_scaled_gram
+from dalign_core.geometry.ustatistics import Geometry, check_n, geometry_from_scaled_gram
 
 __all__ = ["GeometryAccumulator"]
 
@@ -56,8 +56,8 @@ class GeometryAccumulator:
 
     def __init__(self, *, sketch_dim: int | None = None, seed: int = 0, device=None, dtype: torch.dtype | None = None,
                  precision: str = "auto"):
-        _check_sketch_dim(sketch_dim)
-        _check_precision(precision)
+        check_sketch_dim(sketch_dim)
+        check_precision(precision)
         self.precision = precision
         self._float64_only = precision == "float64"
         self._float32_entries = False  # whether some Gram entries came from float32 products
@@ -90,18 +90,18 @@ class GeometryAccumulator:
     def _rescale(self, peak: float) -> None:
         """Take a batch whose largest |entry| is ``peak``: rescale what is kept if the rows' range demands it."""
         self._peak = max(self._peak, peak)
-        exponent = _scale_exponent(self._peak)
+        exponent = scale_exponent(self._peak)
         if exponent != self._exponent and self.n:
             shift = exponent - self._exponent
-            _times_pow2_(self._rows[: self.n], -shift)
-            _times_pow2_(self._gram[: self.n, : self.n], -2 * shift)
+            times_pow2_(self._rows[: self.n], -shift)
+            times_pow2_(self._gram[: self.n, : self.n], -2 * shift)
         self._exponent = exponent
 
     def update(self, rows) -> "GeometryAccumulator":
         """Add a batch of rows of shape ``(b, d)``; returns ``self``."""
-        batch, peak = _checked_rows(rows, "rows")
+        batch, peak = checked_rows(rows, "rows")
         if self.d is None:
-            _check_sketch_dim(self.sketch_dim, batch.shape[1])
+            check_sketch_dim(self.sketch_dim, batch.shape[1])
             self.d = batch.shape[1]
             self.device = self.device or batch.device
             if self.sketch_dim is not None:
@@ -131,7 +131,7 @@ class GeometryAccumulator:
         elif scale == 1.0:
             kept.copy_(batch)
         else:  # scaled in float64, by column blocks (float64 rows of 1e200 would overflow float32 unscaled)
-            step = _column_block(b)
+            step = column_block(b)
             for column in range(0, self.d, step):
                 kept[:, column:column + step] = batch[:, column:column + step].to(torch.float64) * scale
         if self._use_float32(start + b):
@@ -168,20 +168,20 @@ class GeometryAccumulator:
             return torch.zeros(0, 0, dtype=torch.float64)
         self._settle()
         gram = self._gram[: self.n, : self.n]
-        return _times_pow2_(gram.clone(), 2 * self._exponent) if self._exponent else gram
+        return times_pow2_(gram.clone(), 2 * self._exponent) if self._exponent else gram
 
     def rows(self) -> torch.Tensor:
         """The kept rows, shape ``(n, d)`` (or ``(n, k)`` sketches)."""
         if self._rows is None:
             return torch.zeros(0, 0)
         rows = self._rows[: self.n]
-        return _times_pow2_(rows.to(torch.float64), self._exponent) if self._exponent else rows
+        return times_pow2_(rows.to(torch.float64), self._exponent) if self._exponent else rows
 
     def result(self, confidence: float = 0.95) -> Geometry:
         """The estimated :class:`Geometry` with jackknife intervals at level ``confidence``."""
-        _check_n(self.n)
+        check_n(self.n)
         self._settle()
-        return _geometry_from_scaled_gram(self._gram[: self.n, : self.n], 2 * self._exponent, self.d,
+        return geometry_from_scaled_gram(self._gram[: self.n, : self.n], 2 * self._exponent, self.d,
                                           confidence=confidence, sketch_dim=self.sketch_dim)
 
 

@@ -62,17 +62,17 @@ from dalign_core.geometry.accumulator import GeometryAccumulator
 from dalign_core.geometry.bounds import dims_tensor
 from dalign_core.geometry.rows import (
     FLOAT32_MIN_WORK,
-    _check_precision,
-    _check_sketch_dim,
-    _checked_rows,
-    _scale_exponent,
+    check_precision,
+    check_sketch_dim,
+    checked_rows,
+    scale_exponent,
     as_rows,
     float32_gram,
     float32_mean_ratio_allows,
     float32_products_allowed,
     gram_product,
 )
-from dalign_core.geometry.ustatistics import Geometry, _check_confidence, _check_n, _geometry_from_scaled_gram
+from dalign_core.geometry.ustatistics import Geometry, check_confidence, check_n, geometry_from_scaled_gram
 
 __all__ = ["estimate_geometry", "plugin_geometry"]
 
@@ -101,14 +101,14 @@ def estimate_geometry(
             precision.
         TypeError: complex numbers, strings or other non-numbers in Q; a sketch_dim that is not an integer.
     """
-    _check_sketch_dim(sketch_dim)
-    _check_confidence(confidence)
-    _check_precision(precision)
-    Q, peak = _checked_rows(Q, "Q")
-    _check_n(Q.shape[0])
+    check_sketch_dim(sketch_dim)
+    check_confidence(confidence)
+    check_precision(precision)
+    Q, peak = checked_rows(Q, "Q")
+    check_n(Q.shape[0])
     if sketch_dim is not None:
         return GeometryAccumulator(sketch_dim=sketch_dim, seed=seed, precision=precision).update(Q).result(confidence)
-    exponent = _scale_exponent(peak)
+    exponent = scale_exponent(peak)
     G = None
     n, d = Q.shape
     if precision == "auto" and n * n * d >= FLOAT32_MIN_WORK and float32_products_allowed(Q.dtype, peak, Q.device):
@@ -117,7 +117,7 @@ def estimate_geometry(
             G = None  # a large mean against the noise: float32's rounding is not negligible there
     if G is None:
         G = gram_product(Q, Q, scale=math.ldexp(1.0, -exponent))
-    return _geometry_from_scaled_gram(G, 2 * exponent, Q.shape[1], confidence=confidence, sketch_dim=None)
+    return geometry_from_scaled_gram(G, 2 * exponent, Q.shape[1], confidence=confidence, sketch_dim=None)
 
 
 def plugin_geometry(Q) -> Geometry:
@@ -129,7 +129,7 @@ def plugin_geometry(Q) -> Geometry:
     """
     Q = as_rows(Q).to(torch.float64)
     n = Q.shape[0]
-    _check_n(n)
+    check_n(n)
     mean = Q.mean(dim=0)
     centered = Q - mean
     cov = centered.T @ centered / (n - 1)

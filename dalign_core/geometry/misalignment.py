@@ -154,6 +154,21 @@ def resample_alignment(
     """
     n1, n2 = C.shape
     _check_budget(M, K, n1, n2, one_pool)
+    _check_trials(trials, chunk, M, K)
+    matmul = _matmul_path(M, K, n1, n2)
+    if chunk is None:  # a chunk's gathered block (chunk, M, K), or its summed rows (chunk, n2), of about 2^18
+        chunk = max(1, min(trials, (1 << 18) // (max(n1, n2) if matmul else (M * K))))
+    trials, chunk = int(trials), int(chunk)
+    C = C.detach().to(device="cpu", dtype=torch.float64).contiguous()
+    rows, cols = _index_sets(n1, n2, M, K, trials, int(seed), bool(one_pool))
+    stats = torch.from_numpy(_block_means(C, rows, cols, M, K, chunk, matmul))
+    if return_indices:
+        return stats, torch.from_numpy((rows // n2).astype(np.int64)), torch.from_numpy(cols.astype(np.int64))
+    return stats
+
+
+def _check_trials(trials, chunk, M: int, K: int) -> None:
+    """Refuse a number of resamples or a chunk that is not a positive integer, and draws of more than 8 GiB."""
     if isinstance(trials, bool) or not isinstance(trials, (int, np.integer)) or trials < 1:
         raise ValueError(f"trials must be a positive integer, got {trials!r}")
     if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1):
@@ -162,14 +177,17 @@ def resample_alignment(
     if need > 8 * 2**30:
         raise ValueError(f"trials={trials} resamples of M={M}, K={K} need about {need / 2**30:.0f} GiB of drawn "
                          "indices; use fewer trials")
-    matmul = _matmul_path(M, K, n1, n2)
-    if chunk is None:  # a chunk's gathered block (chunk, M, K), or its summed rows (chunk, n2), of about 2^18
-        chunk = max(1, min(trials, (1 << 18) // (max(n1, n2) if matmul else (M * K))))
-    trials, chunk = int(trials), int(chunk)
-    C = C.detach().to(device="cpu", dtype=torch.float64).contiguous()
+
+
+def _block_means(C: torch.Tensor, rows: np.ndarray, cols: np.ndarray, M: int, K: int, chunk: int,
+                 matmul: bool) -> np.ndarray:
+    """Each resample's mean of its M x K block of the float64 (n1, n2) ``C``, ``chunk`` resamples at a time:
+    ``rows`` (trials, M) are flat offsets of the train rows (row index x n2), ``cols`` (trials, K) the test
+    columns; ``matmul``: by summed rows (:func:`_matmul_path`), else by gathering the block."""
+    n1, n2 = C.shape
+    trials = len(rows)
     flat = C.numpy().reshape(-1)
     out = np.empty(trials, dtype=np.float64)
-    rows, cols = _index_sets(n1, n2, M, K, trials, int(seed), bool(one_pool))
     # The product path sums the M train rows of C (or, where that is less work, the K test columns) per resample,
     # i.e. the sparse product of the 0/1 indicators with C (torch's embedding_bag), then takes the other side's K
     # (or M) entries of the summed row.
@@ -186,10 +204,7 @@ def resample_alignment(
         else:
             lin = r[:, :, None] + c[:, None, :]  # (c, M, K)
             out[start:start + len(r)] = np.take(flat, lin).sum(axis=(1, 2)) / (M * K)
-    stats = torch.from_numpy(out)
-    if return_indices:
-        return stats, torch.from_numpy((rows // n2).astype(np.int64)), torch.from_numpy(cols.astype(np.int64))
-    return stats
+    return out
 
 
 MATMUL_SHARE = 12
@@ -289,6 +304,21 @@ def _check_budget(M, K, n1, n2, one_pool):
             raise ValueError(f"K = {K} exceeds the test pool size n2 = {n2}")
 
 
+def _checked_gram(q_train, q_test, C, one_pool: bool) -> torch.Tensor:
+    """The cross-Gram the resamples read: ``C`` as given (checked 2-D and finite), else :func:`cross_gram` of the
+    pools (one pool with ``one_pool``)."""
+    if C is None:
+        if q_train is None:
+            raise ValueError("pass q_train (and q_test) or a precomputed C")
+        if one_pool and q_test is not None:
+            raise ValueError("one_pool=True takes a single pool: pass q_test=None")
+        return cross_gram(q_train, q_test)
+    if not isinstance(C, torch.Tensor) or C.ndim != 2:
+        raise ValueError("C must be a 2-D tensor from cross_gram")
+    check_finite(C, "C")
+    return C
+
+
 def misalignment_probability(
     q_train,
     q_test=None,
@@ -325,16 +355,7 @@ def misalignment_probability(
     t0 = time.perf_counter()
     if one_pool is None:
         one_pool = q_test is None and q_train is not None
-    if C is None:
-        if q_train is None:
-            raise ValueError("pass q_train (and q_test) or a precomputed C")
-        if one_pool and q_test is not None:
-            raise ValueError("one_pool=True takes a single pool: pass q_test=None")
-        C = cross_gram(q_train, q_test)
-    elif not isinstance(C, torch.Tensor) or C.ndim != 2:
-        raise ValueError("C must be a 2-D tensor from cross_gram")
-    else:
-        check_finite(C, "C")
+    C = _checked_gram(q_train, q_test, C, one_pool)
     stats = resample_alignment(C, M, K, trials, seed=seed, one_pool=one_pool, chunk=chunk)
     misaligned = int((stats <= 0).sum())
     p = misaligned / trials

@@ -9,7 +9,7 @@ where the estimators find that as accurate (:func:`float32_products_allowed`,
 :func:`float32_mean_ratio_allows`).
 
 Scale: rows whose largest ``|entry|`` lies beyond ``2^±200`` are multiplied by a power of
-two before the Gram is formed (:func:`_scale_exponent`, :func:`_times_pow2_`), so
+two before the Gram is formed (:func:`scale_exponent`, :func:`times_pow2_`), so
 nothing overflows or underflows; inside the window nothing is rescaled.
 
 For d too large to keep, :class:`CountSketch` maps each row to k buckets with random
@@ -24,7 +24,9 @@ import numbers
 import numpy as np
 import torch
 
-__all__ = ["as_rows", "gram_product", "float32_gram", "CountSketch", "PRECISIONS"]
+__all__ = ["as_rows", "gram_product", "float32_gram", "CountSketch", "PRECISIONS", "check_precision",
+           "check_sketch_dim", "checked_rows", "column_block", "scale_exponent", "times_pow2_", "complex_message",
+           "row_block", "times_pow2"]
 
 _COLUMN_ELEMENTS = 1 << 24  # float64 elements per column block: 128 MiB
 
@@ -66,10 +68,11 @@ def as_rows(Q, name: str = "Q") -> torch.Tensor:
     Raises TypeError naming ``name`` for complex numbers, strings or other non-numbers,
     and ValueError for a wrong shape or for rows holding NaN or inf.
     """
-    return _checked_rows(Q, name)[0]
+    return checked_rows(Q, name)[0]
 
 
-def _complex_message(name: str, dtype) -> str:
+def complex_message(name: str, dtype) -> str:
+    """The error message for complex rows named ``name`` of ``dtype``: d_align is defined for real gradients."""
     return (f"{name} is complex ({dtype}); d_align is defined for real gradients and the imaginary part would be "
             f"lost. Pass {name}.real (or stack the real and imaginary parts as columns) if that is what you mean")
 
@@ -78,11 +81,11 @@ def _numpy_rows(Q: np.ndarray, name: str) -> torch.Tensor:
     """A numpy array of real numbers as a tensor (a copy where torch cannot share the memory)."""
     kind = Q.dtype.kind
     if kind == "c":
-        raise TypeError(_complex_message(name, Q.dtype))
+        raise TypeError(complex_message(name, Q.dtype))
     if kind == "O":
         for index, value in np.ndenumerate(Q):
             if isinstance(value, numbers.Complex) and not isinstance(value, numbers.Real):
-                raise TypeError(_complex_message(name, f"an object array holding {value!r} at index {index}"))
+                raise TypeError(complex_message(name, f"an object array holding {value!r} at index {index}"))
             if not isinstance(value, numbers.Number):
                 raise TypeError(f"{name} is an object array holding {type(value).__name__} {value!r} at index "
                                 f"{index}; it must hold real numbers (convert it with np.asarray({name}, dtype=float))")
@@ -106,7 +109,7 @@ def _numpy_rows(Q: np.ndarray, name: str) -> torch.Tensor:
     return torch.from_numpy(Q)
 
 
-def _checked_rows(Q, name: str) -> tuple[torch.Tensor, float]:
+def checked_rows(Q, name: str) -> tuple[torch.Tensor, float]:
     """:func:`as_rows` and the largest ``|entry|`` of ``Q`` (0 for an empty Q), found in the same pass."""
     if isinstance(Q, np.ndarray):
         Q = _numpy_rows(Q, name)
@@ -114,7 +117,7 @@ def _checked_rows(Q, name: str) -> tuple[torch.Tensor, float]:
         raise TypeError(f"{name} must be a numpy array or torch tensor of shape (n, d), got {type(Q).__name__}")
     Q = Q.detach()
     if Q.is_complex():
-        raise TypeError(_complex_message(name, Q.dtype))
+        raise TypeError(complex_message(name, Q.dtype))
     if Q.ndim != 2:
         raise ValueError(f"{name} must have shape (n, d) (one row per example), got shape {tuple(Q.shape)}")
     if not Q.is_floating_point():
@@ -127,7 +130,7 @@ def _checked_rows(Q, name: str) -> tuple[torch.Tensor, float]:
     if math.isfinite(low) and math.isfinite(high):
         return Q, max(abs(low), abs(high))
     bad = torch.zeros(Q.shape[0], dtype=torch.bool, device=Q.device)
-    step = _column_block(Q.shape[0])
+    step = column_block(Q.shape[0])
     for start in range(0, Q.shape[1], step):  # in column blocks: no (n, d) temporary
         bad |= ~torch.isfinite(Q[:, start:start + step]).all(dim=1)
     bad_rows = int(bad.sum())
@@ -143,7 +146,7 @@ _SAFE_EXPONENT = 200
 """Rows (and Gram matrices) whose largest ``|entry|`` lies in ``[2^-200, 2^200]`` are used as they are."""
 
 
-def _scale_exponent(peak: float) -> int:
+def scale_exponent(peak: float) -> int:
     """0 when ``peak`` is 0 or within ``2^±_SAFE_EXPONENT``, else ``e`` with ``peak * 2^-e`` in ``[0.5, 1)``."""
     if peak == 0.0 or not math.isfinite(peak):
         return 0
@@ -153,7 +156,7 @@ def _scale_exponent(peak: float) -> int:
     return max(-1000, min(1000, exponent))  # 2^-e stays a normal float64
 
 
-def _times_pow2_(t: torch.Tensor, exponent: int) -> torch.Tensor:
+def times_pow2_(t: torch.Tensor, exponent: int) -> torch.Tensor:
     """Multiply ``t`` in place by ``2^exponent`` (in steps a float64 scalar can hold)."""
     while exponent:
         step = max(-1000, min(1000, exponent))
@@ -162,7 +165,7 @@ def _times_pow2_(t: torch.Tensor, exponent: int) -> torch.Tensor:
     return t
 
 
-def _times_pow2(x: float, exponent: int) -> float:
+def times_pow2(x: float, exponent: int) -> float:
     """``x * 2^exponent``; ``inf`` (or 0) where float64 cannot hold the result."""
     if exponent == 0:
         return x
@@ -170,7 +173,8 @@ def _times_pow2(x: float, exponent: int) -> float:
         return float(np.ldexp(np.float64(x), exponent))
 
 
-def _check_sketch_dim(sketch_dim, d: int | None = None) -> None:
+def check_sketch_dim(sketch_dim, d: int | None = None) -> None:
+    """Raise unless ``sketch_dim`` is None or a whole number from 1 to ``d`` (the row width, when known)."""
     if sketch_dim is None:
         return
     if isinstance(sketch_dim, bool) or not isinstance(sketch_dim, numbers.Integral):
@@ -184,11 +188,13 @@ def _check_sketch_dim(sketch_dim, d: int | None = None) -> None:
                          f"estimate from the rows themselves, or choose sketch_dim <= {d}")
 
 
-def _column_block(rows: int) -> int:
+def column_block(rows: int) -> int:
+    """How many columns of ``rows`` rows to convert at a time, so one float64 slice stays near the block size."""
     return max(1, _COLUMN_ELEMENTS // max(rows, 1))
 
 
-def _row_block(columns: int) -> int:
+def row_block(columns: int) -> int:
+    """How many rows of ``columns`` columns to convert at a time, so one float64 slice stays near the block size."""
     return max(1, _COLUMN_ELEMENTS // max(columns, 1))
 
 
@@ -200,7 +206,7 @@ def gram_product(A: torch.Tensor, B: torch.Tensor, *, scale: float = 1.0) -> tor
     power of two, to keep huge or tiny rows in range) multiplies each slice.
     """
     out = torch.zeros(A.shape[0], B.shape[0], dtype=torch.float64, device=A.device)
-    step = _column_block(A.shape[0] + B.shape[0])
+    step = column_block(A.shape[0] + B.shape[0])
     for start in range(0, A.shape[1], step):
         a = A[:, start:start + step].to(torch.float64)
         b = B[:, start:start + step].to(device=A.device, dtype=torch.float64)
@@ -277,7 +283,8 @@ def float32_gram(A: torch.Tensor, B: torch.Tensor | None = None) -> torch.Tensor
     return out
 
 
-def _check_precision(precision) -> None:
+def check_precision(precision) -> None:
+    """Raise ValueError unless ``precision`` is one of :data:`PRECISIONS`."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(map(repr, PRECISIONS))}, got {precision!r}")
 
@@ -294,7 +301,7 @@ class CountSketch:
     """
 
     def __init__(self, d: int, k: int, seed: int = 0):
-        _check_sketch_dim(k, d)
+        check_sketch_dim(k, d)
         generator = torch.Generator().manual_seed(seed)
         self.d, self.k = d, k
         self.bucket = torch.randint(0, k, (d,), generator=generator)
@@ -306,7 +313,7 @@ class CountSketch:
             raise ValueError(f"rows have dimension {rows.shape[1]}, the sketch was built for {self.d}")
         bucket, sign = self.bucket.to(rows.device), self.sign.to(rows.device)
         out = torch.zeros(rows.shape[0], self.k, dtype=torch.float64, device=rows.device)
-        step = _column_block(rows.shape[0])
+        step = column_block(rows.shape[0])
         for start in range(0, self.d, step):
             block = rows[:, start:start + step].to(torch.float64) * sign[start:start + step]
             if scale != 1.0:

@@ -27,9 +27,10 @@ import numpy as np
 import torch
 
 from dalign_core.geometry.bounds import b_align, b_exact_from_moments, dims_tensor
-from dalign_core.geometry.rows import _complex_message, _row_block, _scale_exponent, _times_pow2, _times_pow2_
+from dalign_core.geometry.rows import complex_message, row_block, scale_exponent, times_pow2, times_pow2_
 
-__all__ = ["Interval", "Geometry", "geometry_from_gram", "geometry_from_row_statistics", "row_statistics"]
+__all__ = ["Interval", "Geometry", "geometry_from_gram", "geometry_from_row_statistics", "row_statistics", "check_n",
+           "geometry_from_scaled_gram", "check_confidence"]
 
 MOMENTS = ("mean_sq", "mean_sq_sq", "directional", "cov_energy")
 DIMENSIONS = ("d_par", "d_2", "d_align")
@@ -91,7 +92,8 @@ class Geometry:
         return row
 
 
-def _check_n(n: int) -> None:
+def check_n(n: int) -> None:
+    """Raise ValueError unless there are at least 4 examples (the U-statistics average over 4 distinct ones)."""
     if n < 4:
         raise ValueError(
             f"need at least 4 examples for the unbiased U-statistics (they average over 4 distinct examples), got n={n}"
@@ -113,7 +115,7 @@ def row_statistics(G: torch.Tensor) -> dict[str, torch.Tensor]:
     diag = torch.diagonal(G)
     # H = G with a zero diagonal is never formed: at n = 20,000 each n x n copy costs 3.2 GB.
     row = G.sum(dim=1) - diag
-    row_sq = torch.cat([(block * block).sum(dim=1) for block in G.split(_row_block(G.shape[1]))]) - diag * diag
+    row_sq = torch.cat([(block * block).sum(dim=1) for block in G.split(row_block(G.shape[1]))]) - diag * diag
     return {"diag": diag, "row": row, "row_sq": row_sq, "gram_row": G @ row}
 
 
@@ -180,13 +182,13 @@ def geometry_from_gram(
         TypeError: a complex G.
     """
     if isinstance(G, np.ndarray) and G.dtype.kind == "c" or isinstance(G, torch.Tensor) and G.is_complex():
-        raise TypeError(_complex_message("G", G.dtype))
+        raise TypeError(complex_message("G", G.dtype))
     given = torch.as_tensor(G)
     G = given.to(torch.float64)
     if G.ndim != 2 or G.shape[0] != G.shape[1]:
         raise ValueError(f"G must be a square (n, n) Gram matrix, got shape {tuple(G.shape)}")
     _check_gram_entries(G, given.dtype)
-    return _geometry_from_scaled_gram(G, 0, d, confidence=confidence, sketch_dim=sketch_dim)
+    return geometry_from_scaled_gram(G, 0, d, confidence=confidence, sketch_dim=sketch_dim)
 
 
 def _symmetry_tolerance(dtype: torch.dtype) -> float:
@@ -219,16 +221,16 @@ def _check_gram_entries(G: torch.Tensor, dtype: torch.dtype) -> None:
         )
 
 
-def _geometry_from_scaled_gram(
+def geometry_from_scaled_gram(
     G: torch.Tensor, exponent: int, d: int | None, *, confidence: float, sketch_dim: int | None
 ) -> Geometry:
     """The geometry of the Gram matrix ``G * 2^exponent`` (``G`` float64, never modified)."""
-    _check_confidence(confidence)
-    _check_n(G.shape[0])
+    check_confidence(confidence)
+    check_n(G.shape[0])
     low, high = torch.aminmax(G)
-    shift = _scale_exponent(max(-float(low), float(high)))  # keeps the products of Gram entries in range
+    shift = scale_exponent(max(-float(low), float(high)))  # keeps the products of Gram entries in range
     if shift:
-        G = _times_pow2_(G.clone(), -shift)
+        G = times_pow2_(G.clone(), -shift)
     return _geometry_from_stats(row_statistics(G), exponent + shift, d, confidence=confidence, sketch_dim=sketch_dim)
 
 
@@ -245,9 +247,9 @@ def _geometry_from_stats(
     sketch_dim: int | None,
 ) -> Geometry:
     """The geometry from the row statistics of a Gram matrix that is ``2^-exponent`` times the true one."""
-    _check_confidence(confidence)
+    check_confidence(confidence)
     n = int(stats["row"].shape[0])
-    _check_n(n)
+    check_n(n)
     sums = _distinct_sums({name: torch.as_tensor(value).to(torch.float64) for name, value in stats.items()})
     full = _u_statistics(n, sums["s"], sums["p2"], sums["p3"], sums["p4"])
     if n >= 5:
@@ -259,14 +261,15 @@ def _geometry_from_stats(
     if exponent:  # moments of degree 1 (mean_sq) and 2 in G scale back; the dimensions are scale-free
         for name in MOMENTS:
             k = exponent if name == "mean_sq" else 2 * exponent
-            values[name] = _times_pow2(values[name], k)
+            values[name] = times_pow2(values[name], k)
             i = intervals[name]
-            intervals[name] = Interval(*(_times_pow2(x, k) for x in (i.estimate, i.se, i.lo, i.hi)))
+            intervals[name] = Interval(*(times_pow2(x, k) for x in (i.estimate, i.se, i.lo, i.hi)))
     return Geometry(
         n=n, d=-1 if d is None else int(d), sketch_dim=sketch_dim, confidence=confidence, intervals=intervals, **values
     )
 
 
-def _check_confidence(confidence: float) -> None:
+def check_confidence(confidence: float) -> None:
+    """Raise ValueError unless ``confidence`` lies strictly between 0 and 1."""
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must lie strictly between 0 and 1, got {confidence}")

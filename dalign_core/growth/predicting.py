@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dalign_core._tensor import derived_seed
+from dalign_core.seeding import derived_seed
 from dalign_core.geometry.bounds import b_align
 from dalign_core.geometry.ustatistics import Geometry
 from dalign_core.capture.batches import conform_batch
@@ -149,6 +149,34 @@ def _jackknife_norm(sums: torch.Tensor, sizes: Sequence[int], confidence: float)
     return estimate, estimate - z * se, estimate + z * se
 
 
+def _moments(geometry) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
+    """d_align, d_par, d_2 and ‖μ‖² of ``geometry`` with their intervals (NaN where it has none)."""
+    values, intervals = {}, {}
+    for name in ("d_align", "d_par", "d_2", "mean_sq"):
+        values[name] = getattr(geometry, name)
+        ci = geometry.intervals.get(name)
+        intervals[name] = (ci.lo, ci.hi) if ci is not None else (math.nan, math.nan)
+    return values, intervals
+
+
+def _at_budgets(geometry, d_align_interval: tuple[float, float], train_rows: torch.Tensor,
+                heldout_rows: torch.Tensor, budgets: Sequence[int],
+                z: float) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
+    """At each budget m = M = K: μ_mᵀg_m of the first m train and held-out rows (its normal interval from the
+    geometry's variance terms, ``z`` its quantile) and B_align(d_align, m, m) (its interval from d_align's)."""
+    values, intervals = {}, {}
+    d_lo, d_hi = d_align_interval
+    for m in budgets:
+        alignment = float(train_rows[:m].mean(0) @ heldout_rows[:m].mean(0))
+        variance = max((2 / m) * geometry.directional + geometry.cov_energy / (m * m), 0.0)
+        values[f"alignment_{m}"] = alignment
+        intervals[f"alignment_{m}"] = (alignment - z * math.sqrt(variance), alignment + z * math.sqrt(variance))
+        at = lambda d: float(b_align(max(d, 0.0), m, m)) if math.isfinite(d) else math.nan  # noqa: E731
+        values[f"b_align_{m}"] = at(geometry.d_align)
+        intervals[f"b_align_{m}"] = (at(d_hi), at(d_lo))
+    return values, intervals
+
+
 def predictors(model: nn.Module, layers: Sequence[str], heldout_batches: list, train_batches: list, *,
                reduction: str = "shared", budgets: Sequence[int] = (16, 64), hidden: int | None = None,
                block_seed: int = 0, confidence: float = 0.95, groups: int = 10, random_key: Any = 0,
@@ -186,20 +214,11 @@ def predictors(model: nn.Module, layers: Sequence[str], heldout_batches: list, t
         if min(len(heldout_rows), len(train_rows[layer])) < keep:
             raise ValueError(f"budget {keep} exceeds the examples given ({len(train_rows[layer])} train, "
                              f"{len(heldout_rows)} held-out); use smaller budgets or more examples")
-        values, intervals = {}, {}
-        for name in ("d_align", "d_par", "d_2", "mean_sq"):
-            values[name] = getattr(geometry, name)
-            ci = geometry.intervals.get(name)
-            intervals[name] = (ci.lo, ci.hi) if ci is not None else (math.nan, math.nan)
-        d_lo, d_hi = intervals["d_align"]
-        for m in budgets:
-            alignment = float(train_rows[layer][:m].mean(0) @ heldout_rows[:m].mean(0))
-            variance = max((2 / m) * geometry.directional + geometry.cov_energy / (m * m), 0.0)
-            values[f"alignment_{m}"] = alignment
-            intervals[f"alignment_{m}"] = (alignment - z * math.sqrt(variance), alignment + z * math.sqrt(variance))
-            at = lambda d: float(b_align(max(d, 0.0), m, m)) if math.isfinite(d) else math.nan  # noqa: E731
-            values[f"b_align_{m}"] = at(geometry.d_align)
-            intervals[f"b_align_{m}"] = (at(d_hi), at(d_lo))
+        values, intervals = _moments(geometry)
+        budget_values, budget_intervals = _at_budgets(geometry, intervals["d_align"], train_rows[layer], heldout_rows,
+                                                      budgets, z)
+        values.update(budget_values)
+        intervals.update(budget_intervals)
         norm, lo, hi = _jackknife_norm(sums[layer], sizes, confidence)
         values["grad_norm"], intervals["grad_norm"] = norm, (lo, hi)
         values["random"] = float(torch.rand((), generator=torch.Generator().manual_seed(

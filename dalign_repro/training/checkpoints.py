@@ -21,10 +21,11 @@ from typing import Any
 import safetensors.torch
 import torch
 
-__all__ = ["list_checkpoints", "load_weights", "load_state"]
+__all__ = ["list_checkpoints", "load_weights", "load_state", "CHECKPOINT_FORMAT", "history_rows", "history_tensors",
+           "prune_checkpoints", "rng_state", "set_rng_state", "model_weights", "write_checkpoint"]
 
 _STEP_DIR = "step_{:07d}"
-_FORMAT = 1
+CHECKPOINT_FORMAT = 1
 
 
 def list_checkpoints(checkpoint_dir: "str | os.PathLike", *, resumable: bool = False) -> dict[int, Path]:
@@ -48,7 +49,8 @@ def list_checkpoints(checkpoint_dir: "str | os.PathLike", *, resumable: bool = F
     return dict(sorted(out.items()))
 
 
-def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def model_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """``model``'s state dict with each tied tensor kept once (safetensors refuses shared storage)."""
     seen: dict[tuple, str] = {}
     out = {}
     for k, v in model.state_dict().items():
@@ -105,14 +107,16 @@ def _damaged(path: Path, err: BaseException) -> ValueError:
                       "or trains again)")
 
 
-def _write_checkpoint(root: Path, step: int, model, state: dict | None, meta: dict) -> Path:
+def write_checkpoint(root: Path, step: int, model, state: dict | None, meta: dict) -> Path:
+    """Write checkpoint ``step`` (weights, optional resume ``state``, ``meta``) under ``root`` by temporary folder
+    and rename; returns its folder."""
     final = root / _STEP_DIR.format(step)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
     umask = os.umask(0)
     os.umask(umask)
     tmp.chmod(0o777 & ~umask)  # mkdtemp makes 0700; a checkpoint should be as readable as any other folder
     try:
-        safetensors.torch.save_file(_weights(model), str(tmp / "model.safetensors"), metadata={"step": str(step)})
+        safetensors.torch.save_file(model_weights(model), str(tmp / "model.safetensors"), metadata={"step": str(step)})
         if state is not None:
             torch.save(state, tmp / "state.pt")
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
@@ -129,7 +133,9 @@ def _write_checkpoint(root: Path, step: int, model, state: dict | None, meta: di
     return final
 
 
-def _prune(root: Path, keep_steps: set[int], current: int, keep_resume: int) -> None:
+def prune_checkpoints(root: Path, keep_steps: set[int], current: int, keep_resume: int) -> None:
+    """Delete resume state older than the newest ``keep_resume`` at or before ``current``, keeping the steps asked
+    for."""
     resumable = [s for s in list_checkpoints(root, resumable=True) if s <= current]
     for s in resumable[:-keep_resume] if keep_resume > 0 else resumable:
         folder = root / _STEP_DIR.format(s)
@@ -147,19 +153,22 @@ def _read_meta(folder: Path) -> dict:
         return {}
 
 
-def _rng_state() -> dict[str, Any]:
+def rng_state() -> dict[str, Any]:
+    """The torch CPU generator's state and every CUDA device's, for a bitwise resume."""
     state = {"torch": torch.get_rng_state()}
     state["cuda"] = list(torch.cuda.get_rng_state_all()) if torch.cuda.is_available() else []
     return state
 
 
-def _set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore generator states saved by :func:`rng_state`."""
     torch.set_rng_state(state["torch"])
     if state.get("cuda") and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _history_tensors(history: list[dict]) -> dict[str, torch.Tensor]:
+def history_tensors(history: list[dict]) -> dict[str, torch.Tensor]:
+    """The loss history (dicts of step, loss, lr) as three tensors, for a checkpoint."""
     return {
         "step": torch.tensor([h["step"] for h in history], dtype=torch.int64),
         "loss": torch.tensor([h["loss"] for h in history], dtype=torch.float64),
@@ -167,6 +176,7 @@ def _history_tensors(history: list[dict]) -> dict[str, torch.Tensor]:
     }
 
 
-def _history_rows(t: dict[str, torch.Tensor]) -> list[dict]:
+def history_rows(t: dict[str, torch.Tensor]) -> list[dict]:
+    """The loss history back from :func:`history_tensors`' three tensors."""
     return [{"step": int(s), "loss": float(l), "lr": float(r)}
             for s, l, r in zip(t["step"].tolist(), t["loss"].tolist(), t["lr"].tolist())]

@@ -75,7 +75,7 @@ from dalign_core.device import Context, configure, context, local_device  # call
 
 __all__ = ["init", "shutdown", "session", "barrier", "broadcast", "all_gather", "main_first", "hardware",
            "check_shared", "Job", "Assignment", "plan", "job_group", "ranks_per_job", "run_jobs", "remove_jobs",
-           "job_result_problem", "RANKS_PER_JOB_VARIABLE"]
+           "job_result_problem", "RANKS_PER_JOB_VARIABLE", "is_active"]
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,8 @@ def session(device: str = "auto") -> Iterator[Context]:
         shutdown()
 
 
-def _active() -> bool:
+def is_active() -> bool:
+    """True inside a torchrun job whose process group is up (collectives then reach the other ranks)."""
     return context().distributed and dist.is_initialized()
 
 
@@ -145,13 +146,13 @@ def _coordination():
 
 def barrier() -> None:
     """Wait for every rank (a no-op in a world of one)."""
-    if _active():
+    if is_active():
         dist.barrier(group=_coordination())
 
 
 def broadcast(value: Any) -> Any:
     """Rank 0's ``value`` on every rank (pickled; for small objects)."""
-    if not _active():
+    if not is_active():
         return value
     box = [value]
     dist.broadcast_object_list(box, src=0, group=_coordination())
@@ -160,7 +161,7 @@ def broadcast(value: Any) -> Any:
 
 def all_gather(value: Any) -> list[Any]:
     """Every rank's ``value``, in rank order (pickled; for small objects)."""
-    if not _active():
+    if not is_active():
         return [value]
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, value, group=_coordination())
@@ -191,7 +192,7 @@ def hardware() -> list[dict[str, Any]]:
 
 def check_shared(folder: str | os.PathLike) -> None:
     """Raise on every rank unless every rank sees ``folder`` as the same folder (a filesystem they share)."""
-    if not _active():
+    if not is_active():
         return
     folder = Path(folder)
     marker = folder / f".shared-{os.getpid()}-{socket.gethostname()}"
@@ -406,6 +407,80 @@ def remove_jobs(folder: str | os.PathLike | None) -> None:
         folder.parent.rmdir()
 
 
+def _read_all(store: _Store, jobs: Sequence[Job], hint: str = "") -> dict[str, Any]:
+    """Every job's kept result; raises RuntimeError naming the jobs that left none (``hint`` says where to look)."""
+    results = {job.name: store.get(job.name) for job in jobs}
+    missing = [name for name, result in results.items() if result is None]
+    if missing:
+        raise RuntimeError(f"jobs {missing} left no result in {store.folder}{hint}")
+    return results
+
+
+def _on_workers(store: _Store, jobs: Sequence[Job], todo: list[Job], compute: Callable, finished: Callable | None,
+                speedup: Callable[[int], float] | None, count: int) -> dict[str, Any]:
+    """The jobs ``todo`` (of ``jobs``) on ``count`` forked worker processes of one rank each, in :func:`plan`'s
+    order; every job's result."""
+    _workers.record_reused(len(jobs) - len(todo), len(jobs))
+    if len(todo) < len(jobs):
+        log.info("reusing %d finished job(s) of %d", len(jobs) - len(todo), len(jobs))
+    single = [dataclasses.replace(job, ranks=1) for job in todo]  # a worker is one rank
+    _workers.run_pool([a.job for a in plan(single, count, speedup)], compute, store, count, finished)
+    return _read_all(store, jobs)
+
+
+def _one_after_another(store: _Store, jobs: Sequence[Job], compute: Callable,
+                       finished: Callable | None) -> dict[str, Any]:
+    """The jobs not yet kept computed here, one after another in the order given; every job's result."""
+    results = {}
+    kept = {job.name: store.get(job.name) for job in jobs}
+    _workers.record_reused(sum(v is not None for v in kept.values()), len(jobs))
+    progress = _workers.GridProgress([job for job in jobs if kept[job.name] is None])
+    for job in jobs:
+        done = kept[job.name]
+        if done is not None:
+            log.info("reusing the finished job %s", job.name)
+        else:
+            done = store.put(job.name, compute(job, None))
+            log.info("%s", progress.finished(job.name))
+            if finished is not None:
+                finished(job, store.get)
+        results[job.name] = done
+    return results
+
+
+def _on_ranks(store: _Store, jobs: Sequence[Job], compute: Callable, finished: Callable | None,
+              speedup: Callable[[int], float] | None, collect: str) -> dict[str, Any]:
+    """Under torchrun: the jobs not yet kept, each on the block of ranks :func:`plan` gives it, the results shared
+    through ``store``'s folder; every job's result (an empty dict on ranks other than 0 with ``collect="main"``)."""
+    ctx = context()
+    check_shared(store.folder)
+    done = broadcast(sorted(store.names()) if ctx.is_main else None)
+    todo = [job for job in jobs if job.name not in set(done)]
+    _workers.record_reused(len(jobs) - len(todo), len(jobs))
+    if ctx.is_main and len(todo) < len(jobs):
+        log.info("reusing %d finished job(s) of %d", len(jobs) - len(todo), len(jobs))
+    assignments = plan(todo, ctx.world_size, speedup)
+    for size in sorted({a.job.ranks for a in assignments if a.job.ranks > 1}):
+        job_group(tuple(range(size)))  # every rank creates every block's group, in the same order
+    mine = _workers.GridProgress([a.job for a in assignments if a.ranks[0] == ctx.rank], label="its job")
+    for assignment in assignments:
+        if ctx.rank not in assignment.ranks:
+            continue
+        job = assignment.job
+        log.info("rank %d: job %s%s", ctx.rank, job.name,
+                 f" with ranks {list(assignment.ranks)}" if len(assignment.ranks) > 1 else "")
+        result = compute(job, job_group(assignment.ranks))
+        if ctx.rank == assignment.ranks[0]:
+            store.put(job.name, result)
+            log.info("rank %d: %s", ctx.rank, mine.finished(job.name))
+            if finished is not None:
+                finished(job, store.get)
+    barrier()
+    if collect == "main" and not ctx.is_main:
+        return {}
+    return _read_all(store, jobs, "; is it on a filesystem every rank shares?")
+
+
 def run_jobs(folder: str | os.PathLike | None, jobs: Sequence[Job], compute: Callable[[Job, Any], Any], *,
              collect: str = "all", finished: Callable[[Job, Callable[[str], Any]], None] | None = None,
              speedup: Callable[[int], float] | None = None, workers: int | None = None,
@@ -432,65 +507,13 @@ def run_jobs(folder: str | os.PathLike | None, jobs: Sequence[Job], compute: Cal
     store = _Store(Path(folder) if folder is not None else None)
     if ctx.distributed and store.folder is None and not local:
         raise ValueError("ranks share their finished jobs through a folder on a shared filesystem: pass one")
-    if not ctx.distributed or local:
-        count = _workers.count() if workers is None else int(workers)
-        _workers.record(count)
-        if count > 1:
-            done = store.names()
-            todo = [job for job in jobs if job.name not in done]
-            if 1 < len(todo):
-                _workers.record_reused(len(jobs) - len(todo), len(jobs))
-                if len(todo) < len(jobs):
-                    log.info("reusing %d finished job(s) of %d", len(jobs) - len(todo), len(jobs))
-                single = [dataclasses.replace(job, ranks=1) for job in todo]  # a worker is one rank
-                _workers.run_pool([a.job for a in plan(single, count, speedup)], compute, store, count, finished)
-                results = {job.name: store.get(job.name) for job in jobs}
-                missing = [name for name, result in results.items() if result is None]
-                if missing:
-                    raise RuntimeError(f"jobs {missing} left no result in {store.folder}")
-                return results
-        results = {}
-        kept = {job.name: store.get(job.name) for job in jobs}
-        _workers.record_reused(sum(v is not None for v in kept.values()), len(jobs))
-        progress = _workers.GridProgress([job for job in jobs if kept[job.name] is None])
-        for job in jobs:
-            done = kept[job.name]
-            if done is not None:
-                log.info("reusing the finished job %s", job.name)
-            else:
-                done = store.put(job.name, compute(job, None))
-                log.info("%s", progress.finished(job.name))
-                if finished is not None:
-                    finished(job, store.get)
-            results[job.name] = done
-        return results
-    check_shared(store.folder)
-    done = broadcast(sorted(store.names()) if ctx.is_main else None)
-    todo = [job for job in jobs if job.name not in set(done)]
-    _workers.record_reused(len(jobs) - len(todo), len(jobs))
-    if ctx.is_main and len(todo) < len(jobs):
-        log.info("reusing %d finished job(s) of %d", len(jobs) - len(todo), len(jobs))
-    assignments = plan(todo, ctx.world_size, speedup)
-    for size in sorted({a.job.ranks for a in assignments if a.job.ranks > 1}):
-        job_group(tuple(range(size)))  # every rank creates every block's group, in the same order
-    mine = _workers.GridProgress([a.job for a in assignments if a.ranks[0] == ctx.rank], label="its job")
-    for assignment in assignments:
-        if ctx.rank not in assignment.ranks:
-            continue
-        job = assignment.job
-        log.info("rank %d: job %s%s", ctx.rank, job.name,
-                 f" with ranks {list(assignment.ranks)}" if len(assignment.ranks) > 1 else "")
-        result = compute(job, job_group(assignment.ranks))
-        if ctx.rank == assignment.ranks[0]:
-            store.put(job.name, result)
-            log.info("rank %d: %s", ctx.rank, mine.finished(job.name))
-            if finished is not None:
-                finished(job, store.get)
-    barrier()
-    if collect == "main" and not ctx.is_main:
-        return {}
-    results = {job.name: store.get(job.name) for job in jobs}
-    missing = [name for name, result in results.items() if result is None]
-    if missing:
-        raise RuntimeError(f"jobs {missing} left no result in {store.folder}; is it on a filesystem every rank shares?")
-    return results
+    if ctx.distributed and not local:
+        return _on_ranks(store, jobs, compute, finished, speedup, collect)
+    count = _workers.count() if workers is None else int(workers)
+    _workers.record(count)
+    if count > 1:
+        done = store.names()
+        todo = [job for job in jobs if job.name not in done]
+        if 1 < len(todo):
+            return _on_workers(store, jobs, todo, compute, finished, speedup, count)
+    return _one_after_another(store, jobs, compute, finished)

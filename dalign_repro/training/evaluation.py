@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["lm_loss", "evaluate_lm_loss", "evaluate_loss", "eval_mode"]
+__all__ = ["lm_loss", "evaluate_lm_loss", "evaluate_loss", "eval_mode", "autocast_to", "data_len", "take_rows"]
 
 
 def lm_loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
@@ -23,7 +23,8 @@ def lm_loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
     return model(input_ids=batch, labels=batch).loss
 
 
-def _data_len(data) -> int:
+def data_len(data) -> int:
+    """The number of examples in ``data``: a tensor, or a tuple of tensors with one leading length."""
     if isinstance(data, torch.Tensor):
         return int(data.shape[0])
     if isinstance(data, (tuple, list)) and data:
@@ -34,13 +35,14 @@ def _data_len(data) -> int:
     raise TypeError("data must be a tensor or a non-empty tuple of tensors")
 
 
-def _take(data, idx: torch.Tensor, device):
+def take_rows(data, idx: torch.Tensor, device):
+    """Rows ``idx`` of ``data`` (a tensor or a tuple of tensors) on ``device``."""
     if isinstance(data, torch.Tensor):
         return data[idx].to(device, non_blocking=True)
     return tuple(t[idx].to(device, non_blocking=True) for t in data)
 
 
-def _autocast(device: torch.device, dtype_name: str | None):
+def autocast_to(device: torch.device, dtype_name: str | None):
     """``torch.autocast`` to ``dtype_name`` (e.g. ``"bfloat16"``) on ``device``'s type; a no-op context for None."""
     if not dtype_name:
         return contextlib.nullcontext()
@@ -90,7 +92,7 @@ def evaluate_lm_loss(
     with eval_mode(model):
         for i in range(0, sequences.shape[0], batch_size):
             batch = sequences[i:i + batch_size].to(device)
-            with _autocast(device, autocast_dtype):
+            with autocast_to(device, autocast_dtype):
                 logits = model(input_ids=batch).logits
             logits = logits[:, :-1].float()
             targets = batch[:, 1:]
@@ -119,11 +121,11 @@ def evaluate_loss(
     loss's units (nats for cross-entropy), whatever ``batch_size``.  The model's
     train/eval mode is restored afterwards.
     """
-    n = _data_len(data)
+    n = data_len(data)
     device = next(model.parameters()).device
     total = 0.0
     with eval_mode(model):
         for i in range(0, n, batch_size):
             idx = torch.arange(i, min(i + batch_size, n))
-            total += float(loss_fn(model, _take(data, idx, device)).double()) * len(idx)
+            total += float(loss_fn(model, take_rows(data, idx, device)).double()) * len(idx)
     return total / n

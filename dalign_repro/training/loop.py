@@ -52,21 +52,21 @@ from typing import Any, Callable
 import torch
 from tqdm import tqdm
 
-from dalign_core._tensor import derived_seed
+from dalign_core.seeding import derived_seed
 from dalign_repro.training.checkpoints import (
-    _FORMAT,
-    _history_rows,
-    _history_tensors,
-    _prune,
-    _rng_state,
-    _set_rng_state,
-    _weights,
-    _write_checkpoint,
+    CHECKPOINT_FORMAT,
+    history_rows,
+    history_tensors,
+    prune_checkpoints,
+    rng_state,
+    set_rng_state,
+    model_weights,
+    write_checkpoint,
     list_checkpoints,
     load_state,
     load_weights,
 )
-from dalign_repro.training.evaluation import _autocast, _data_len, _take, lm_loss
+from dalign_repro.training.evaluation import autocast_to, data_len, take_rows, lm_loss
 
 __all__ = [
     "TrainConfig",
@@ -264,6 +264,155 @@ def _data_parallel(model: torch.nn.Module, group, device: torch.device):
 # ----------------------------------------------------------------------------- training
 
 
+@dataclass
+class _Checkpoints:
+    """Where and when :func:`train` writes its checkpoints, and how it resumes from them.
+
+    With a ``root`` folder the group's first rank (the ``leader``) writes and prunes, and every rank waits at a
+    barrier until the folder is complete; without one, the requested steps' weights are kept in ``in_memory``.
+    """
+
+    config: TrainConfig
+    root: Path | None
+    fingerprint: dict[str, Any]
+    leader: bool
+    group: Any
+    ranks: int
+    in_memory: dict[int, dict] = dataclasses.field(default_factory=dict)
+
+    @property
+    def requested(self) -> set[int]:
+        return set(self.config.checkpoint_steps)
+
+    def is_resume_point(self, step: int) -> bool:
+        """Whether the weights after ``step`` updates are saved with the state to resume from."""
+        every = self.config.checkpoint_every
+        return step == self.config.steps or bool(every and step % every == 0)
+
+    def is_saved(self, step: int) -> bool:
+        """Whether the weights after ``step`` updates are saved at all (asked for, or a resume point)."""
+        return step in self.requested or self.is_resume_point(step)
+
+    def restore(self, model: torch.nn.Module, optimizer, device: torch.device,
+                resume: bool) -> tuple[int, list[dict]] | None:
+        """Load the latest resume point into ``model``, ``optimizer`` and the global generators: its step and loss
+        history, or None where there is none to resume. Raises if checkpoints exist and ``resume`` is False, or if they
+        were made with another config."""
+        if self.root is None:
+            return None
+        self.root.mkdir(parents=True, exist_ok=True)
+        existing = list_checkpoints(self.root, resumable=True)
+        if self.ranks > 1:  # every rank has chosen where to resume before the first rank writes anything
+            torch.distributed.barrier(group=self.group)
+        if existing and not resume:
+            raise ValueError(f"{self.root} already holds checkpoints {list(existing)}; pass resume=True to continue "
+                             "from them, or use an empty checkpoint_dir")
+        if not existing:
+            return None
+        _, folder = max(existing.items())
+        state = load_state(folder, map_location=device)
+        if state.get("config") != self.fingerprint:
+            raise ValueError(
+                f"the checkpoint in {folder} was made with a different training config:\n"
+                f"  saved:   {state.get('config')}\n  current: {self.fingerprint}\n"
+                "use a new checkpoint_dir for a new run"
+            )
+        load_weights(model, folder)
+        optimizer.load_state_dict(state["optimizer"])
+        set_rng_state({k: (v.cpu() if isinstance(v, torch.Tensor) else [t.cpu() for t in v])
+                       for k, v in state["rng"].items()})
+        return int(state["step"]), history_rows(state["history"])
+
+    def _resume_state(self, step: int, optimizer, history: list[dict]) -> dict:
+        """What a resume point holds beside the weights: optimizer, generators, history, config."""
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "step": step,
+            "samples_seen": step * self.config.batch_size,
+            "optimizer": optimizer.state_dict(),
+            "rng": rng_state(),
+            "history": history_tensors(history),
+            "config": self.fingerprint,
+        }
+
+    def save(self, step: int, model: torch.nn.Module, optimizer, history: list[dict]) -> None:
+        """Save the weights after ``step`` updates (with the resume state at a resume point)."""
+        resume_point = self.is_resume_point(step)
+        if self.root is None:
+            if step in self.requested or step == self.config.steps:
+                self.in_memory[step] = model_weights(model)
+            return
+        if self.leader:
+            meta = {"step": step, "requested": step in self.requested, "resume_point": resume_point,
+                    "config": self.fingerprint, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            state = self._resume_state(step, optimizer, history) if resume_point else None
+            write_checkpoint(self.root, step, model, state, meta)
+            if resume_point:
+                prune_checkpoints(self.root, self.requested, step, self.config.keep_resume)
+        if self.ranks > 1:  # the others read the checkpoint folder only once it is complete
+            torch.distributed.barrier(group=self.group)
+
+    def kept(self) -> dict[int, Any]:
+        """The requested and final checkpoints: step -> folder, or step -> CPU state dict without a root."""
+        if self.root is None:
+            return self.in_memory
+        return {s: p for s, p in list_checkpoints(self.root).items()
+                if s in self.requested or s == self.config.steps}
+
+
+@dataclass(frozen=True)
+class _Slices:
+    """This rank's slice of each step's global batch: the data, its seeded order, and the rank's place."""
+
+    data: Any
+    order: _Order
+    batch_size: int
+    rank: int
+    ranks: int
+    device: torch.device
+
+    def at(self, step: int):
+        """The examples of 0-based ``step`` this rank trains on, on its device (contiguous ``B / ranks``)."""
+        indices = self.order.batch(step, self.batch_size)
+        share = self.batch_size // self.ranks
+        return take_rows(self.data, indices[self.rank * share:(self.rank + 1) * share] if self.ranks > 1 else indices,
+                         self.device)
+
+
+def _checked_group(model: torch.nn.Module, config: TrainConfig, group) -> tuple[int, int]:
+    """(rank, ranks) of ``group``, refusing a batch the ranks cannot split equally or a model with batch
+    statistics when it trains on more than one rank."""
+    rank, ranks = _group_shape(group)
+    if config.batch_size % ranks:
+        raise ValueError(f"batch_size {config.batch_size} does not split into {ranks} equal slices; choose a batch "
+                         "size that the number of ranks divides")
+    if ranks > 1:
+        _refuse_batch_statistics(model)
+    return rank, ranks
+
+
+def _batch_loss(loss: torch.Tensor, step: int, group, ranks: int) -> torch.Tensor:
+    """The global batch's loss (the mean of the equal slices' means, the same on every rank), detached; raises
+    FloatingPointError if it is not finite."""
+    reported = loss.detach()
+    if ranks > 1:
+        reported = reported.float().clone()
+        torch.distributed.all_reduce(reported, group=group)
+        reported /= ranks
+    if not torch.isfinite(reported):
+        raise FloatingPointError(f"loss is {reported.item()} at step {step}; lower the learning rate")
+    return reported
+
+
+def _update(model: torch.nn.Module, optimizer, loss: torch.Tensor, grad_clip: float | None) -> None:
+    """One optimizer step on ``loss``'s gradient, clipped to norm ``grad_clip`` where it is set."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if grad_clip:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+
+
 def train(
     model: torch.nn.Module,
     data,
@@ -294,121 +443,40 @@ def train(
         A :class:`TrainResult` (history, checkpoints, ...).
     """
     t0 = time.perf_counter()
-    n = _data_len(data)
     device = next(model.parameters()).device
-    rank, ranks = _group_shape(group)
-    if config.batch_size % ranks:
-        raise ValueError(f"batch_size {config.batch_size} does not split into {ranks} equal slices; choose a batch "
-                         "size that the number of ranks divides")
-    if ranks > 1:
-        _refuse_batch_statistics(model)
-    leader = rank == 0
-    share = config.batch_size // ranks
-    order = _Order(n, config.seed)
-    requested = set(config.checkpoint_steps)
-    root = Path(config.checkpoint_dir) if config.checkpoint_dir else None
-    fingerprint = config.fingerprint()
+    rank, ranks = _checked_group(model, config, group)
+    slices = _Slices(data, _Order(data_len(data), config.seed), config.batch_size, rank, ranks, device)
+    checkpoints = _Checkpoints(config, Path(config.checkpoint_dir) if config.checkpoint_dir else None,
+                               config.fingerprint(), leader=rank == 0, group=group, ranks=ranks)
     optimizer = make_optimizer(model, config)
-    history: list[dict] = []
-    memory_ckpts: dict[int, dict] = {}
-    start, resumed_from = 0, None
+    restored = checkpoints.restore(model, optimizer, device, resume)
+    resumed_from, history = restored if restored else (None, [])
+    start = resumed_from or 0
+    if start == 0 and (0 in checkpoints.requested or config.steps == 0):
+        checkpoints.save(0, model, optimizer, history)
 
-    if root is not None:
-        root.mkdir(parents=True, exist_ok=True)
-        existing = list_checkpoints(root, resumable=True)
-        if ranks > 1:  # every rank has chosen where to resume before the first rank writes anything
-            torch.distributed.barrier(group=group)
-        if existing and not resume:
-            raise ValueError(f"{root} already holds checkpoints {list(existing)}; pass resume=True to continue "
-                             "from them, or use an empty checkpoint_dir")
-        if existing:
-            step, folder = max(existing.items())
-            state = load_state(folder, map_location=device)
-            if state.get("config") != fingerprint:
-                raise ValueError(
-                    f"the checkpoint in {folder} was made with a different training config:\n"
-                    f"  saved:   {state.get('config')}\n  current: {fingerprint}\n"
-                    "use a new checkpoint_dir for a new run"
-                )
-            load_weights(model, folder)
-            optimizer.load_state_dict(state["optimizer"])
-            _set_rng_state({k: (v.cpu() if isinstance(v, torch.Tensor) else [t.cpu() for t in v])
-                            for k, v in state["rng"].items()})
-            history = _history_rows(state["history"])
-            start = resumed_from = int(state["step"])
-
-    def resume_state(step: int) -> dict:
-        return {
-            "format": _FORMAT,
-            "step": step,
-            "samples_seen": step * config.batch_size,
-            "optimizer": optimizer.state_dict(),
-            "rng": _rng_state(),
-            "history": _history_tensors(history),
-            "config": fingerprint,
-        }
-
-    def is_resume_point(step: int) -> bool:
-        return step == config.steps or bool(config.checkpoint_every and step % config.checkpoint_every == 0)
-
-    def save(step: int) -> None:
-        resume_point = is_resume_point(step)
-        if root is None:
-            if step in requested or step == config.steps:
-                memory_ckpts[step] = _weights(model)
-            return
-        if leader:
-            meta = {"step": step, "requested": step in requested, "resume_point": resume_point,
-                    "config": fingerprint, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
-            _write_checkpoint(root, step, model, resume_state(step) if resume_point else None, meta)
-            if resume_point:
-                _prune(root, requested, step, config.keep_resume)
-        if ranks > 1:  # the others read the checkpoint folder only once it is complete
-            torch.distributed.barrier(group=group)
-
-    if start == 0 and (0 in requested or config.steps == 0):
-        save(0)
-
-    autocast = _autocast(device, config.autocast_dtype)
+    autocast = autocast_to(device, config.autocast_dtype)
     model.train()
     stepper = model if ranks == 1 else _data_parallel(model, group, device)
-    bar = tqdm(total=config.steps, initial=start, desc=description, disable=not (config.progress and leader),
+    bar = tqdm(total=config.steps, initial=start, desc=description, disable=not (config.progress and rank == 0),
                dynamic_ncols=True, leave=False)
     try:
         for step in range(start, config.steps):
             lr = config.lr_at(step)
             for param_group in optimizer.param_groups:
                 param_group["lr"] = lr
-            indices = order.batch(step, config.batch_size)
-            batch = _take(data, indices[rank * share:(rank + 1) * share] if ranks > 1 else indices, device)
+            batch = slices.at(step)
             with autocast:
                 loss = loss_fn(stepper, batch)
-            reported = loss.detach()
-            if ranks > 1:  # the global batch's loss: the mean of the equal slices' means, the same on every rank
-                reported = reported.float().clone()
-                torch.distributed.all_reduce(reported, group=group)
-                reported /= ranks
-            if not torch.isfinite(reported):
-                raise FloatingPointError(f"loss is {reported.item()} at step {step}; lower the learning rate")
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if config.grad_clip:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-            optimizer.step()
-            done = step + 1
-            history.append({"step": done, "loss": float(reported), "lr": lr})
+            reported = _batch_loss(loss, step, group, ranks)
+            _update(model, optimizer, loss, config.grad_clip)
+            history.append({"step": step + 1, "loss": float(reported), "lr": lr})
             bar.update(1)
             bar.set_postfix(loss=f"{history[-1]['loss']:.3f}", lr=f"{lr:.2e}", refresh=False)
-            if done in requested or is_resume_point(done):
-                save(done)
+            if checkpoints.is_saved(step + 1):
+                checkpoints.save(step + 1, model, optimizer, history)
     finally:
         bar.close()
         del stepper  # DistributedDataParallel's gradient hooks go with it: later backward passes stay local
-
-    if root is not None:
-        checkpoints = {s: p for s, p in list_checkpoints(root).items() if s in requested or s == config.steps}
-    else:
-        checkpoints = memory_ckpts
-    return TrainResult(history=history, checkpoints=checkpoints, final_step=config.steps,
+    return TrainResult(history=history, checkpoints=checkpoints.kept(), final_step=config.steps,
                        resumed_from=resumed_from, wall_time_s=time.perf_counter() - t0)
-

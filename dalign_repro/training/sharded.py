@@ -20,13 +20,13 @@ import torch.distributed as dist
 
 from dalign_core.geometry.rows import as_rows, gram_product
 from dalign_core.geometry.ustatistics import Geometry, geometry_from_row_statistics
-from dalign_repro.training.distributed import _active
+from dalign_repro.training.distributed import is_active
 
 __all__ = ["sharded_geometry", "sharded_cross_gram"]
 
 
 def _group_shape(group) -> tuple[int, int]:
-    if group is None and not _active():
+    if group is None and not is_active():
         return 0, 1
     return dist.get_rank(group), dist.get_world_size(group)
 
@@ -37,7 +37,7 @@ def _global(group, rank: int) -> int:
 
 def _shapes(rows: torch.Tensor, group) -> list[tuple[int, int, str]]:
     mine = (int(rows.shape[0]), int(rows.shape[1]), str(rows.dtype))
-    if group is None and not _active():
+    if group is None and not is_active():
         return [mine]
     out: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(out, mine, group=group)

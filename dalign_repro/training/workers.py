@@ -61,7 +61,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from dalign_core.device import THREADS_VARIABLE, _positive, configured, threads
+from dalign_core.device import THREADS_VARIABLE, positive_env_int, configured, threads
 
 __all__ = ["WORKERS_VARIABLE", "WorkerError", "GridProgress", "cores", "count", "settings", "reset", "recorded",
            "restore", "record_reused", "reused", "run_pool"]
@@ -114,7 +114,7 @@ def count() -> int:
     device = configured()
     if _state["in_worker"] or (device is not None and device.type != "cpu") or _cuda_in_use():
         return 1  # a worker's own job grids stay in the worker
-    asked, per_process = _positive(WORKERS_VARIABLE), threads()
+    asked, per_process = positive_env_int(WORKERS_VARIABLE), threads()
     if asked is not None and asked > 1 and per_process > 1:
         raise ValueError(f"{WORKERS_VARIABLE}={asked} with {THREADS_VARIABLE}={per_process}: workers compute on one "
                          f"thread each (a forked process cannot run OpenMP on more); choose {WORKERS_VARIABLE}=1 "
@@ -272,6 +272,107 @@ def _stop(processes) -> None:
             process.join()
 
 
+class _Pool:
+    """:func:`run_pool`'s forked workers as the parent sees them: which job each computes, which are alive, and
+    what failed. Each worker says it is ready, then asks for the next job (in plan order) by finishing one."""
+
+    def __init__(self, order: list, compute: Callable, store, workers: int, finished: Callable | None):
+        self.order, self.store, self.finished = order, store, finished
+        context = multiprocessing.get_context("fork")
+        self.processes, self.conns = [], []
+        for index in range(workers):
+            parent_end, child_end = context.Pipe()
+            process = context.Process(target=_worker, args=(index, child_end, order, compute, store, os.getpid()),
+                                      name=f"dalign-worker-{index}")
+            process.start()
+            child_end.close()
+            self.processes.append(process)
+            self.conns.append(parent_end)
+        log.info("%d job(s) on %d worker processes of one thread each", len(order), workers)
+        self.current: dict[int, int | None] = dict.fromkeys(range(workers))
+        self.alive = set(range(workers))
+        self.failures: list[dict[str, Any]] = []
+        self.following = 0
+        self.progress = GridProgress(order)
+
+    def dispatch(self, index: int) -> None:
+        """Send worker ``index`` the next job's number (None: no job left, the worker exits)."""
+        number = self.following if self.following < len(self.order) else None
+        self.following += number is not None
+        self.current[index] = number
+        try:
+            self.conns[index].send(number)
+        except OSError:  # the worker is gone; its sentinel reports it
+            pass
+
+    def handle(self, index: int, message) -> None:
+        """Take worker ``index``'s message (ready, done with a result, or failed with a traceback) and give it the
+        next job."""
+        kind, number, payload = message
+        if kind == "done":
+            job = self.order[number]
+            if self.store.folder is None:
+                self.store.put(job.name, payload)
+            log.info("%s", self.progress.finished(job.name))
+            if self.finished is not None:
+                self.finished(job, self.store.get)
+        elif kind == "failed":
+            job = self.order[number]
+            self.failures.append(dict(job=job.name, worker=index, **payload))
+            log.error("job %s failed in worker %d:\n%s", job.name, index, payload["traceback"].rstrip())
+        self.current[index] = None
+        self.dispatch(index)
+
+    def reap(self, index: int) -> None:
+        """Worker ``index`` has exited (or closed its pipe): once it is gone, record the job it died in, if any."""
+        process = self.processes[index]
+        process.join(timeout=10)
+        if process.is_alive():
+            return  # closed its pipe, still exiting: its sentinel comes round again
+        self.alive.discard(index)
+        if self.current[index] is not None:
+            code = process.exitcode
+            how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+            job = self.order[self.current[index]]
+            self.failures.append(dict(job=job.name, worker=index, kind="WorkerDied", interrupt=False,
+                                      traceback=f"worker {index} died ({how}) while computing job {job.name}"))
+            log.error("worker %d died (%s) while computing job %s", index, how, job.name)
+
+    def serve(self) -> None:
+        """Answer the workers until every one has exited."""
+        while self.alive:
+            waiting = {self.conns[i]: i for i in self.alive}
+            sentinels = {self.processes[i].sentinel: i for i in self.alive}
+            for ready in multiprocessing.connection.wait(list(waiting) + list(sentinels)):
+                index = waiting.get(ready, sentinels.get(ready))
+                if index not in self.alive:
+                    continue
+                try:
+                    while self.conns[index].poll():
+                        self.handle(index, self.conns[index].recv())
+                except (EOFError, OSError):
+                    pass
+                if ready in sentinels or not self.processes[index].is_alive():
+                    self.reap(index)
+
+    def unstarted(self) -> list[dict[str, Any]]:
+        """A failure for each job never handed out (every worker died first)."""
+        return [dict(job=job.name, worker=None, kind="NotRun", interrupt=False,
+                     traceback=f"job {job.name} was never started: every worker had died")
+                for job in self.order[self.following:]]
+
+
+def _raise_failures(failures: list[dict[str, Any]], store) -> None:
+    """Raise KeyboardInterrupt if a job was interrupted, else :class:`WorkerError` naming every failed job."""
+    if any(failure["interrupt"] for failure in failures):
+        raise KeyboardInterrupt(f"{INTERRUPTED} (a job was interrupted: {', '.join(f['job'] for f in failures)})")
+    names = [failure["job"] for failure in failures]
+    details = "\n\n".join(f"job {f['job']} ({f['kind']}, worker {f['worker']}):\n{f['traceback'].rstrip()}"
+                          for f in failures)
+    kept = " (the finished jobs are kept: rerun the same command to compute the rest)" if store.folder else ""
+    raise WorkerError(f"{len(failures)} job(s) failed: {', '.join(names)}{kept}\n\n{details}", failures)
+
+
 def run_pool(jobs: Sequence, compute: Callable, store, workers: int,
              finished: Callable | None = None) -> None:
     """Compute ``jobs`` (in the order given: the plan's) on ``workers`` forked processes into ``store``.
@@ -283,101 +384,24 @@ def run_pool(jobs: Sequence, compute: Callable, store, workers: int,
     when a job itself raised it), once the workers have stopped.
     """
     order = [dataclasses.replace(job, ranks=1) if job.ranks != 1 else job for job in jobs]
-    workers = min(workers, len(order))
     torch.set_num_threads(1)  # before the fork: a child of a process with a live OpenMP pool of more threads hangs
-    context = multiprocessing.get_context("fork")
-    processes, conns = [], []
-    for index in range(workers):
-        parent_end, child_end = context.Pipe()
-        process = context.Process(target=_worker, args=(index, child_end, order, compute, store, os.getpid()),
-                                  name=f"dalign-worker-{index}")
-        process.start()
-        child_end.close()
-        processes.append(process)
-        conns.append(parent_end)
-    log.info("%d job(s) on %d worker processes of one thread each", len(order), workers)
-    current: dict[int, int | None] = dict.fromkeys(range(workers))
-    alive = set(range(workers))
-    failures: list[dict[str, Any]] = []
-    following = 0
-
-    def dispatch(index: int) -> None:
-        nonlocal following
-        number = following if following < len(order) else None
-        following += number is not None
-        current[index] = number
-        try:
-            conns[index].send(number)
-        except OSError:  # the worker is gone; its sentinel reports it
-            pass
-
-    progress = GridProgress(order)
-
-    def handle(index: int, message) -> None:
-        kind, number, payload = message
-        if kind == "done":
-            job = order[number]
-            if store.folder is None:
-                store.put(job.name, payload)
-            log.info("%s", progress.finished(job.name))
-            if finished is not None:
-                finished(job, store.get)
-        elif kind == "failed":
-            job = order[number]
-            failures.append(dict(job=job.name, worker=index, **payload))
-            log.error("job %s failed in worker %d:\n%s", job.name, index, payload["traceback"].rstrip())
-        current[index] = None
-        dispatch(index)
-
+    pool = _Pool(order, compute, store, min(workers, len(order)), finished)
     try:
-        while alive:
-            waiting = {conns[i]: i for i in alive}
-            sentinels = {processes[i].sentinel: i for i in alive}
-            for ready in multiprocessing.connection.wait(list(waiting) + list(sentinels)):
-                index = waiting.get(ready, sentinels.get(ready))
-                if index not in alive:
-                    continue
-                try:
-                    while conns[index].poll():
-                        handle(index, conns[index].recv())
-                except (EOFError, OSError):
-                    pass
-                if ready in sentinels or not processes[index].is_alive():
-                    processes[index].join(timeout=10)
-                    if processes[index].is_alive():
-                        continue  # closed its pipe, still exiting: its sentinel comes round again
-                    alive.discard(index)
-                    if current[index] is not None:
-                        code = processes[index].exitcode
-                        how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-                        job = order[current[index]]
-                        failures.append(dict(job=job.name, worker=index, kind="WorkerDied", interrupt=False,
-                                             traceback=f"worker {index} died ({how}) while computing job {job.name}"))
-                        log.error("worker %d died (%s) while computing job %s", index, how, job.name)
+        pool.serve()
     except BaseException as err:
-        _stop(processes)
+        _stop(pool.processes)
         if isinstance(err, KeyboardInterrupt):
             kept = f"the finished jobs are kept in {store.folder}" if store.folder is not None else "nothing is kept"
             raise KeyboardInterrupt(f"{INTERRUPTED} ({kept})") from None
         raise
     finally:
-        for conn in conns:
+        for conn in pool.conns:
             conn.close()
-    for process in processes:
+    for process in pool.processes:
         process.join()
-    if following < len(order):  # every worker died before the grid was handed out
-        failures += [dict(job=job.name, worker=None, kind="NotRun", interrupt=False,
-                          traceback=f"job {job.name} was never started: every worker had died")
-                     for job in order[following:]]
-    if not failures:
-        return
-    if any(failure["interrupt"] for failure in failures):
-        raise KeyboardInterrupt(f"{INTERRUPTED} (a job was interrupted: {', '.join(f['job'] for f in failures)})")
-    names = [failure["job"] for failure in failures]
-    details = "\n\n".join(f"job {f['job']} ({f['kind']}, worker {f['worker']}):\n{f['traceback'].rstrip()}"
-                          for f in failures)
-    kept = " (the finished jobs are kept: rerun the same command to compute the rest)" if store.folder else ""
-    raise WorkerError(f"{len(failures)} job(s) failed: {', '.join(names)}{kept}\n\n{details}", failures)
+    failures = pool.failures + pool.unstarted()
+    if failures:
+        _raise_failures(failures, store)
 
 
 def hardware() -> dict[str, Any]:
