@@ -51,7 +51,7 @@ def family(name: str, config: SweepConfig | None = None) -> Family:
     try:
         spec = _REGISTERED[name]
     except KeyError:
-        raise ValueError(f"no model family named {name!r}; choose one of {', '.join(sorted(_REGISTERED))}") from None
+        raise ValueError(f"no model family named {name!r}; choose one of: {', '.join(sorted(_REGISTERED))}") from None
     return spec if config is None else spec.for_config(config)
 
 
