@@ -205,7 +205,7 @@ def sweep_status(config: Config, name: str, out_dir: Path) -> tuple[Any, str]:
         return experiment_config, ""
     if not results_current(out_dir, (source.runs_table(name),), experiment_config):
         return experiment_config, (f"the {name} sweep has no current results in {out_dir} at profile "
-                                   f"{config.profile!r}; run python -m {source.run.__module__} --profile "
+                                   f"{config.profile!r}; run python -m {type(experiment_config).__module__} --profile "
                                    f"{config.profile} first")
     return experiment_config, ""
 
