@@ -1,29 +1,21 @@
 """``python -m dalign_repro <experiment> [--profile P] [--set field=value ...]``: run one experiment.
 
-The same as ``python -m dalign_repro.experiments.<experiment>``; ``python -m dalign_repro`` alone lists them.
+The same command line as ``python -m dalign_repro.experiments.<experiment>``: both are the declared
+:class:`~dalign_repro.experiments._runner.Experiment`'s :meth:`~dalign_repro.experiments._runner.Experiment.main`.
+``python -m dalign_repro`` alone lists the experiments.
 """
 
 from __future__ import annotations
 
-import pkgutil
-import runpy
 import sys
-from pathlib import Path
 
-import dalign_repro.experiments as experiments
-
-
-def experiment_names() -> list[str]:
-    """The experiments that have a ``python -m`` entry (the public modules of :mod:`dalign_repro.experiments` with a
-    ``__main__`` block)."""
-    folder = Path(experiments.__path__[0])
-    return sorted(m.name for m in pkgutil.iter_modules(experiments.__path__) if not m.name.startswith("_")
-                  and 'if __name__ == "__main__":' in (folder / f"{m.name}.py").read_text())
+from dalign_repro.experiments._runner import experiment, experiment_names
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the experiment ``argv[0]`` names with the rest of ``argv`` as its options; the exit status."""
     argv = sys.argv[1:] if argv is None else argv
-    names = experiment_names()
+    names = sorted(experiment_names())
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: python -m dalign_repro <experiment> [--profile P] [--set field=value ...] [--dry-run]\n"
               "experiments: " + ", ".join(names))
@@ -32,8 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     if name not in names:
         print(f"error: no experiment named {name!r}; choose one of: {', '.join(names)}", file=sys.stderr)
         return 2
-    sys.argv = [f"python -m dalign_repro {name}", *rest]
-    runpy.run_module(f"dalign_repro.experiments.{name}", run_name="__main__", alter_sys=True)
+    sys.argv = [f"python -m dalign_repro {name}", *rest]  # the usage line argparse prints names the command typed
+    experiment(name).main(rest)
     return 0
 
 

@@ -308,8 +308,8 @@ def profile_file(config_cls: type) -> Path | None:
     """The profile file of ``config_cls``: ``profiles/<module>.toml`` beside the module of the first class in its
     method resolution order that has one (a subclass in a test reads its experiment's file); None if none has.
 
-    The file is named by the module's file, not its name: under ``python -m dalign_repro.experiments.<name>`` (and
-    ``python -m dalign_repro <name>``) the module is ``__main__``."""
+    The file is named by the module's file, not its name: under ``python -m dalign_repro.experiments.<name>`` the
+    module is ``__main__``."""
     for klass in config_cls.__mro__:
         source = getattr(sys.modules.get(klass.__module__), "__file__", None)
         if source:

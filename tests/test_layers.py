@@ -2,8 +2,8 @@
 only its own room and the rooms below it.
 
 dalign_core, bottom first: the top-level helpers (atomic writes, environment flags, devices); geometry; capture;
-growth (what a growth method reads at a point); the command line. dalign_repro sits on all of dalign_core: its config; data and models; training; sweep; report;
-studies; claims; experiments. The README's "how the code is laid out" and each subpackage's docstring say the same.
+growth (what a growth method reads at a point); the command line. dalign_repro sits on all of dalign_core: its config; data and models; training; sweep; the model families' specs
+(beside report); studies; claims; experiments. The README's "how the code is laid out" and each subpackage's docstring say the same.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS = {
     "dalign_core": {"": 0, "_env": 0, "_tensor": 0, "atomic": 0, "device": 0, "environment": 0, "seeding": 0,
                     "geometry": 1, "capture": 2, "growth": 3, "cli": 4, "__main__": 5},
-    "dalign_repro": {"": 0, "config": 0, "data": 1, "models": 1, "training": 2, "sweep": 3, "report": 4,
+    "dalign_repro": {"": 0, "config": 0, "data": 1, "models": 1, "training": 2, "sweep": 3, "families": 4, "report": 4,
                      "studies": 5, "claims": 6, "experiments": 7, "__main__": 8},
 }
 """The floor of each room; a module of dalign_repro may import any of dalign_core (floor -1 from there)."""
@@ -78,11 +78,31 @@ def test_every_subpackage_says_what_it_holds_and_may_import():
             doc = ast.get_docstring(ast.parse(init.read_text())) or ""
             assert len(doc.splitlines()) >= 2, f"{init.relative_to(ROOT)} needs a docstring of what it holds"
     rooms = {"dalign_core": ("geometry", "capture", "growth", "cli"),
-             "dalign_repro": ("training", "sweep", "report", "studies", "claims", "experiments")}
+             "dalign_repro": ("training", "sweep", "families", "report", "studies", "claims", "experiments")}
     for package, names in rooms.items():
         for room in names:
             doc = ast.get_docstring(ast.parse((ROOT / package / room / "__init__.py").read_text()))
             assert "May import" in doc, f"{package}/{room}/__init__.py must say what it may import"
+
+
+def test_the_sweep_never_reaches_an_experiment_or_a_family():
+    """The sweep's steps call only the answers of the spec they are given: no module of dalign_repro/sweep imports
+    an experiment (whose callbacks the sweep used to climb back into) or looks a family up in the registry."""
+    reached = []
+    for path in sorted((ROOT / "dalign_repro" / "sweep").rglob("*.py")):
+        for line, target in _imports(path):
+            if target.split(".")[:2] in (["dalign_repro", "experiments"], ["dalign_repro", "families"]):
+                reached.append(f"{path.relative_to(ROOT)} line {line}: {target}")
+    assert not reached, "the sweep imports upward: " + "; ".join(reached)
+    assert len(list((ROOT / "dalign_repro" / "sweep").rglob("*.py"))) > 5  # the walk saw the sweep's modules
+
+
+def test_every_registered_family_lives_in_the_families_package():
+    from dalign_repro.families import FAMILIES
+
+    assert set(FAMILIES) >= {"llama", "llama_depth", "llama_context", "pythia", "resnet"}
+    for name, spec in FAMILIES.items():
+        assert spec.name == name and type(spec).__module__.startswith("dalign_repro.families."), (name, spec)
 
 
 def test_the_flat_folders_hold_only_the_helpers():

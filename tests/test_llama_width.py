@@ -12,6 +12,7 @@ from dalign_repro.sweep.pools import check_supply
 from dalign_repro.sweep.trained import checkpoint_root
 from dalign_repro.data.text import TextCorpus
 from dalign_repro.experiments import llama_width
+from dalign_repro.families.llama import token_targets
 from dalign_repro.models.llama import build_llama
 
 GEOMETRY_COLUMNS = {
@@ -41,7 +42,7 @@ def tiny_config(**overrides):
 
 @pytest.fixture
 def tiny_env(tmp_path, monkeypatch):
-    monkeypatch.setattr("dalign_repro.sweep.lm_family.load_corpus", lambda name: tiny_corpus())
+    monkeypatch.setattr("dalign_repro.families.lm.load_corpus", lambda name: tiny_corpus())
     monkeypatch.setenv("DALIGN_CHECKPOINTS", str(tmp_path / "checkpoints"))
     monkeypatch.setenv("DALIGN_CACHE", str(tmp_path / "cache"))
     return tmp_path
@@ -96,7 +97,7 @@ def test_the_token_unit_is_each_tokens_own_loss():
     config = tiny_config(unit_contexts=(8,))
     model = build_llama(16, depth=2, head_dim=16, vocab_size=50, context=8, seed=0).eval()
     sequences = torch.randint(0, 50, (4, 8), generator=torch.Generator().manual_seed(1))
-    labels = llama_width._token_targets(sequences, seed=0)
+    labels = token_targets(sequences, seed=0)
     assert ((labels != -100).sum(dim=1) == 1).all() and (labels[:, 0] == -100).all()
     from dalign_core.capture.hooks import activation_gradients
 

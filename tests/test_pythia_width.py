@@ -40,7 +40,7 @@ def test_pythia_init_follows_small_init_and_wang_init():
 
 
 def test_smoke_sweep_writes_both_regimes_with_a_depth_column(tmp_path, monkeypatch):
-    monkeypatch.setattr("dalign_repro.sweep.lm_family.load_corpus", lambda name: tiny_corpus())
+    monkeypatch.setattr("dalign_repro.families.lm.load_corpus", lambda name: tiny_corpus())
     monkeypatch.setenv("DALIGN_CHECKPOINTS", str(tmp_path / "checkpoints"))
     monkeypatch.setenv("DALIGN_CACHE", str(tmp_path / "cache"))
     config = pythia_width.Config.for_profile("smoke", vocab_size=300, steps=6, warmup_steps=1,

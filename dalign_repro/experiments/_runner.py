@@ -1,13 +1,18 @@
-"""One convention for every experiment: skip if current, time, write the tables, and the ``python -m`` entry.
+"""One convention for every experiment: a declared :class:`Experiment`, one runner, and the ``python -m`` entry.
 
 An experiment module defines a ``Config`` (an :class:`~dalign_repro.config.ExperimentConfig`
-with profiles), the names of its tables, and a ``compute(config, out_dir)`` that returns them::
+with profiles), the names of its tables, and a ``compute(config, out_dir)`` that returns them,
+and declares itself once::
 
-    def run(config, out_dir=None, force=False):
-        return run_experiment("theory", TABLES, config, compute, out_dir=out_dir, force=force)
+    EXPERIMENT = register(Experiment("theory", Config, TABLES, compute, description=__doc__))
+    run = EXPERIMENT.run
 
     if __name__ == "__main__":
-        main(Config, run)
+        EXPERIMENT.main()
+
+``python -m dalign_repro theory`` finds it in :data:`EXPERIMENTS` (:func:`experiment`), the same
+command line as ``python -m dalign_repro.experiments.theory``; ``run(config, out_dir=None,
+force=False)`` is what a notebook calls.
 
 :func:`run_experiment` skips the work when every table exists with a provenance of
 the same config hash (``force=True`` recomputes), times ``compute``, and writes each
@@ -46,6 +51,9 @@ import re
 import sys
 import time
 from pathlib import Path
+import importlib
+import types
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import pandas as pd
@@ -57,7 +65,8 @@ from dalign_repro.report.results import results_current, write_tables
 from dalign_core import device as processes
 from dalign_repro.training import distributed, workers
 
-__all__ = ["run_experiment", "main", "results_dir_for", "experiment_name", "check_results_folder", "config_yaml",
+__all__ = ["Experiment", "EXPERIMENTS", "register", "experiment", "experiment_names", "run_experiment", "main",
+           "results_dir_for", "experiment_name", "check_results_folder", "config_yaml",
            "CHECKPOINTS_VARIABLE"]
 
 CHECKPOINTS_VARIABLE = "DALIGN_CHECKPOINTS"
@@ -128,6 +137,76 @@ def _run_experiment(name: str, tables: tuple[str, ...], config: ExperimentConfig
         distributed.barrier()  # the other ranks wait here for the tables (a study reads its sweep's next)
     log.info("%s: wrote %s in %.0f s", name, ", ".join(tables), wall)
     return out_dir
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One experiment as the runner sees it: its name, config class, tables and how they are computed.
+
+    ``compute(config, out_dir)`` returns ``(tables by name, provenance extras)`` (:func:`run_experiment`).
+    ``sharded``: ``compute`` shares its jobs over torchrun's ranks. ``dry_run(config)``: the text of a dry run
+    (``--dry-run``), where the experiment has one. ``run``: the experiment's own ``run(config, out_dir, force)``
+    where it does more than compute its tables once (run other experiments first, recompute when its inputs
+    changed, clean up after); by default :meth:`run` computes the tables unless they are current.
+    """
+
+    name: str
+    config: type[ExperimentConfig]
+    tables: tuple[str, ...]
+    compute: Compute | None = None
+    sharded: bool = False
+    dry_run: Callable[[Any], str] | None = None
+    description: str | None = None
+    """The command line's description (the first line is kept: a module's docstring may be given whole)."""
+    runner: Callable[..., Path] | None = None
+
+    def __post_init__(self):
+        if (self.compute is None) == (self.runner is None):
+            raise TypeError(f"experiment {self.name!r}: give compute (the tables) or runner (its own run), one of them")
+
+    def run(self, config: ExperimentConfig, out_dir: str | Path | None = None, force: bool = False) -> Path:
+        """Write the experiment's tables for ``config`` into ``out_dir`` (default ``results/<profile>``, or its
+        ``+<hash>`` folder for a changed config), skipped when current unless ``force``; returns the folder."""
+        if self.runner is not None:
+            return self.runner(config, out_dir=out_dir, force=force)
+        return run_experiment(self.name, self.tables, config, self.compute, out_dir=out_dir, force=force,
+                              sharded=self.sharded)
+
+    def main(self, argv: list[str] | None = None) -> None:
+        """The experiment's command line (:func:`main`)."""
+        description = self.description.strip().splitlines()[0] if self.description else None
+        main(self.config, self.run, description=description, dry_run=self.dry_run, argv=argv)
+
+
+_REGISTERED: dict[str, Experiment] = {}
+
+EXPERIMENTS: Mapping[str, Experiment] = types.MappingProxyType(_REGISTERED)
+"""Experiment name → its declaration, for the modules imported so far (:func:`experiment` imports one by name)."""
+
+
+def register(declared: Experiment) -> Experiment:
+    """Add ``declared`` to :data:`EXPERIMENTS` under its name (a module run as ``__main__`` and imported again
+    declares the same name twice: the later one is kept); returns it."""
+    _REGISTERED[declared.name] = declared
+    return declared
+
+
+def experiment_names() -> tuple[str, ...]:
+    """The experiments of :mod:`dalign_repro.experiments` (:data:`dalign_repro.experiments.NAMES`)."""
+    from dalign_repro.experiments import NAMES
+
+    return NAMES
+
+
+def experiment(name: str) -> Experiment:
+    """The declared experiment ``name``, its module imported (``dalign_repro.experiments.<name>``). Raises
+    ValueError listing the experiments for any other name."""
+    if name not in experiment_names():
+        raise ValueError(f"no experiment named {name!r}; choose one of: {', '.join(experiment_names())}")
+    importlib.import_module(f"dalign_repro.experiments.{name}")
+    if name not in _REGISTERED:
+        raise RuntimeError(f"dalign_repro.experiments.{name} declares no Experiment named {name!r} (register it)")
+    return _REGISTERED[name]
 
 
 def results_dir_for(config: ExperimentConfig, out_dir: str | Path | None = None) -> Path:
@@ -249,7 +328,7 @@ def _one_line(error: BaseException) -> str:
 
 def main(config_cls: type[ExperimentConfig], run: Callable, description: str | None = None,
          dry_run: Callable | None = None, argv: list[str] | None = None) -> None:
-    """The ``python -m dalign_repro.experiments.<name>`` command line.
+    """The ``python -m dalign_repro.experiments.<name>`` command line (:meth:`Experiment.main` calls it).
 
     ``--profile --seed --set --config --print-config --out --checkpoints --force``, and ``--dry-run`` where the
     experiment has one (build the data and every model, time a few steps, print the projected wall time).
@@ -266,6 +345,33 @@ def main(config_cls: type[ExperimentConfig], run: Callable, description: str | N
     run) ends with one line on stderr and exit status 1 (2 for usage errors); ``DALIGN_DEBUG=1`` shows the
     traceback instead.
     """
+    parser = _parser(description, dry_run is not None)
+    args = parser.parse_args(argv)
+    ctx = distributed.context()
+    prefix = f"[rank {ctx.rank}/{ctx.world_size}] " if ctx.distributed else ""
+    logging.basicConfig(level=logging.INFO, format=f"{prefix}%(message)s")
+    if args.ranks_per_job is not None:
+        os.environ[distributed.RANKS_PER_JOB_VARIABLE] = args.ranks_per_job
+    dry = dry_run is not None and args.dry_run
+    try:
+        config = _config_of(config_cls, args)
+        if ctx.distributed:  # one line here, not one traceback per rank later
+            _check_ranks(config, args.ranks_per_job, ctx.world_size)
+        _check_folders(args, writes=not (args.print_config or dry))
+    except (TypeError, ValueError) as error:  # an unknown field, a value of the wrong type, a rejected config
+        if ctx.is_main:
+            parser.error(_one_line(error))
+        sys.exit(2)
+    if args.print_config:
+        if ctx.is_main:
+            print(config_yaml(config), end="")
+        return
+    _set_checkpoints(args, config)
+    _execute(config, run, dry_run if dry else None, args, ctx.is_main, prefix)
+
+
+def _parser(description: str | None, has_dry_run: bool) -> argparse.ArgumentParser:
+    """The experiment command line's options (see :func:`main`)."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--profile", choices=PROFILES, default=None, help="scale of the run (default: cpu)")
     parser.add_argument("--seed", type=int, default=None, help="override the profile's seed")
@@ -286,61 +392,71 @@ def main(config_cls: type[ExperimentConfig], run: Callable, description: str | N
                         help="where trained models' checkpoints go (default: $DALIGN_CHECKPOINTS, else "
                              "<out>/checkpoints with --out, else checkpoints/ of the repository)")
     parser.add_argument("--force", action="store_true", help="rerun even if results for this config exist")
-    if dry_run is not None:
+    if has_dry_run:
         parser.add_argument("--dry-run", action="store_true",
                             help="build data and models, time a few steps, print the projected wall time; write nothing")
     parser.add_argument("--ranks-per-job", default=None, metavar="SPEC",
                         help="under torchrun: ranks that train one model together, '2' or width:ranks pairs "
                              "'2560:2,3072:4' (default: $DALIGN_RANKS_PER_JOB, else 1)")
-    args = parser.parse_args(argv)
-    ctx = distributed.context()
-    prefix = f"[rank {ctx.rank}/{ctx.world_size}] " if ctx.distributed else ""
-    logging.basicConfig(level=logging.INFO, format=f"{prefix}%(message)s")
-    if args.ranks_per_job is not None:
-        os.environ[distributed.RANKS_PER_JOB_VARIABLE] = args.ranks_per_job
+    return parser
+
+
+def _config_of(config_cls: type[ExperimentConfig], args: argparse.Namespace) -> ExperimentConfig:
+    """The config the options ask for: the profile (``--profile``, else the ``--config`` file's, else cpu), the
+    file's fields, then ``--set``, then ``--seed``. Raises TypeError or ValueError naming what is wrong."""
+    overrides = _yaml_config(args.config) if args.config is not None else {}
+    profile = args.profile or overrides.pop("profile", None) or "cpu"
+    overrides.pop("profile", None)
+    overrides = parse_overrides(config_cls, overrides)
+    overrides.update(parse_overrides(config_cls, args.overrides))
+    if args.seed is not None:
+        overrides["seed"] = args.seed
+    return config_cls.for_profile(profile, **overrides)
+
+
+def _check_ranks(config: ExperimentConfig, given: str | None, world_size: int) -> None:
+    """Under torchrun: the ranks per job (``--ranks-per-job``, ``given``, or the variable) fit the widths and divide
+    the batch; raises ValueError naming the option the user gave."""
     try:
-        overrides = _yaml_config(args.config) if args.config is not None else {}
-        profile = args.profile or overrides.pop("profile", None) or "cpu"
-        overrides.pop("profile", None)
-        overrides = parse_overrides(config_cls, overrides)
-        overrides.update(parse_overrides(config_cls, args.overrides))
-        if args.seed is not None:
-            overrides["seed"] = args.seed
-        config = config_cls.for_profile(profile, **overrides)
-        if ctx.distributed:  # one line here, not one traceback per rank later
-            try:
-                groups = distributed.ranks_per_job(getattr(config, "widths", ()) or (), ctx.world_size)
-            except ValueError as error:  # name the option the user gave, not the variable it sets
-                text = str(error)
-                if args.ranks_per_job is not None:
-                    text = text.replace(f"{distributed.RANKS_PER_JOB_VARIABLE}=", "--ranks-per-job ", 1)
-                raise ValueError(text) from None
-            batch = getattr(config, "batch_size", None)
-            odd = sorted({g for g in groups.values() if batch and batch % g})
-            if odd:
-                raise ValueError(f"--ranks-per-job: {odd} rank(s) per job do not divide batch_size {batch}; choose a "
-                                 "number of ranks per job that divides it")
-        if args.out is not None and not args.print_config and not (dry_run is not None and args.dry_run):
-            check_results_folder(args.out)
-        if args.checkpoints is not None:
-            check_results_folder(args.checkpoints, "--checkpoints")
-    except (TypeError, ValueError) as error:  # an unknown field, a value of the wrong type, a rejected config
-        if ctx.is_main:
-            parser.error(_one_line(error))
-        sys.exit(2)
-    if args.print_config:
-        if ctx.is_main:
-            print(config_yaml(config), end="")
-        return
+        groups = distributed.ranks_per_job(getattr(config, "widths", ()) or (), world_size)
+    except ValueError as error:  # name the option the user gave, not the variable it sets
+        text = str(error)
+        if given is not None:
+            text = text.replace(f"{distributed.RANKS_PER_JOB_VARIABLE}=", "--ranks-per-job ", 1)
+        raise ValueError(text) from None
+    batch = getattr(config, "batch_size", None)
+    odd = sorted({g for g in groups.values() if batch and batch % g})
+    if odd:
+        raise ValueError(f"--ranks-per-job: {odd} rank(s) per job do not divide batch_size {batch}; choose a "
+                         "number of ranks per job that divides it")
+
+
+def _check_folders(args: argparse.Namespace, writes: bool) -> None:
+    """``--out`` (where the run ``writes``) and ``--checkpoints`` can hold results, before any work."""
+    if args.out is not None and writes:
+        check_results_folder(args.out)
+    if args.checkpoints is not None:
+        check_results_folder(args.checkpoints, "--checkpoints")
+
+
+def _set_checkpoints(args: argparse.Namespace, config: ExperimentConfig) -> None:
+    """Point :data:`CHECKPOINTS_VARIABLE` at ``--checkpoints``, or at ``<out>/checkpoints`` where ``--out`` names a
+    folder of its own and the variable is unset (so nothing is written outside the folders named)."""
     if args.checkpoints is not None:
         os.environ[CHECKPOINTS_VARIABLE] = str(args.checkpoints.expanduser().resolve())
     elif args.out is not None and not os.environ.get(CHECKPOINTS_VARIABLE) and not _is_default_folder(args.out, config):
         os.environ[CHECKPOINTS_VARIABLE] = str((args.out.expanduser() / "checkpoints").resolve())
+
+
+def _execute(config: ExperimentConfig, run: Callable, dry_run: Callable | None, args: argparse.Namespace,
+             is_main: bool, prefix: str) -> None:
+    """Print ``dry_run(config)``, or ``run`` the experiment into ``--out``; a refused run ends with one line on stderr
+    and exit status 1 (130 on Ctrl-C)."""
     name = experiment_name(config)
     try:
         processes.configure(getattr(config, "device", "auto"))  # on the CPU: one thread, before any torch work
-        if dry_run is not None and args.dry_run:
-            if ctx.is_main:
+        if dry_run is not None:
+            if is_main:
                 print(dry_run(config))
             return
         out_dir = args.out if args.out is not None else default_results_dir(config)

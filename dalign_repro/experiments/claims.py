@@ -26,7 +26,7 @@ import pandas as pd
 import dalign_repro
 from dalign_repro.claims.table import claims_table
 from dalign_repro.config import ExperimentConfig, default_results_dir
-from dalign_repro.experiments._runner import main, run_experiment
+from dalign_repro.experiments._runner import Experiment, register, run_experiment
 
 __all__ = ["Config", "TABLES", "committed", "current", "run"]
 
@@ -138,5 +138,7 @@ def current(config: Config, out_dir: str | Path | None = None, force: bool = Fal
     return table, {**stored, "inputs": inputs, "judged_in_memory": True}, False
 
 
+EXPERIMENT = register(Experiment("claims", Config, TABLES, runner=run, description=__doc__))
+
 if __name__ == "__main__":
-    main(Config, run, description=__doc__.splitlines()[0])
+    EXPERIMENT.main()

@@ -49,10 +49,11 @@ from dalign_repro.config import ExperimentConfig, default_results_dir
 from dalign_repro.experiments._models import (TrainedModel, check_counts_by_family, checkpoints_present,
                                              count_by_family, earlier_results, remove_model_jobs, run_model_jobs,
                                              sweeps_changed, trained_models)
-from dalign_repro.experiments._runner import main, run_experiment
+from dalign_repro.experiments._runner import Experiment, register, run_experiment
 from dalign_repro.experiments import llama_depth
 from dalign_repro.experiments.interventions import SOURCES as SWEEP_SOURCES
 from dalign_repro.experiments.interventions import Source
+from dalign_repro.families import family
 from dalign_repro.sweep.family import Family, SweepConfig, count, take
 from dalign_repro.report.results import results_current
 from dalign_repro.sweep.trained import trained_model
@@ -65,7 +66,7 @@ TABLES = ("growth",)
 
 SOURCES: dict[str, Source] = {
     **SWEEP_SOURCES,
-    "llama": Source(llama_depth.Config.for_profile, llama_depth.run, lambda c: llama_depth.FAMILY,
+    "llama": Source(llama_depth.Config.for_profile, llama_depth.run, lambda c: family("llama_depth", c),
                     tables="llama_depth"),
 }
 """Where each family's grown models come from: the width sweeps' (:data:`~dalign_repro.experiments.interventions.
@@ -204,7 +205,7 @@ def sweep_status(config: Config, name: str, out_dir: Path) -> tuple[Any, str]:
         return experiment_config, ""
     if not results_current(out_dir, (source.runs_table(name),), experiment_config):
         return experiment_config, (f"the {name} sweep has no current results in {out_dir} at profile "
-                                   f"{config.profile!r}; run python -m {source.run.__module__} --profile "
+                                   f"{config.profile!r}; run python -m {type(experiment_config).__module__} --profile "
                                    f"{config.profile} first")
     return experiment_config, ""
 
@@ -279,5 +280,7 @@ def run(config: Config, out_dir: str | Path | None = None, force: bool = False) 
     return written
 
 
+EXPERIMENT = register(Experiment("growth", Config, TABLES, runner=run, sharded=True, description=__doc__))
+
 if __name__ == "__main__":
-    main(Config, run, description=__doc__.splitlines()[0])
+    EXPERIMENT.main()

@@ -65,7 +65,8 @@ from dalign_repro.experiments import llama_width, pythia_width, resnet_width
 from dalign_repro.experiments._models import (TrainedModel, check_counts_by_family, chosen_runs, count_by_family,
                                              earlier_results, in_regime, remove_model_jobs, run_model_jobs,
                                              sweeps_changed, trained_models)
-from dalign_repro.experiments._runner import main, run_experiment
+from dalign_repro.experiments._runner import Experiment, register, run_experiment
+from dalign_repro.families import family
 from dalign_repro.sweep.family import Family, SweepConfig, count, take
 from dalign_repro.studies.interventions.compute import KINDS, optimizer_step_decrease, train_decrease_draws
 from dalign_repro.sweep.trained import trained_model
@@ -99,11 +100,11 @@ class Source:
 
 
 SOURCES: dict[str, Source] = {
-    "llama": Source(llama_width.Config.for_profile, llama_width.run, lambda c: llama_width.FAMILY),
-    "pythia": Source(pythia_width.Config.for_profile, pythia_width.run, lambda c: pythia_width.FAMILY,
+    "llama": Source(llama_width.Config.for_profile, llama_width.run, lambda c: family("llama", c)),
+    "pythia": Source(pythia_width.Config.for_profile, pythia_width.run, lambda c: family("pythia", c),
                      lambda c: c.sweeps()),
     "resnet": Source(resnet_width.Config.for_profile, resnet_width.run,
-                     lambda c: resnet_width.ResNetFamily(augment=c.augment), lambda c: c.sweeps()),
+                     lambda c: family("resnet", c), lambda c: c.sweeps()),
 }
 
 
@@ -355,5 +356,7 @@ def run(config: Config, out_dir: str | Path | None = None, force: bool = False) 
     return written
 
 
+EXPERIMENT = register(Experiment("interventions", Config, TABLES, runner=run, sharded=True, description=__doc__))
+
 if __name__ == "__main__":
-    main(Config, run, description=__doc__.splitlines()[0])
+    EXPERIMENT.main()

@@ -41,9 +41,10 @@ import pandas as pd
 from scipy import stats
 
 from dalign_repro.config import added_field, require_at_least
-from dalign_repro.experiments._runner import main, run_experiment
+from dalign_repro.experiments._runner import Experiment, register
 from dalign_repro.experiments.llama_width import Config as LlamaConfig
-from dalign_repro.experiments.llama_width import LlamaFamily
+from dalign_repro.families import family
+from dalign_repro.families.llama import LlamaContextFamily  # noqa: F401  (importable here, as before)
 from dalign_repro.sweep.projection import dry_run as sweep_dry_run
 from dalign_repro.sweep.run import run_sweeps, tables_of
 
@@ -117,30 +118,13 @@ class Config(LlamaConfig):
         return tuple(b for b in self.budgets if sum(b) <= self.pool_tokens // context // 4)
 
 
-class LlamaContextFamily(LlamaFamily):
-    """The LLaMA family with the context as a regime column (see the module docstring)."""
-
-    name = "llama_context"
-    extra_tables = ()
-
-    def columns(self, config: Config) -> dict:
-        return {"context": config.context}
-
-    def model_name(self, config: Config, width: int) -> str:
-        return f"llama-N{width}-L{config.depth}-T{config.context}"
-
-    def extra_rows(self, config: Config, model, heldout_pool, run: dict) -> dict[str, list[dict]]:
-        return {}  # the sample-unit study belongs to the width chapter
-
-
-FAMILY = LlamaContextFamily()
+FAMILY = family("llama_context")
 TABLES = tables_of(FAMILY)
 
 
-def run(config: Config, out_dir: str | Path | None = None, force: bool = False) -> Path:
-    """Run one LLaMA width sweep per context and write their tables (skipped when current, unless ``force``)."""
-    return run_experiment("llama_context", TABLES, config, lambda c, out: run_sweeps(c.sweeps(), FAMILY, out),
-                          out_dir=out_dir, force=force, sharded=True)
+def compute(config: Config, out_dir: Path):
+    """The context study's tables, one sweep per context (told apart by the ``context`` column)."""
+    return run_sweeps(config.sweeps(), FAMILY, out_dir)
 
 
 def dry_run(config: Config) -> str:
@@ -148,8 +132,9 @@ def dry_run(config: Config) -> str:
     return "\n".join(sweep_dry_run(c, FAMILY) for c in config.sweeps())
 
 
-if __name__ == "__main__":
-    main(Config, run, description=__doc__.splitlines()[0], dry_run=dry_run)
+EXPERIMENT = register(Experiment("llama_context", Config, TABLES, compute, sharded=True, dry_run=dry_run,
+                                 description=__doc__))
+run = EXPERIMENT.run  # run(config, out_dir=None, force=False): the tables, skipped when current unless force
 
 
 # ---------------------------------------------------------------------------
@@ -420,3 +405,7 @@ def describe_trained_contexts(runs: pd.DataFrame, tokens_per_step: int, min_sequ
                        f"runs trained, {max(tokens_per_step // t, min_sequences)} sequence(s) a step)" for t in short)
     return (f"At {counts} fewer than two widths beat the bigram baseline, so no width slope can be read there: the "
             "fixed number of steps did not suffice at these contexts.")
+
+
+if __name__ == "__main__":
+    EXPERIMENT.main()

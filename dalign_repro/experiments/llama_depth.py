@@ -23,14 +23,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from dalign_repro.experiments._runner import main, run_experiment
+from dalign_repro.experiments._runner import Experiment, register
 from dalign_repro.experiments.llama_width import Config as LlamaConfig
-from dalign_repro.experiments.llama_width import LlamaFamily
+from dalign_repro.families import family
+from dalign_repro.families.llama import LlamaDepthFamily  # noqa: F401  (importable here, as before)
 from dalign_repro.sweep.plan import jobs_dir
 from dalign_repro.sweep.projection import dry_run as sweep_dry_run
 from dalign_repro.sweep.run import run_sweep, tables_of
 
-__all__ = ["Config", "LlamaDepthFamily", "FAMILY", "TABLES", "run", "dry_run"]
+__all__ = ["Config", "LlamaDepthFamily", "FAMILY", "TABLES", "EXPERIMENT", "run", "dry_run"]
 
 @dataclass(frozen=True)
 class Config(LlamaConfig):
@@ -58,28 +59,13 @@ class Config(LlamaConfig):
     insertion_layer: int = 1
 
 
-class LlamaDepthFamily(LlamaFamily):
-    """The LLaMA family with the depth as a regime column and no sample-unit study (see the module docstring)."""
-
-    name = "llama_depth"
-    extra_tables = ()
-
-    def columns(self, config: Config) -> dict:
-        return {"depth": config.depth}
-
-    def extra_rows(self, config: Config, model, heldout_pool, run: dict) -> dict[str, list[dict]]:
-        return {}  # the sample-unit study belongs to the width chapter
-
-
-FAMILY = LlamaDepthFamily()
+FAMILY = family("llama_depth")
 TABLES = tables_of(FAMILY)
 
 
-def run(config: Config, out_dir: str | Path | None = None, force: bool = False) -> Path:
-    """Train the depth-4 LLaMA models and write their tables (skipped when current, unless ``force``)."""
-    return run_experiment("llama_depth", TABLES, config,
-                          lambda c, out: run_sweep(c, FAMILY, jobs=jobs_dir(out, c, FAMILY)), out_dir=out_dir,
-                          force=force, sharded=True)
+def compute(config: Config, out_dir: Path):
+    """The depth-4 LLaMA sweep's tables (its finished jobs kept under ``out_dir`` until they are written)."""
+    return run_sweep(config, FAMILY, jobs=jobs_dir(out_dir, config, FAMILY))
 
 
 def dry_run(config: Config) -> str:
@@ -87,5 +73,9 @@ def dry_run(config: Config) -> str:
     return sweep_dry_run(config, FAMILY)
 
 
+EXPERIMENT = register(Experiment("llama_depth", Config, TABLES, compute, sharded=True, dry_run=dry_run,
+                                 description=__doc__))
+run = EXPERIMENT.run  # run(config, out_dir=None, force=False): the tables, skipped when current unless force
+
 if __name__ == "__main__":
-    main(Config, run, description=__doc__.splitlines()[0], dry_run=dry_run)
+    EXPERIMENT.main()

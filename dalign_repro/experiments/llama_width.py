@@ -1,8 +1,9 @@
 """Width-controlled LLaMA-style models: d_align and misalignment against width.
 
-The LLaMA family of the width sweep (:mod:`dalign_repro.sweep.run`): transformers'
-``LlamaForCausalLM`` with depth, head dimension, context, vocabulary and data held
-fixed and only the width N (and so the number of heads) varied; trained on a text
+The LLaMA family of the width sweep (:mod:`dalign_repro.sweep.run`; its spec is
+:mod:`dalign_repro.families.llama`): transformers' ``LlamaForCausalLM`` with depth,
+head dimension, context, vocabulary and data held fixed and only the width N (and so
+the number of heads) varied; trained on a text
 corpus split by whole documents into train, validation and held-out test. One sample
 is one sequence; its q at a decoder layer is the gradient of the sequence's mean
 next-token loss with respect to that layer's output, summed over positions (the
@@ -30,16 +31,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from dalign_repro.config import added_field, measurement_only, require_items
-from dalign_core.geometry.estimators import estimate_geometry
-from dalign_repro.experiments._runner import main, run_experiment
-from dalign_repro.sweep.family import Splits
-from dalign_core.capture.hooks import activation_gradients
-from dalign_core.capture.losses import IGNORE_INDEX
-from dalign_repro.sweep.lm_family import CausalLMFamily, LMSweepConfig
-from dalign_repro.models.llama import LlamaWidthSpec, build_llama
+from dalign_repro.experiments._runner import Experiment, register
+from dalign_repro.families import family
+from dalign_repro.families.lm import LMSweepConfig
+from dalign_repro.families.llama import LlamaFamily, sample_unit_rows  # noqa: F401  (importable here, as before)
 from dalign_repro.sweep.projection import dry_run as sweep_dry_run
 from dalign_repro.sweep.plan import jobs_dir
 from dalign_repro.sweep.run import run_sweep, tables_of
@@ -94,83 +90,13 @@ class Config(LMSweepConfig):
             raise ValueError(f"unit_contexts {self.unit_contexts} exceed the context {self.context}")
 
 
-class LlamaFamily(CausalLMFamily):
-    """LLaMA-style causal LMs on a text corpus (see the module docstring)."""
-
-    name = "llama"
-    training_fields = ("depth", "head_dim") + CausalLMFamily.training_fields
-    extra_tables = ("sample_unit",)
-
-    def build(self, config: Config, width: int, seed: int, splits: Splits):
-        spec = LlamaWidthSpec(width=width, depth=config.depth, head_dim=config.head_dim,
-                              vocab_size=splits.summary["vocab_size"], context=config.context)
-        return build_llama(spec, seed=seed)
-
-    def insertion_points(self, config: Config, model) -> list[str]:
-        return [f"model.layers.{i}" for i in range(config.depth)]
-
-    def primary_layer(self, config: Config) -> str:
-        return f"model.layers.{config.insertion_layer}"
-
-    def model_name(self, config: Config, width: int) -> str:
-        return f"llama-N{width}-L{config.depth}"
-
-    def extra_rows(self, config: Config, model, heldout_pool: torch.Tensor, run: dict) -> dict[str, list[dict]]:
-        first_seed = run["seed"] == config.seed  # the study compares choices on one model; seeds would multiply its cost
-        rows = sample_unit_rows(config, model, self.primary_layer(config), heldout_pool, run) if first_seed else []
-        return {"sample_unit": rows}
-
-
-def _token_targets(sequences: torch.Tensor, seed: int) -> torch.Tensor:
-    """Labels that keep one target per sequence, at a uniform position in 1..T-1 (the rest ``IGNORE_INDEX``)."""
-    n, length = sequences.shape
-    positions = torch.randint(1, length, (n,), generator=torch.Generator().manual_seed(seed))
-    labels = torch.full_like(sequences, IGNORE_INDEX)
-    rows = torch.arange(n)
-    labels[rows, positions] = sequences[rows, positions]
-    return labels
-
-
-def sample_unit_rows(config: Config, model, layer: str, sequences: torch.Tensor, run: dict) -> list[dict]:
-    """d_align at ``layer`` for each (sample unit, context, reduction) on ``(n, T)`` sequences; see the module docstring."""
-    rows = []
-    checked = False  # the determinism self-check once per model: at its first capture
-    for context in config.unit_contexts:
-        truncated = sequences[:, :context]
-        labels = _token_targets(truncated, run["seed"])
-        full, token = [], []
-        for start in range(0, len(truncated), config.capture_batch):
-            batch = truncated[start:start + config.capture_batch]
-            full.append(activation_gradients(model, layer, {"input_ids": batch}, reduction="full",
-                                             check_determinism=not checked))
-            checked = True
-            token.append(activation_gradients(model, layer, {"input_ids": batch},
-                                              labels[start:start + config.capture_batch], reduction="shared",
-                                              check_determinism=False))
-        full = torch.cat(full)  # (n, context * N): the sequence loss's gradient at every position
-        variants = {("sequence", "shared"): full.reshape(len(full), context, -1).sum(dim=1),
-                    ("sequence", "full"): full, ("token", "shared"): torch.cat(token)}
-        for (unit, reduction), Q in variants.items():
-            geometry = estimate_geometry(Q, confidence=config.confidence)
-            rows.append(dict(
-                family="llama", model=run["model"], width=run["width"], seed=run["seed"], layer=layer, unit=unit,
-                context=context, reduction=reduction, n=geometry.n, d=geometry.d, mean_sq=geometry.mean_sq,
-                d_par=geometry.d_par, d_2=geometry.d_2, d_align=geometry.d_align,
-                d_align_lo=geometry.intervals["d_align"].lo, d_align_hi=geometry.intervals["d_align"].hi,
-                trained_ok=run["trained_ok"],
-            ))
-    return rows
-
-
-FAMILY = LlamaFamily()
+FAMILY = family("llama")
 TABLES = tables_of(FAMILY)
 
 
-def run(config: Config, out_dir: str | Path | None = None, force: bool = False) -> Path:
-    """Run the LLaMA width sweep and write its tables (skipped when current, unless ``force``)."""
-    return run_experiment("llama_width", TABLES, config,
-                          lambda c, out: run_sweep(c, FAMILY, jobs=jobs_dir(out, c, FAMILY)), out_dir=out_dir,
-                          force=force, sharded=True)
+def compute(config: Config, out_dir: Path):
+    """The LLaMA width sweep's tables (its finished jobs kept under ``out_dir`` until they are written)."""
+    return run_sweep(config, FAMILY, jobs=jobs_dir(out_dir, config, FAMILY))
 
 
 def dry_run(config: Config) -> str:
@@ -178,5 +104,9 @@ def dry_run(config: Config) -> str:
     return sweep_dry_run(config, FAMILY)
 
 
+EXPERIMENT = register(Experiment("llama_width", Config, TABLES, compute, sharded=True, dry_run=dry_run,
+                                 description=__doc__))
+run = EXPERIMENT.run  # run(config, out_dir=None, force=False): the tables, skipped when current unless force
+
 if __name__ == "__main__":
-    main(Config, run, description=__doc__.splitlines()[0], dry_run=dry_run)
+    EXPERIMENT.main()

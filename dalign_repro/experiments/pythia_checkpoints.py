@@ -39,7 +39,6 @@ import math
 import os
 import re
 import shutil
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +51,7 @@ from dalign_core._env import offline_variable
 from dalign_repro.config import ExperimentConfig
 from dalign_repro.data import (TextCorpus, default_cache_dir, load_corpus, make_sequences, prepare_lm_data,
                               require_sequences)
-from dalign_repro.experiments._runner import main, run_experiment
+from dalign_repro.experiments._runner import Experiment, register
 from dalign_core.capture.hooks import accumulate_geometry
 from dalign_core.cli.loading import (LoadError, ModelSource, _hub_cache, _hub_reachable, load_model, load_tokenizer,
                                  resolve_model_source)
@@ -337,14 +336,8 @@ def compute(config: Config, out_dir: Path | None = None) -> tuple[dict[str, pd.D
     return {"pythia_released": table}, dict(checkpoints=checkpoints, text=text_source, device=str(device))
 
 
-def run(config: Config, out_dir: str | Path | None = None, force: bool = False) -> Path:
-    """Measure every checkpoint and write ``pythia_released`` (skipped when current, unless ``force``)."""
-    return run_experiment("pythia_checkpoints", TABLES, config, compute, out_dir=out_dir, force=force, sharded=True)
-
+EXPERIMENT = register(Experiment("pythia_checkpoints", Config, TABLES, compute, sharded=True, description=__doc__))
+run = EXPERIMENT.run  # run(config, out_dir=None, force=False): pythia_released, skipped when current
 
 if __name__ == "__main__":
-    try:
-        main(Config, run, description=__doc__.splitlines()[0])
-    except LoadError as err:
-        print(f"pythia_checkpoints: error: {err}", file=sys.stderr)
-        sys.exit(1)
+    EXPERIMENT.main()  # a missing checkpoint (LoadError) ends in one line naming the downloads, as any refused run

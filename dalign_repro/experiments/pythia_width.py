@@ -6,8 +6,9 @@ This is the Pythia family of the width sweep (:mod:`dalign_repro.sweep.run`): tr
 ``GPTNeoXForCausalLM`` with Pythia's architecture (:func:`dalign_repro.models.pythia.
 pythia_width_variant`: parallel attention and MLP, LayerNorm, rotary on a quarter of
 each head, FFN 4d, untied embeddings), trained on the text corpus of the LLaMA
-chapter with a learning rate fitted to each width (:mod:`dalign_repro.sweep.lm_family` holds
-what the two language-model families share).
+chapter with a learning rate fitted to each width (:mod:`dalign_repro.families.lm` holds
+what the two language-model families share; the spec is
+:mod:`dalign_repro.families.pythia`).
 
 Two depth regimes, each a sweep of its own, told apart by the ``depth`` column:
 
@@ -37,10 +38,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dalign_repro.config import measurement_only
-from dalign_repro.experiments._runner import main, run_experiment
-from dalign_repro.sweep.family import Splits
-from dalign_repro.sweep.lm_family import CausalLMFamily, LMSweepConfig
-from dalign_repro.models.pythia import build_pythia, pythia_width_variant
+from dalign_repro.experiments._runner import Experiment, register
+from dalign_repro.families import family
+from dalign_repro.families.lm import LMSweepConfig
+from dalign_repro.families.pythia import PythiaFamily  # noqa: F401  (importable here, as before)
 from dalign_repro.sweep.projection import dry_run as sweep_dry_run
 from dalign_repro.sweep.run import run_sweeps, tables_of
 
@@ -114,41 +115,13 @@ class Config(LMSweepConfig):
         return self.heads[self.widths.index(width)]
 
 
-class PythiaFamily(CausalLMFamily):
-    """Pythia-architecture causal LMs at a width and depth (see the module docstring)."""
-
-    name = "pythia"
-    reductions = ("full", "shared")
-    """The shared q at ``gpt_neox.layers.l`` is exactly the gradient of that layer's trained
-    ``mlp.dense_4h_to_h.bias`` (:mod:`dalign_core.capture.redundancy`): width claims are judged on the per-position q."""
-    training_fields = ("architecture", "depth", "heads") + CausalLMFamily.training_fields
-
-    def build(self, config: Config, width: int, seed: int, splits: Splits):
-        shape = pythia_width_variant(config.architecture, width, vocab_size=splits.summary["vocab_size"],
-                                     num_heads=config.heads_at(width), context=config.context, num_layers=config.depth)
-        return build_pythia(shape, seed=seed)
-
-    def insertion_points(self, config: Config, model) -> list[str]:
-        return [f"gpt_neox.layers.{i}" for i in range(config.depth)]
-
-    def primary_layer(self, config: Config) -> str:
-        return f"gpt_neox.layers.{config.insertion_layer}"
-
-    def model_name(self, config: Config, width: int) -> str:
-        return f"pythia-d{width}-L{config.depth}"
-
-    def columns(self, config: Config) -> dict:
-        return {"depth": config.depth}
-
-
-FAMILY = PythiaFamily()
+FAMILY = family("pythia")
 TABLES = tables_of(FAMILY)
 
 
-def run(config: Config, out_dir: str | Path | None = None, force: bool = False) -> Path:
-    """Run the Pythia width sweep in each depth regime and write its tables (skipped when current, unless ``force``)."""
-    return run_experiment("pythia_width", TABLES, config, lambda c, out: run_sweeps(c.sweeps(), FAMILY, out),
-                          out_dir=out_dir, force=force, sharded=True)
+def compute(config: Config, out_dir: Path):
+    """The Pythia width sweep's tables, one sweep per depth regime (told apart by the ``depth`` column)."""
+    return run_sweeps(config.sweeps(), FAMILY, out_dir)
 
 
 def dry_run(config: Config) -> str:
@@ -156,5 +129,9 @@ def dry_run(config: Config) -> str:
     return "\n".join(sweep_dry_run(c, FAMILY) for c in config.sweeps())
 
 
+EXPERIMENT = register(Experiment("pythia_width", Config, TABLES, compute, sharded=True, dry_run=dry_run,
+                                 description=__doc__))
+run = EXPERIMENT.run  # run(config, out_dir=None, force=False): the tables, skipped when current unless force
+
 if __name__ == "__main__":
-    main(Config, run, description=__doc__.splitlines()[0], dry_run=dry_run)
+    EXPERIMENT.main()

@@ -27,7 +27,7 @@ from tqdm import tqdm
 from dalign_core.geometry import bounds
 from dalign_core.geometry.estimators import estimate_geometry, plugin_geometry
 from dalign_repro.config import ExperimentConfig, require, require_at_least, require_items
-from dalign_repro.experiments._runner import main, run_experiment
+from dalign_repro.experiments._runner import Experiment, register
 from dalign_core.geometry.synthetic import NOISE_LAWS, SPECTRA, SyntheticQ, mean_norm_for_snr
 
 TABLES = ("theory_alignment", "theory_estimators", "theory_sketch")
@@ -168,14 +168,8 @@ def compute(config: Config, out_dir: Path | None = None) -> tuple[dict[str, pd.D
     return tables, {"study_seconds": seconds}
 
 
-def run(config: Config, out_dir: str | Path | None = None, force: bool = False) -> Path:
-    """Run the three studies and write their tables to ``out_dir`` (default ``results/<profile>``).
-
-    Skips the work when tables for this exact config are already there, unless ``force``.
-    Returns the results folder.
-    """
-    return run_experiment("theory", TABLES, config, compute, out_dir=out_dir, force=force)
-
+EXPERIMENT = register(Experiment("theory", Config, TABLES, compute, description=__doc__))
+run = EXPERIMENT.run  # run(config, out_dir=None, force=False): the three studies' tables, skipped when current
 
 if __name__ == "__main__":
-    main(Config, run, description=__doc__.splitlines()[0])
+    EXPERIMENT.main()

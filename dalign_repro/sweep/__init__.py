@@ -2,7 +2,8 @@
 
 * :mod:`~dalign_repro.sweep.family`: what a model family answers (:class:`~dalign_repro.sweep.family.Family`) and
   the sweep's config (:class:`~dalign_repro.sweep.family.SweepConfig`).
-* :mod:`~dalign_repro.sweep.lm_family`: the shared answers of causal language models.
+  Each family's spec is registered in :mod:`dalign_repro.families`; the sweep is handed one and calls only its
+  answers.
 * :mod:`~dalign_repro.sweep.pools`: the data checked to supply a config, and the example pools every run shares.
 * :mod:`~dalign_repro.sweep.trained`: one (width, seed, rate) run trained or loaded, and where its checkpoints live.
 * :mod:`~dalign_repro.sweep.plan`: the grid of jobs (rate trials, the fit's full-length check, measured runs) and

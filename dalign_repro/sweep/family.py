@@ -4,7 +4,9 @@ The LLaMA, Pythia and ResNet chapters (and the interventions that reuse their
 models) all run the same experiment: for each width, fit a learning rate, train a
 few seeds with checkpoints, and at each checkpoint capture q at the insertion points
 on random pools. Only a few answers differ per family, and they live in a
-:class:`Family`:
+:class:`Family`, one registered spec per family in :mod:`dalign_repro.families`
+(the sweep takes the spec as an argument and never looks a family up, nor imports
+an experiment):
 
 ==================  =====================================================================
 ``load_data``       train / validation / test splits (verified, from a manifest)
@@ -12,15 +14,21 @@ on random pools. Only a few answers differ per family, and they live in a
 ``insertion_points`` the dotted module names whose outputs are captured
 ``primary_layer``   the fixed insertion point of the misalignment study
 ``batches``         what :func:`dalign_core.capture.hooks.accumulate_geometry` takes
-``train_loss``      the training loss of a batch
 ``heldout_metric``  loss on held-out examples (lower is better)
 ``baseline``        the held-out loss a trained model must beat (else: a failed run)
-``train_settings``  optional optimizer and schedule (default AdamW with cosine decay)
-``quality``         optional held-out metrics beside the loss (a classifier's accuracy)
-``evaluate``        optional: the loss and those metrics from one pass (default: one call of each)
-``failure``         optional rule for a failed run (default: the loss does not beat the baseline)
-``columns``         optional columns every row carries (the depth regime, the data set)
-``extra_rows``      optional family-only measurements at the final checkpoint
+==================  =====================================================================
+
+and, where the default does not fit:
+
+==================  =====================================================================
+``train_loss``      the training loss of a batch (default: a causal LM's next-token loss)
+``model_name``      the name of a run's model in the tables (default: ``<name>-N<width>``)
+``train_settings``  optimizer and schedule (default AdamW with cosine decay)
+``evaluate``        the held-out loss and other held-out metrics from one pass (default: the loss alone)
+``failure``         the rule for a failed run (default: the loss does not beat the baseline)
+``columns``         columns every row carries (the depth regime, the data set; default none)
+``extra_rows``      family-only measurements at the final checkpoint (default none)
+``for_config``      the spec that trains a given config (default: the spec itself)
 ==================  =====================================================================
 
 :class:`SweepConfig` holds the fields every family shares (widths, seeds, steps,
@@ -326,7 +334,14 @@ class Family(abc.ABC):
         return lm_loss(model, batch)
 
     def model_name(self, config: SweepConfig, width: int) -> str:
+        """The name of a run's model in the tables (default ``<name>-N<width>``)."""
         return f"{self.name}-N{width}"
+
+    def for_config(self, config: SweepConfig) -> "Family":
+        """The spec that trains ``config``'s models (default: this one). A family whose answers depend on a
+        config field that no answer is given (ResNet's ``augment``: :meth:`train_loss` sees a batch only) returns
+        the spec for that value; :func:`dalign_repro.families.family` calls it."""
+        return self
 
     def train_settings(self, config: SweepConfig) -> dict[str, Any]:
         """:class:`~dalign_repro.training.loop.TrainConfig` fields beyond the shared ones (optimizer, schedule, clipping)."""
@@ -336,14 +351,11 @@ class Family(abc.ABC):
         """Columns stamped on every row of every table: what tells this sweep from its siblings in one experiment."""
         return {}
 
-    def quality(self, model: nn.Module, examples: Any, config: SweepConfig) -> dict[str, float]:
-        """Held-out metrics besides the loss, recorded at every checkpoint (e.g. ``{"test_accuracy": 0.91}``)."""
-        return {}
-
     def evaluate(self, model: nn.Module, examples: Any, config: SweepConfig) -> tuple[float, dict[str, float]]:
-        """``(heldout_metric, quality)`` at a checkpoint; a family whose metrics share a forward pass overrides it
-        to run the examples through the model once."""
-        return self.heldout_metric(model, examples, config), self.quality(model, examples, config)
+        """``(heldout_metric, other held-out metrics)`` at a checkpoint, the metrics recorded beside the loss in
+        every row (e.g. ``{"test_accuracy": 0.91}``); by default the loss alone. A family with more metrics
+        overrides it to run the examples through the model once."""
+        return self.heldout_metric(model, examples, config), {}
 
     def failure(self, config: SweepConfig, heldout_loss: float, baseline: float, quality: dict[str, float]) -> str:
         """Why a trained run counts as failed, or ``""``: by default, its held-out loss does not beat the baseline."""

@@ -10,7 +10,8 @@ the gradient of a zero-initialized residual bias shared over positions (the
 held-out tokens, or it is a failed run.
 
 A family subclasses :class:`CausalLMFamily` and says only how to build its model at
-a width and where its insertion points are.
+a width and where its insertion points are (:mod:`dalign_repro.families.llama`,
+:mod:`dalign_repro.families.pythia`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from dalign_repro.data import load_corpus, prepare_lm_data
 from dalign_repro.sweep.family import Family, Splits, SweepConfig
 from dalign_repro.training.evaluation import evaluate_lm_loss
 
-__all__ = ["LMSweepConfig", "CausalLMFamily"]
+__all__ = ["LMSweepConfig", "CausalLMFamily", "check_corpus"]
 
 
 @dataclass(frozen=True)
