@@ -44,7 +44,7 @@ def time_width(config, width: int, steps: int, repeats: int, seed: int) -> dict:
 
     import torch
 
-    from dalign_repro.experiments.resnet_width import STAGE_WIDTH, ResNetFamily, to_float
+    from dalign_repro.families.resnet import STAGE_WIDTH, ResNetFamily, to_float
     from dalign_core.capture.hooks import activation_gradients
     from dalign_repro.models.resnet import resnet20
 

@@ -11,9 +11,8 @@ import numbers
 import numpy as np
 import torch
 
-from dalign_core.seeding import derived_seed  # the old path, kept for code not yet moved
 
-__all__ = ["ArrayLike", "as_count", "as_float64", "check_finite", "derived_seed"]
+__all__ = ["ArrayLike", "as_count", "as_float64", "check_finite"]
 
 ArrayLike = "np.ndarray | torch.Tensor"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 LAYERS = {
-    "dalign_core": {"": 0, "_env": 0, "_tensor": 0, "atomic": 0, "device": 0, "environment": 0, "seeding": 0,
+    "dalign_core": {"": 0, "_tensor": 0, "atomic": 0, "device": 0, "environment": 0, "seeding": 0,
                     "geometry": 1, "capture": 2, "growth": 3, "cli": 4, "__main__": 5},
     "dalign_repro": {"": 0, "config": 0, "data": 1, "models": 1, "training": 2, "sweep": 3, "families": 4, "report": 4,
                      "studies": 5, "claims": 6, "experiments": 7, "__main__": 8},
@@ -107,7 +107,7 @@ def test_every_registered_family_lives_in_the_families_package():
 
 def test_the_flat_folders_hold_only_the_helpers():
     loose = sorted(p.name for p in (ROOT / "dalign_core").glob("*.py"))
-    assert loose == ["__init__.py", "__main__.py", "_env.py", "_tensor.py", "atomic.py", "device.py", "environment.py",
+    assert loose == ["__init__.py", "__main__.py", "_tensor.py", "atomic.py", "device.py", "environment.py",
                      "seeding.py"], loose
     loose = sorted(p.name for p in (ROOT / "dalign_repro").glob("*.py"))
     assert loose == ["__init__.py", "__main__.py", "config.py"], loose
@@ -188,13 +188,11 @@ def test_no_private_name_crosses_a_module_of_the_core():
     assert not crossing, "private names imported from another module: " + "; ".join(crossing)
 
 
-def test_the_old_private_paths_still_import_the_public_names():
-    """``dalign_core._env`` and ``dalign_core._tensor.derived_seed`` stay importable (code not yet moved to
-    :mod:`dalign_core.environment` and :mod:`dalign_core.seeding`) and are the same objects."""
-    from dalign_core import _env, _tensor, environment, seeding
+def test_seeds_are_derived_from_their_key_alone():
+    """:func:`dalign_core.seeding.derived_seed` gives one 63-bit seed per key, the same for the same key."""
+    from dalign_core import seeding
 
-    assert _env.__all__ == environment.__all__
-    assert all(getattr(_env, name) is getattr(environment, name) for name in environment.__all__)
-    assert _tensor.derived_seed is seeding.derived_seed
     assert seeding.derived_seed("a", 1) != seeding.derived_seed("a", 2)
+    assert seeding.derived_seed("a", 1) == seeding.derived_seed("a", 1)
     assert 0 <= seeding.derived_seed("dalign-order", 0, 0) < 2**63
+

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from dalign_repro.experiments import resnet_width
+from dalign_repro.families import resnet as resnet_family
 from dalign_repro.sweep.family import Splits
 from dalign_repro.models.resnet import resnet20
 from dalign_repro.training.checkpoints import list_checkpoints, load_weights
@@ -59,7 +60,7 @@ def test_fractional_width_multiplier_builds_the_stated_channels():
 
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_resume_with_augmentation_is_bitwise_identical(tmp_path, channels_last):
-    family = resnet_width.ResNetFamily(augment=True)
+    family = resnet_family.ResNetFamily(augment=True)
     data = _images()
 
     def config(folder):
@@ -129,7 +130,7 @@ def test_channels_last_is_the_same_model_in_another_memory_order(tmp_path):
 def test_augment_crops_and_flips_within_the_padding():
     images = torch.arange(2 * 1 * 8 * 8, dtype=torch.float32).view(2, 1, 8, 8)
     torch.manual_seed(0)
-    out = resnet_width.augment(images, padding=2)
+    out = resnet_family.augment(images, padding=2)
     assert out.shape == images.shape
     # every output pixel is an input pixel of the same image, or zero padding
     for i in range(2):

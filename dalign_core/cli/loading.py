@@ -533,6 +533,3 @@ def _read_state_dict(model_arg: str) -> dict:
                         "model.state_dict()")
     return state
 
-
-# The old names, kept for dalign_repro/experiments/pythia_checkpoints.py until it imports the new ones.
-_hub_cache, _hub_reachable = hub_cache, hub_reachable

@@ -8,7 +8,7 @@ Typical use::
     data.train, data.validation, data.test            # LongTensor (n, 128) each
     require_sequences("held-out", len(data.test), 1024, seq_len=128, field="pool_size=1024")
 
-May import: the top-level helpers (``_env``, ``atomic``, ``config``) only.
+May import: the top-level helpers (``dalign_core.environment``, ``dalign_core.atomic``, ``config``) only.
 """
 
 from dalign_repro.data.images import IMAGE_SETS, ImageData, ImageFormatError, load_images

@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dalign_core._env import env_flag
+from dalign_core.environment import env_flag
 from dalign_core.atomic import atomic_write_bytes
 from dalign_repro.data.manifest import (
     ChecksumError,

@@ -50,7 +50,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from dalign_core._env import env_flag
+from dalign_core.environment import env_flag
 from dalign_core.atomic import atomic_path
 from dalign_repro.config import REPO_ROOT, SOURCE_ROOT
 

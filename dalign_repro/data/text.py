@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from dalign_core._env import hub_offline
+from dalign_core.environment import hub_offline
 from dalign_repro.data.manifest import Manifest, fetch, load_manifest, verify_file
 
 __all__ = [

@@ -58,7 +58,7 @@ from typing import Any, Callable, Mapping
 
 import pandas as pd
 
-from dalign_core._env import env_flag
+from dalign_core.environment import env_flag
 from dalign_core.atomic import atomic_write_text, require_writable
 from dalign_repro.config import PROFILES, ExperimentConfig, default_results_dir, parse_overrides
 from dalign_repro.report.results import results_current, write_tables

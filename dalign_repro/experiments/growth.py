@@ -43,7 +43,7 @@ import pandas as pd
 import torch
 
 from dalign_repro.studies import growth
-from dalign_core._tensor import derived_seed
+from dalign_core.seeding import derived_seed
 from dalign_core.device import resolve_device
 from dalign_repro.config import ExperimentConfig, default_results_dir
 from dalign_repro.experiments._models import (TrainedModel, check_counts_by_family, checkpoints_present,

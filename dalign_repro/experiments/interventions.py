@@ -58,7 +58,7 @@ from typing import Any, Callable
 import pandas as pd
 import torch
 
-from dalign_core._tensor import derived_seed
+from dalign_core.seeding import derived_seed
 from dalign_core.device import resolve_device
 from dalign_repro.config import ExperimentConfig, default_results_dir, measurement_only
 from dalign_repro.experiments import llama_width, pythia_width, resnet_width

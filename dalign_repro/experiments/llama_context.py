@@ -44,7 +44,6 @@ from dalign_repro.config import added_field, require_at_least
 from dalign_repro.experiments._runner import Experiment, register
 from dalign_repro.experiments.llama_width import Config as LlamaConfig
 from dalign_repro.families import family
-from dalign_repro.families.llama import LlamaContextFamily  # noqa: F401  (importable here, as before)
 from dalign_repro.sweep.projection import dry_run as sweep_dry_run
 from dalign_repro.sweep.run import run_sweeps, tables_of
 

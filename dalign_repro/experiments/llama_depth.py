@@ -26,12 +26,11 @@ from pathlib import Path
 from dalign_repro.experiments._runner import Experiment, register
 from dalign_repro.experiments.llama_width import Config as LlamaConfig
 from dalign_repro.families import family
-from dalign_repro.families.llama import LlamaDepthFamily  # noqa: F401  (importable here, as before)
 from dalign_repro.sweep.plan import jobs_dir
 from dalign_repro.sweep.projection import dry_run as sweep_dry_run
 from dalign_repro.sweep.run import run_sweep, tables_of
 
-__all__ = ["Config", "LlamaDepthFamily", "FAMILY", "TABLES", "EXPERIMENT", "run", "dry_run"]
+__all__ = ["Config", "FAMILY", "TABLES", "EXPERIMENT", "run", "dry_run"]
 
 @dataclass(frozen=True)
 class Config(LlamaConfig):

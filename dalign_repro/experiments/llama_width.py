@@ -35,7 +35,6 @@ from dalign_repro.config import added_field, measurement_only, require_items
 from dalign_repro.experiments._runner import Experiment, register
 from dalign_repro.families import family
 from dalign_repro.families.lm import LMSweepConfig
-from dalign_repro.families.llama import LlamaFamily, sample_unit_rows  # noqa: F401  (importable here, as before)
 from dalign_repro.sweep.projection import dry_run as sweep_dry_run
 from dalign_repro.sweep.plan import jobs_dir
 from dalign_repro.sweep.run import run_sweep, tables_of

@@ -47,13 +47,13 @@ import pandas as pd
 import torch
 
 from dalign_repro.training import distributed
-from dalign_core._env import offline_variable
+from dalign_core.environment import offline_variable
 from dalign_repro.config import ExperimentConfig
 from dalign_repro.data import (TextCorpus, default_cache_dir, load_corpus, make_sequences, prepare_lm_data,
                               require_sequences)
 from dalign_repro.experiments._runner import Experiment, register
 from dalign_core.capture.hooks import accumulate_geometry
-from dalign_core.cli.loading import (LoadError, ModelSource, _hub_cache, _hub_reachable, load_model, load_tokenizer,
+from dalign_core.cli.loading import (LoadError, ModelSource, hub_cache, hub_reachable, load_model, load_tokenizer,
                                  resolve_model_source)
 from dalign_repro.models.pythia import build_pythia, pythia_width_variant
 from dalign_repro.training.evaluation import evaluate_lm_loss
@@ -193,7 +193,7 @@ def _umask() -> int:
 def _download_message(missing: list[tuple[str, str]], reason: str) -> str:
     commands = "\n".join(f"    hf download {hub_id} --revision {revision}" for hub_id, revision in missing)
     return (
-        f"{len(missing)} Pythia checkpoint(s) are not in the Hugging Face cache ({_hub_cache()}) and {reason}. "
+        f"{len(missing)} Pythia checkpoint(s) are not in the Hugging Face cache ({hub_cache()}) and {reason}. "
         f"On a machine with network access run\n{commands}\nthen copy that cache here (or point HF_HOME at it); or "
         f"download into folders (`hf download <id> --revision <rev> --local-dir DIR/<name>/<rev>`) and run with "
         f"Config.for_profile(..., models_dir='DIR')."
@@ -220,7 +220,7 @@ def resolve_checkpoints(config: Config) -> dict[tuple[str, str], ModelSource]:
                if not isinstance(try_to_load_from_cache(f"{HUB_ORG}/{name}", "config.json", revision=revision), str)]
     if missing:
         offline = offline_variable()
-        if offline or not _hub_reachable():
+        if offline or not hub_reachable():
             reason = f"{offline} is set" if offline else "the Hugging Face Hub cannot be reached from here"
             raise LoadError(_download_message(missing, reason))
     return {(name, revision): resolve_model_source(f"{HUB_ORG}/{name}", revision=revision) for name, revision in pairs}

@@ -41,7 +41,6 @@ from dalign_repro.config import measurement_only
 from dalign_repro.experiments._runner import Experiment, register
 from dalign_repro.families import family
 from dalign_repro.families.lm import LMSweepConfig
-from dalign_repro.families.pythia import PythiaFamily  # noqa: F401  (importable here, as before)
 from dalign_repro.sweep.projection import dry_run as sweep_dry_run
 from dalign_repro.sweep.run import run_sweeps, tables_of
 

@@ -35,7 +35,6 @@ from pathlib import Path
 
 from dalign_repro.experiments._runner import Experiment, register
 from dalign_repro.families import family
-from dalign_repro.families.resnet import STAGE_WIDTH, ResNetFamily, augment, to_float  # noqa: F401  (as before)
 from dalign_repro.sweep.family import SweepConfig
 from dalign_repro.sweep.projection import dry_run as sweep_dry_run
 from dalign_repro.sweep.run import run_sweeps, tables_of

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from dalign_core._tensor import derived_seed
+from dalign_core.seeding import derived_seed
 from dalign_repro.data.images import load_images
 from dalign_repro.models.resnet import residual_block_names, resnet20
 from dalign_repro.sweep.family import Family, Splits, count

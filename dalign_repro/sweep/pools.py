@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from dalign_core._tensor import derived_seed
+from dalign_core.seeding import derived_seed
 from dalign_repro.data.supply import check_epochs, require_sequences, training_epochs
 from dalign_repro.sweep.family import Family, Splits, SweepConfig, count
 

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import torch
 from torch import nn
 
-from dalign_core._tensor import derived_seed
+from dalign_core.seeding import derived_seed
 from dalign_core.growth.blocks import ZeroOutputBlock, block_for, inserted, mean_loss
 
 __all__ = ["ZeroOutputBlock", "inserted", "block_for", "grow", "seeded_batches"]
