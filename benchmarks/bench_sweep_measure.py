@@ -64,7 +64,7 @@ def measure(config, width: int, examples: int, steps: int, repeats: int) -> dict
     from dalign_core.capture.hooks import accumulate_geometry
     from dalign_repro.experiments.pythia_width import FAMILY
     from dalign_repro.sweep.family import count, take
-    from dalign_repro.sweep.measure import _redundancy, checkpoint_pool
+    from dalign_repro.sweep.measure import measure_redundancy, checkpoint_pool
     from dalign_repro.sweep.pools import prepare
     from dalign_repro.training.loop import TrainConfig, train
 
@@ -106,11 +106,11 @@ def measure(config, width: int, examples: int, steps: int, repeats: int) -> dict
     redundancy_s = 0.0
     if config.redundancy_examples:
         probed = min(config.redundancy_examples, config.capture_batch, count(heldout))
-        _redundancy(config, family, model, heldout, min(8, probed), torch.device("cpu"), config.seed)  # warm-up
-        redundancy_s = _best(lambda: _redundancy(config, family, model, heldout, probed, torch.device("cpu"),
+        measure_redundancy(config, family, model, heldout, min(8, probed), torch.device("cpu"), config.seed)  # warm-up
+        redundancy_s = _best(lambda: measure_redundancy(config, family, model, heldout, probed, torch.device("cpu"),
                                                  config.seed), 1) * config.redundancy_examples / probed
 
-    # the run's captures as _measure makes them: (layer set, examples) per (checkpoint, pool)
+    # the run's captures as measure_trained makes them: (layer set, examples) per (checkpoint, pool)
     pool_examples = torch.arange(config.pool_size)
     captures = [("every" if config.layer_steps(step) else "primary", len(checkpoint_pool(config, pool_examples, step)))
                 for step in sorted(config.checkpoint_steps)

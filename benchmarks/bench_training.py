@@ -53,7 +53,7 @@ def _model_and_data(config, width: int, steps: int, seed: int):
     return (lambda: build_llama(spec, seed=seed)), data
 
 
-def _train_config(config, steps: int, lr: float):
+def train_config_for(config, steps: int, lr: float):
     from dalign_repro.training.loop import TrainConfig
 
     return TrainConfig(steps=steps, batch_size=config.batch_size, lr=lr, warmup_steps=max(steps // 10, 1),
@@ -134,7 +134,7 @@ def matmul_limit(build, tokens: int, repeats: int) -> tuple[float, int]:
 def time_width(config, width: int, steps: int, repeats: int, seed: int) -> dict:
     """Best-of-``repeats`` seconds per step of both loops (alternating), the FLOPs per step and the matmul limit."""
     build, data = _model_and_data(config, width, steps, seed)
-    settings = _train_config(config, steps, lr=1e-3)
+    settings = train_config_for(config, steps, lr=1e-3)
     loops = {"project": project_loop, "minimal": minimal_loop}
     times = {name: [] for name in loops}
     for round_ in range(repeats + 1):  # round 0 warms kernels and the allocator

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from dalign_repro.experiments._runner import experiment, experiment_names
+from dalign_repro.experiments import experiment, experiment_names
 
 
 def main(argv: list[str] | None = None) -> int:

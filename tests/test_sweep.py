@@ -15,7 +15,7 @@ from dalign_repro.report import describe as report
 from dalign_repro.sweep import measure
 from dalign_repro.sweep import rates as rate_fit
 from dalign_repro.sweep import run as sweep
-from dalign_repro.sweep.plan import _check_jobs, _job_grid, jobs_dir, trainings
+from dalign_repro.sweep.plan import check_jobs, job_grid, jobs_dir, trainings
 from dalign_repro.sweep.pools import draw_pools
 from dalign_repro.sweep.projection import dry_run
 from dalign_repro.sweep.rates import _extended, lr_check
@@ -291,12 +291,12 @@ def test_the_job_grid_costs_a_reused_training_as_a_measurement(fraction):
     check) made it: its job costs a measurement on one rank, every other run a training and a measurement."""
     config = ToyConfig(lr_trial_fraction=fraction)
     training, measuring = {8: 10.0, 16: 20.0, 32: 40.0}, {8: 1.0, 16: 2.0, 32: 4.0}
-    trials, runs = _job_grid(config, {w: 1 for w in config.widths}, training, measuring)
+    trials, runs = job_grid(config, {w: 1 for w in config.widths}, training, measuring)
     assert [job.cost for job in trials] == [training[w] * fraction for w in config.widths for _ in range(2)]
     reused = {(w, 0) for w in config.widths} if fraction == 1.0 else {(32, 0)}
     assert {job.payload: job.cost for job in runs} == {
         (w, s): measuring[w] + (0.0 if (w, s) in reused else training[w]) for w in config.widths for s in (0, 1)}
-    checks = _check_jobs(config, {w: 1 for w in config.widths}, training, [3e-3, 3e-2])
+    checks = check_jobs(config, {w: 1 for w in config.widths}, training, [3e-3, 3e-2])
     assert [(job.name, job.cost) for job in checks] == [("full_N32_lr0.003", 40.0), ("full_N32_lr0.03", 40.0)]
 
 

@@ -50,7 +50,7 @@ from dalign_core.atomic import atomic_write_bytes
 from dalign_repro.data.manifest import (
     ChecksumError,
     DataMissingError,
-    _check_reachable,
+    check_reachable,
     default_cache_dir,
     fetch,
     load_manifest,
@@ -222,7 +222,7 @@ def _torchvision_fashion(timeout: float = 60.0) -> dict[str, bytes]:
     got = {}
     for filename, md5 in FashionMNIST.resources:
         url = FashionMNIST.mirrors[0] + filename
-        _check_reachable(url, 10.0)
+        check_reachable(url, 10.0)
         with urllib.request.urlopen(url, timeout=timeout) as resp:
             got[filename] = resp.read()
         if hashlib.md5(got[filename]).hexdigest() != md5:

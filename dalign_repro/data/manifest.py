@@ -55,6 +55,7 @@ from dalign_core.atomic import atomic_path
 from dalign_repro.config import REPO_ROOT, SOURCE_ROOT
 
 __all__ = [
+    "check_reachable",
     "Manifest",
     "Source",
     "ChecksumError",
@@ -321,7 +322,7 @@ def _torchvision_url(class_name: str) -> str:
     return url
 
 
-def _check_reachable(url: str, timeout: float) -> None:
+def check_reachable(url: str, timeout: float) -> None:
     """Open and close a TCP connection to ``url``'s host, so a machine without network fails in seconds."""
     parts = urllib.parse.urlsplit(url)
     port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -411,7 +412,7 @@ def fetch(
                 return _apt_download(source.value, manifest, final, timeout)
             if source.kind == "torchvision":
                 url = _torchvision_url(source.value)
-                _check_reachable(url, min(timeout, 10.0))
+                check_reachable(url, min(timeout, 10.0))
                 return _url_download(url, manifest, final, timeout)
             return _url_download(source.value, manifest, final, timeout)
         except ChecksumError:

@@ -36,7 +36,7 @@ from pathlib import Path
 import yaml
 
 from dalign_repro.data.manifest import manifest_dirs
-from dalign_repro.data.text import SPLITS, TextCorpus, _corpus
+from dalign_repro.data.text import SPLITS, TextCorpus, corpus_of
 
 __all__ = ["SourcePackage", "load_python_sources", "source_packages", "sources_digest"]
 
@@ -132,4 +132,4 @@ def load_python_sources(*, verify: bool = True) -> TextCorpus:
     rule = "whole packages, by the manifest: " + "; ".join(
         f"{split}: {', '.join(f'{p.name}=={p.version}' for p in packages if p.split == split)}" for split in SPLITS)
     source = "python-sources " + " ".join(f"{p.name}=={p.version}:{p.sha256[:12]}" for p in packages)
-    return _corpus(buckets, source=source, split_rule=rule, validation=True, what="python-sources")
+    return corpus_of(buckets, source=source, split_rule=rule, validation=True, what="python-sources")

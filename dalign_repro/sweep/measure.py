@@ -2,10 +2,10 @@
 misalignment at the final one, and the redundancy check.
 
 * :func:`checkpoint_pool`: which examples of a q pool a checkpoint captures.
-* ``_measure``: geometry rows at every checkpoint (every reduction from one capture), and the final
+* ``measure_trained``: geometry rows at every checkpoint (every reduction from one capture), and the final
   checkpoint's accumulators.
-* ``_misalignment``: resampled ``Pr(mu_M^T g_K <= 0)`` with the bounds where the theorem covers the setting.
-* ``_redundancy``: the redundancy check's rows at the primary layer.
+* ``misalignment_rows``: resampled ``Pr(mu_M^T g_K <= 0)`` with the bounds where the theorem covers the setting.
+* ``measure_redundancy``: the redundancy check's rows at the primary layer.
 
 :mod:`dalign_repro.sweep.run` calls these for each measured (width, seed) run.
 """
@@ -24,7 +24,7 @@ from dalign_core.capture.redundancy import redundancy_rows
 from dalign_core.geometry.bounds import b_align
 from dalign_repro.training.checkpoints import load_weights
 
-__all__ = ["NO_BOUND", "checkpoint_pool"]
+__all__ = ["NO_BOUND", "checkpoint_pool", "measure_trained", "misalignment_rows", "measure_redundancy"]
 
 NO_BOUND = "the train and held-out means come from different laws; the theorem does not cover this setting"
 
@@ -46,7 +46,7 @@ def checkpoint_pool(config: SweepConfig, examples: Any, step: int) -> Any:
     return take(examples, (start + torch.arange(size)) % count(examples))
 
 
-def _measure(config, family, model, result, splits, pools, base, device):
+def measure_trained(config, family, model, result, splits, pools, base, device):
     """Geometry rows at every analysis checkpoint; the final checkpoint's accumulators at the primary layer.
 
     Every checkpoint captures the primary insertion point; those of ``all_layer_steps`` capture every
@@ -85,7 +85,7 @@ def _measure(config, family, model, result, splits, pools, base, device):
     return rows, final, heldout_loss, quality
 
 
-def _misalignment(config, final, base, layer, reduction) -> list[dict]:
+def misalignment_rows(config, final, base, layer, reduction) -> list[dict]:
     """Resampled misalignment at the final checkpoint; bounds only where the theorem covers the setting.
 
     Settings (M's pool / K's pool) and where the certificate comes from:
@@ -126,7 +126,7 @@ def _misalignment(config, final, base, layer, reduction) -> list[dict]:
     return rows
 
 
-def _redundancy(config, family, model, heldout, examples: int, device, seed: int) -> list[dict]:
+def measure_redundancy(config, family, model, heldout, examples: int, device, seed: int) -> list[dict]:
     """The redundancy check's rows (:func:`~dalign_core.capture.redundancy.redundancy_rows`) at the primary layer, on the
     first ``examples`` of the held-out pool ``heldout``, with the model in eval mode."""
     batches = family.batches(take(heldout, torch.arange(min(examples, count(heldout)))), config.capture_batch)

@@ -13,8 +13,8 @@ from dalign_repro.training import workers
 from dalign_core.device import resolve_device
 from dalign_repro.sweep.family import Family, SweepConfig, count, take
 from dalign_core.capture.hooks import accumulate_geometry
-from dalign_repro.sweep.measure import _redundancy, checkpoint_pool
-from dalign_repro.sweep.plan import _job_grid, _planned_checks, trainings
+from dalign_repro.sweep.measure import measure_redundancy, checkpoint_pool
+from dalign_repro.sweep.plan import job_grid, planned_checks, trainings
 from dalign_repro.sweep.pools import prepare
 from dalign_repro.training.loop import TrainConfig, train
 
@@ -38,7 +38,7 @@ def dry_run(config: SweepConfig, family: Family, steps: int = 2) -> str:
     heldout, evaluation = take(splits.test, pools.heldout), take(splits.test, pools.evaluation)
     runs_at = trainings(config)  # full-run equivalents at each width, from the sweep's job grid
     # pool captures per measured run, in pools' worth of examples (each checkpoint's share is checkpoint_pool's), as
-    # _measure makes them: every layer at all_layer_steps, else the primary one; all reductions share each pass
+    # measure_trained makes them: every layer at all_layer_steps, else the primary one; all reductions share each pass
     passes = [(step in config.train_pool_checkpoints) + 1 for step in config.checkpoint_steps]
     share = [len(checkpoint_pool(config, torch.arange(config.pool_size), step)) / config.pool_size
              for step in config.checkpoint_steps]
@@ -97,10 +97,10 @@ def dry_run(config: SweepConfig, family: Family, steps: int = 2) -> str:
         per_redundancy = 0.0
         if config.redundancy_examples:
             probe = min(config.redundancy_examples, config.capture_batch, count(heldout))
-            _redundancy(config, family, model, heldout, min(8, probe), device, config.seed)  # warm-up, as above
+            measure_redundancy(config, family, model, heldout, min(8, probe), device, config.seed)  # warm-up, as above
             _sync(device)
             start = time.perf_counter()
-            _redundancy(config, family, model, heldout, probe, device, config.seed)
+            measure_redundancy(config, family, model, heldout, probe, device, config.seed)
             _sync(device)
             per_redundancy = (time.perf_counter() - start) * config.redundancy_examples / probe
         training = per_step * config.steps * runs_at[width]
@@ -119,8 +119,8 @@ def dry_run(config: SweepConfig, family: Family, steps: int = 2) -> str:
     lines.append(f"projected: {_seconds(total)} s ({total / 60:.1f} min) plus resampling and start-up")
     def shared(world: int) -> float:  # the plan's makespan: rates, their check, then seeds, longest job first
         sizes = distributed.ranks_per_job(config.widths, world)
-        trials, runs = _job_grid(config, sizes, training_seconds, measuring_seconds)
-        checks = _planned_checks(config, sizes, training_seconds)
+        trials, runs = job_grid(config, sizes, training_seconds, measuring_seconds)
+        checks = planned_checks(config, sizes, training_seconds)
         return sum(max((a.end for a in distributed.plan(jobs, world)), default=0.0) for jobs in (trials, checks, runs))
 
     local = workers.count() if distributed.context().world_size == 1 else 1

@@ -3,7 +3,7 @@
 * ``_rate_trial``: the first seed trained at one rate and scored on the validation pool.
 * ``_fit_grids``: every rate of a width's grid, one more past an edge where the best rate sits there.
 * ``_full_check``: the widest width at two rates for all ``steps``, the check of a short or transferred fit.
-* ``_fit_rates``: each width's rate under :attr:`~dalign_repro.sweep.family.SweepConfig.lr_fit` (``each_width`` or
+* ``fit_rates``: each width's rate under :attr:`~dalign_repro.sweep.family.SweepConfig.lr_fit` (``each_width`` or
   ``transfer``, which falls back to every width where its check fails).
 * :func:`lr_check`: that check, read back from the ``<family>_lr`` table.
 """
@@ -20,10 +20,10 @@ import torch
 
 from dalign_repro.training import distributed
 from dalign_repro.sweep.family import SweepConfig, take
-from dalign_repro.sweep.plan import _check_jobs, _job_grid, _trial_name
-from dalign_repro.sweep.trained import _train, _train_config
+from dalign_repro.sweep.plan import check_jobs, job_grid, trial_name
+from dalign_repro.sweep.trained import train_run, train_config_for
 
-__all__ = ["lr_check"]
+__all__ = ["lr_check", "fit_rates"]
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ def _rate_trial(config, family, splits, pools, width, lr, device, group=None, tr
     ``trial=False`` trains at full length (the full-length check of the fit). In a job group only the
     group's first rank scores it (the others return None).
     """
-    model, result, failure = _train(config, family, splits, width, config.seed, lr, device, group, trial)
+    model, result, failure = train_run(config, family, splits, width, config.seed, lr, device, group, trial)
     if group is not None and torch.distributed.get_rank(group) != 0:
         return None
     validation = take(splits.validation, pools.validation)
@@ -68,7 +68,7 @@ def _prune_candidates(config, family, width, rows) -> None:
     if config.prune_candidates:
         for row in rows:
             if not row["chosen"]:
-                shutil.rmtree(_train_config(config, family, width, config.seed, row["lr"], trial=True).checkpoint_dir,
+                shutil.rmtree(train_config_for(config, family, width, config.seed, row["lr"], trial=True).checkpoint_dir,
                               ignore_errors=True)
 
 
@@ -86,16 +86,16 @@ def _fit_grids(config, family, splits, pools, device, folder, group_sizes, train
 
     def width_fitted(job, lookup):  # prune a width's other candidates as soon as its last trial is in
         width = job.payload[0]
-        rows = [lookup(_trial_name(width, lr)) for lr in grids[width]]
+        rows = [lookup(trial_name(width, lr)) for lr in grids[width]]
         if all(row is not None for row in rows):
             _prune_candidates(config, family, width, _choose_rate(rows, grids[width]))
 
     for extension in range(config.lr_extend + 1):
-        trials, _ = _job_grid(config, group_sizes, training, costs, grids)
+        trials, _ = job_grid(config, group_sizes, training, costs, grids)
         trial_rows = distributed.run_jobs(
             folder, trials, lambda job, group: _rate_trial(config, family, splits, pools, *job.payload, device, group),
             finished=width_fitted)
-        lr_rows = {width: _choose_rate([trial_rows[_trial_name(width, lr)] for lr in grids[width]], grids[width])
+        lr_rows = {width: _choose_rate([trial_rows[trial_name(width, lr)] for lr in grids[width]], grids[width])
                    for width in widths}
         grown = {width: _extended(grids[width], next(r["lr"] for r in rows if r["chosen"]))
                  for width, rows in lr_rows.items()}
@@ -111,7 +111,7 @@ def _fit_grids(config, family, splits, pools, device, folder, group_sizes, train
 def _full_check(config, family, splits, pools, device, folder, group_sizes, training, rates) -> list[dict]:
     """The widest width trained at ``rates`` for all ``steps`` and scored on the validation pool: ``check`` rows,
     the lowest validation loss ``chosen`` (ties: the smaller rate)."""
-    checks = _check_jobs(config, group_sizes, training, rates)
+    checks = check_jobs(config, group_sizes, training, rates)
     full = distributed.run_jobs(folder, checks, lambda job, group: _rate_trial(
         config, family, splits, pools, *job.payload, device, group, trial=False))
     rows = [full[job.name] for job in checks]
@@ -146,7 +146,7 @@ def _transfer_rates(config: SweepConfig, rows: list[dict]) -> tuple[dict[int, fl
             config.scaled_rate(grid[other], widest))
 
 
-def _fit_rates(config, family, splits, pools, device, folder, group_sizes, training):
+def fit_rates(config, family, splits, pools, device, folder, group_sizes, training):
     """Each width's rate and the rate-fit rows (``<family>_lr``) by width; see :attr:`SweepConfig.lr_fit`.
 
     Under ``transfer`` the narrowest width's trials are the only ones, the widest width's check rows say which

@@ -57,11 +57,11 @@ import torch
 
 from dalign_repro.training import distributed
 from dalign_repro.sweep.family import Family, SweepConfig, take
-from dalign_repro.sweep.measure import _measure, _misalignment, _redundancy
-from dalign_repro.sweep.plan import _job_grid, jobs_dir
+from dalign_repro.sweep.measure import measure_trained, misalignment_rows, measure_redundancy
+from dalign_repro.sweep.plan import job_grid, jobs_dir
 from dalign_repro.sweep.pools import prepare
-from dalign_repro.sweep.rates import _fit_rates, lr_check
-from dalign_repro.sweep.trained import _train
+from dalign_repro.sweep.rates import fit_rates, lr_check
+from dalign_repro.sweep.trained import train_run
 from dalign_repro.sweep import trend
 
 __all__ = ["SWEEP_TABLES", "tables_of", "run_sweep", "run_sweeps", "trend_table", "trained_only"]
@@ -149,7 +149,7 @@ def _measured_run(config, family, splits, pools, width, seed, lr, baseline, devi
     In a job group every rank trains, and the group's first rank alone measures (the others return None).
     """
     started = time.perf_counter()
-    model, result, failure = _train(config, family, splits, width, seed, lr, device, group)
+    model, result, failure = train_run(config, family, splits, width, seed, lr, device, group)
     if group is not None and torch.distributed.get_rank(group) != 0:
         return None
     base = dict(family=family.name, model=family.model_name(config, width), width=width, seed=seed, lr=lr,
@@ -159,7 +159,7 @@ def _measured_run(config, family, splits, pools, width, seed, lr, baseline, devi
         return {"runs": [{**base, "heldout_loss": math.nan, "final_train_loss": math.nan, "trained_ok": False,
                           "failure": failure}]}
     # trained_ok is known only after the final evaluation; measure, then stamp it on every row.
-    geometry_rows, final, heldout_loss, quality = _measure(config, family, model, result, splits, pools,
+    geometry_rows, final, heldout_loss, quality = measure_trained(config, family, model, result, splits, pools,
                                                            {**base, "trained_ok": None}, device)
     failure = family.failure(config, heldout_loss, baseline, quality)
     trained_ok = not failure
@@ -172,9 +172,9 @@ def _measured_run(config, family, splits, pools, width, seed, lr, baseline, devi
     heldout = take(splits.test, pools.heldout)
     redundancy = [] if not config.redundancy_examples else [
         {**{k: run[k] for k in ("family", "model", "width", "seed")}, **row, "trained_ok": trained_ok}
-        for row in _redundancy(config, family, model, heldout, config.redundancy_examples, device, seed)]
+        for row in measure_redundancy(config, family, model, heldout, config.redundancy_examples, device, seed)]
     rows = {"geometry": geometry_rows, "redundancy": redundancy,
-            "misalignment": _misalignment(config, final, run, family.primary_layer(config), family.reductions[0]),
+            "misalignment": misalignment_rows(config, final, run, family.primary_layer(config), family.reductions[0]),
             **family.extra_rows(config, model, heldout, run)}
     seconds = time.perf_counter() - started
     log.info("%s N=%d seed=%d lr=%g: held-out loss %.3f (baseline %.3f) %s; %.0f s", family.name, width, seed, lr,
@@ -222,8 +222,8 @@ def run_sweep(config: SweepConfig, family: Family, jobs: str | Path | None = Non
     # ---- 1. the rate fit: every (width, rate) trial is a job; a width's choice is read from all of its trials
     # costs only balance the ranks' shares: training ~ N^2, measuring a trained run ~ a tenth of that
     training, measuring = {w: float(w) ** 2 for w in config.widths}, {w: 0.1 * float(w) ** 2 for w in config.widths}
-    chosen, lr_rows = _fit_rates(config, family, splits, pools, device, folder, group_sizes, training)
-    _, runs = _job_grid(config, group_sizes, training, measuring)
+    chosen, lr_rows = fit_rates(config, family, splits, pools, device, folder, group_sizes, training)
+    _, runs = job_grid(config, group_sizes, training, measuring)
 
     # ---- 2. the measured runs at the chosen rates (with full-length trials, the first seed's training is the
     # chosen trial's: measured only)

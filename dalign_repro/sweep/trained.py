@@ -1,8 +1,8 @@
 """One run of the sweep trained: its training config, where its checkpoints live, and the train-or-load step.
 
 * :func:`checkpoint_root`: ``checkpoints/<profile>/<family>/<hash>``, keyed by the fields that set the weights.
-* ``_train_config``: a measured run's training, or a short rate trial's.
-* ``_train``: train, resume or load one (width, seed, rate) run; a divergence is a failed run, not an error.
+* ``train_config_for``: a measured run's training, or a short rate trial's.
+* ``train_run``: train, resume or load one (width, seed, rate) run; a divergence is a failed run, not an error.
 * :func:`trained_model`: a finished run's model in eval mode, for the studies that reuse the sweep's models.
 """
 
@@ -20,7 +20,7 @@ from dalign_repro.config import REPO_ROOT
 from dalign_repro.sweep.family import Family, Splits, SweepConfig
 from dalign_repro.training.loop import TrainConfig, train
 
-__all__ = ["checkpoint_root", "trained_model"]
+__all__ = ["checkpoint_root", "trained_model", "train_config_for", "train_run"]
 
 
 def checkpoint_root(config: SweepConfig, family: Family) -> Path:
@@ -36,7 +36,7 @@ def checkpoint_root(config: SweepConfig, family: Family) -> Path:
     return root / config.profile / family.name / key
 
 
-def _train_config(config: SweepConfig, family: Family, width: int, seed: int, lr: float,
+def train_config_for(config: SweepConfig, family: Family, width: int, seed: int, lr: float,
                   trial: bool = False) -> TrainConfig:
     """The training of a measured run, or with ``trial`` (and ``lr_trial_fraction < 1``) of a short rate trial.
 
@@ -64,22 +64,22 @@ def trained_model(config: SweepConfig, family: Family, splits: Splits, width: in
     run is trained again, which gives the same weights on the same machine. Raises
     ``RuntimeError`` if that training diverges.
     """
-    model, result, failure = _train(config, family, splits, width, seed, lr, torch.device(device))
+    model, result, failure = train_run(config, family, splits, width, seed, lr, torch.device(device))
     if result is None:
         raise RuntimeError(f"{family.name} N={width} seed={seed} lr={lr:g} diverged ({failure}); it has no trained "
                            "model to load")
     return model.eval()
 
 
-def _train(config, family, splits, width, seed, lr, device, group=None, trial=False):
+def train_run(config, family, splits, width, seed, lr, device, group=None, trial=False):
     """Train (or resume, or load a finished run); returns (model, TrainResult or None, failure message).
 
     ``group``: the process group of a job that several ranks train together (data parallel).
-    ``trial``: a rate trial (:func:`_train_config`).
+    ``trial``: a rate trial (:func:`train_config_for`).
     """
     model = family.build(config, width, seed, splits).to(device)
     try:
-        result = train(model, splits.train, _train_config(config, family, width, seed, lr, trial),
+        result = train(model, splits.train, train_config_for(config, family, width, seed, lr, trial),
                        loss_fn=family.train_loss, description=f"{family.name} N={width} seed={seed} lr={lr:g}",
                        group=group)
     except FloatingPointError as err:  # diverged: a failed run, reported, never measured
