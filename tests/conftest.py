@@ -25,24 +25,58 @@ SHARED_FILES = {"test_browser.py": "test_notebooks.py", "test_exercises.py": "te
 the chapters that test_notebooks.py executed into the session's ``smoke_chapters`` folder, and the exercises test
 reads their glued values there."""
 
-OWN_SCOPE = ("tests/test_notebooks.py::test_notebook_runs_at_smoke_profile[07_your_model]",)
+OWN_SCOPE = (
+    "tests/test_notebooks.py::test_notebook_runs_at_smoke_profile[07_your_model]",
+    "tests/test_distributed_studies.py::test_two_ranks_share_the_models_and_write_the_tables_of_one_process"
+    "[interventions-resnet]",
+    "tests/test_distributed_studies.py::test_two_ranks_share_the_models_and_write_the_tables_of_one_process"
+    "[growth-llama]",
+)
 """Tests that xdist may run on another worker than the rest of their file: chapter 7 reads no other chapter's
-results, so it runs beside the chapters that share theirs (the browser test waits for it in ``smoke_chapters``)."""
+results, so it runs beside the chapters that share theirs (the browser test waits for it in ``smoke_chapters``);
+the two torchrun studies are the suite's longest tests, each a scope of its own so that they run side by side."""
+
+LONGEST_FIRST = (
+    "tests/test_distributed_studies.py::test_two_ranks_share_the_models_and_write_the_tables_of_one_process"
+    "[interventions-resnet]",
+    "tests/test_growth.py",
+    "tests/test_reliability.py",
+    "tests/test_benchmarks.py",
+    "tests/test_intervention.py",
+    "tests/test_interventions.py",
+    "tests/test_distributed.py",
+    "tests/test_user_trial.py",
+    "tests/test_distributed_studies.py::test_two_ranks_share_the_models_and_write_the_tables_of_one_process"
+    "[growth-llama]",
+    "tests/test_claims.py",
+    "tests/test_pythia.py",
+    "tests/test_report.py",
+    "tests/test_sweep.py",
+)
+"""Scopes handed out right after the chapters, longest first (from ``pytest --durations``): started early, none of
+them is left running alone at the end of a run on two workers. A scope missing here only starts later."""
 
 
-def _scheduling_rank(item) -> int:
-    """Collection order: the chapters first (the longest scope), the tests of :data:`OWN_SCOPE` next, the browser
-    test last (it builds the book from the chapters); the rest keep their order between."""
+def _scheduling_rank(item) -> tuple[int, int]:
+    """Collection order: the chapters first (the longest scope), the tests of :data:`OWN_SCOPE` next, then
+    :data:`LONGEST_FIRST` in its order, the browser test last (it builds the book from the chapters); the rest keep
+    their order between."""
     if item.path.name in SHARED_FILES:
-        return 3
-    if item.nodeid in OWN_SCOPE:
-        return 1
-    return 0 if item.path.name == "test_notebooks.py" else 2
+        return 5, 0
+    if item.nodeid == OWN_SCOPE[0]:
+        return 1, 0
+    if item.path.name == "test_notebooks.py":
+        return 0, 0
+    for index, prefix in enumerate(LONGEST_FIRST):
+        if item.nodeid == prefix or item.nodeid.startswith(prefix + "::"):
+            return 2, index
+    return 3, 0
 
 
 def pytest_collection_modifyitems(config, items):
-    """The chapters first and the browser test last (see :func:`_scheduling_rank`); xdist hands out scopes in this
-    order, so the worker that takes the chapters starts on them at once and another takes chapter 7."""
+    """The chapters first, the longest scopes next and the browser test last (see :func:`_scheduling_rank`); xdist
+    hands out scopes in this order, so the worker that takes the chapters starts on them at once and another takes
+    chapter 7 and then the longest torchrun study."""
     items.sort(key=_scheduling_rank)  # stable: the rest keep their order
 
 
@@ -119,3 +153,17 @@ def results_root(tmp_path, monkeypatch) -> Path:
     root.mkdir()
     monkeypatch.setenv("DALIGN_RESULTS", str(root))
     return root
+
+
+@pytest.fixture(scope="session")
+def _committed_cpu_claims_table():
+    from dalign_repro.claims import table as claims
+
+    return claims.claims_table(REPO_ROOT / "results" / "cpu")
+
+
+@pytest.fixture
+def committed_cpu_claims_table(_committed_cpu_claims_table):
+    """The claims table of the committed ``results/cpu``, judged once per worker (its verdicts' simulations take
+    tens of seconds); each test gets its own copy to read."""
+    return _committed_cpu_claims_table.copy()

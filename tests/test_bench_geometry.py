@@ -4,20 +4,10 @@ them at full size)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pandas as pd
 
-REPO = Path(__file__).resolve().parent.parent
-
-
-def _bench(script: str, *args: str, tmp_path) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), "--out", str(tmp_path), *args],
-                          capture_output=True, text=True, timeout=600, cwd=REPO)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done
+from test_benchmarks import _bench  # tests/ is on sys.path
 
 
 def test_bench_estimators_prints_the_gram_against_its_floor_and_its_accuracy(tmp_path):

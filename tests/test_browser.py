@@ -128,10 +128,10 @@ def _execute_chapters(chapters: Path, reuse: Path, results: Path) -> tuple[int, 
     runner = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(runner)
     chapters.mkdir(parents=True, exist_ok=True)
-    saved = {name: os.environ.get(name) for name in ("DALIGN_RESULTS", "MPLBACKEND")}
-    os.environ.update(DALIGN_RESULTS=str(results), MPLBACKEND=INLINE_BACKEND)
     reused = executed = 0
-    try:
+    with pytest.MonkeyPatch.context() as env:  # restored however the loop ends
+        env.setenv("DALIGN_RESULTS", str(results))
+        env.setenv("MPLBACKEND", INLINE_BACKEND)
         for path in runner.find_notebooks():
             # Held by a worker of tests/test_notebooks.py while it executes the chapter: wait for it.
             with chapter_lock(reuse, path.stem):
@@ -146,12 +146,6 @@ def _execute_chapters(chapters: Path, reuse: Path, results: Path) -> tuple[int, 
                     pytest.fail(f"cannot build the book: {path.name} fails at the smoke profile in cell "
                                 f"{error.exec_count}: {error.ename}: {error.evalue}", pytrace=False)
                 executed += 1
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
     return reused, executed
 
 

@@ -39,8 +39,8 @@ def test_an_empty_folder_gives_every_claim_as_not_run(tmp_path):
 
 
 @pytest.mark.skipif(not (CPU / "llama_trend.csv").exists(), reason="the committed cpu results are not present")
-def test_the_committed_cpu_results_are_judged_by_the_chapters_own_verdicts():
-    table = claims.claims_table(CPU)
+def test_the_committed_cpu_results_are_judged_by_the_chapters_own_verdicts(committed_cpu_claims_table):
+    table = committed_cpu_claims_table
     assert set(table.verdict) <= LABELS
     trend = pd.read_csv(CPU / "llama_trend.csv")
     layer = pd.read_csv(CPU / "llama_misalignment.csv").layer.iloc[0]
@@ -191,8 +191,8 @@ WIDTH_CLAIMS = [claim for claim, _, _ in width_claims._WIDTH_CLAIMS]
 
 
 @pytest.mark.skipif(not (CPU / "llama_trend.csv").exists(), reason="the committed cpu results are not present")
-def test_every_width_row_states_its_regime_and_its_own_reference():
-    table = claims.claims_table(CPU)
+def test_every_width_row_states_its_regime_and_its_own_reference(committed_cpu_claims_table):
+    table = committed_cpu_claims_table
     width = table[table.claim.isin(WIDTH_CLAIMS) & (table.verdict != claims.NOT_RUN)]
     assert len(width) >= 12
     for row in width.itertuples():

@@ -8,59 +8,32 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import _capture_reference as reference
 from _autograd import z_gradient
+from _capture_reference import VOCAB
 
 from dalign_core.geometry.estimators import estimate_geometry
 from dalign_core.capture.hooks import accumulate_geometry, activation_gradients, iter_activation_gradients
 from dalign_core.capture.layers import insertion_points
 from dalign_core.capture.refusals import CaptureError
-from dalign_repro.models.resnet import BasicBlock, resnet20, residual_block_names
+from dalign_repro.models.resnet import BasicBlock, residual_block_names
 
 transformers = pytest.importorskip("transformers")
 
-VOCAB = 64
+# The same models and batches as the capture's bit-for-bit reference (tests/_capture_reference.py).
+tiny_neox = reference.neox
+tiny_resnet = reference.resnet
 
 
 def tiny_llama(seed: int = 0):
-    torch.manual_seed(seed)
-    config = transformers.LlamaConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        vocab_size=VOCAB, max_position_embeddings=64,
-    )
-    return transformers.LlamaForCausalLM(config).eval()
-
-
-def tiny_neox(seed: int = 0):
-    torch.manual_seed(seed)
-    config = transformers.GPTNeoXConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=VOCAB,
-        max_position_embeddings=64, rotary_pct=0.25,
-    )
-    return transformers.GPTNeoXForCausalLM(config).eval()
-
-
-def tiny_resnet(seed: int = 0, channels_last: bool = False):
-    torch.manual_seed(seed)
-    model = resnet20(width=1, num_classes=10, channels_last=channels_last)
-    # Non-trivial running statistics, as after training.
-    for module in model.modules():
-        if isinstance(module, nn.BatchNorm2d):
-            module.running_mean.uniform_(-0.2, 0.2)
-            module.running_var.uniform_(0.5, 1.5)
-            module.weight.data.uniform_(0.5, 1.5)
-            module.bias.data.uniform_(-0.1, 0.1)
-    return model.eval()
+    """The reference's two-layer Llama of width 32."""
+    return reference.llama(seed)
 
 
 def lm_batch(seed: int = 1, b: int = 5, T: int = 12):
-    generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, VOCAB, (b, T), generator=generator)
-    lengths = [T, T - 3, 5, T, 2][:b]
-    mask = torch.zeros(b, T, dtype=torch.long)
-    for i, length in enumerate(lengths):
-        mask[i, :length] = 1
-    ids = ids.masked_fill(mask == 0, 0)  # right padding with id 0
-    return {"input_ids": ids, "attention_mask": mask}, lengths
+    """The reference's right-padded batch (padding id 0) and each example's length."""
+    batch = reference.lm_batch(seed, b, T)
+    return batch, batch["attention_mask"].sum(dim=1).tolist()
 
 
 def _brute_force(model, layer, make_input, loss_of) -> torch.Tensor:

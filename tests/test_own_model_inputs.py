@@ -219,64 +219,26 @@ def test_the_models_own_exception_is_a_model_error_naming_the_submodule():
 
 # -- the command line: the model's exceptions, --out by content, streams, --revision ----------------------------
 
-VIT_LIKE = '''
-import torch
-from torch import nn
+def _own_models_module_text() -> str:
+    """The engineer's own models of scripts/user_trial_own_model.py (``OWN_MODULE``: a ViT-like ``patchy`` whose
+    patch embedding asserts the image size, and ``deaf``, whose ``blocks.1`` never reaches the loss)."""
+    import importlib.util
 
-
-class Patches(nn.Module):
-    def __init__(self, size=8):
-        super().__init__()
-        self.size = size
-        self.proj = nn.Linear(size * size, 16)
-
-    def forward(self, x):
-        assert x.shape[-1] == self.size, f"Input image size ({x.shape[-1]}) doesn't match model ({self.size})."
-        return self.proj(x.flatten(1))
-
-
-class Tiny(nn.Module):
-    def __init__(self, size=8, classes=3, lookup=False):
-        super().__init__()
-        self.patches = Patches(size)
-        self.block = nn.Linear(16, 16)
-        self.head = nn.Linear(16, classes)
-        self.lookup = lookup
-
-    def forward(self, x):
-        if self.lookup:
-            {"a": 1}["b"]
-        h = self.patches(x)
-        return self.head(h + self.block(h))
-
-
-class Deaf(Tiny):
-    """The block's output never reaches the loss: q is exactly 0."""
-
-    def forward(self, x):
-        h = self.patches(x)
-        return self.head(h + 0.0 * self.block(h))
-
-
-def tiny(**kwargs):
-    torch.manual_seed(0)
-    return Tiny(**kwargs)
-
-
-def deaf(**kwargs):
-    torch.manual_seed(0)
-    return Deaf(**kwargs)
-'''
+    script = Path(__file__).resolve().parent.parent / "scripts" / "user_trial_own_model.py"
+    spec = importlib.util.spec_from_file_location("_user_trial_own_model_for_tests", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.OWN_MODULE
 
 
 @pytest.fixture
 def arch(tmp_path, monkeypatch):
-    (tmp_path / "vitlike.py").write_text(VIT_LIKE)
+    (tmp_path / "ownmods.py").write_text(_own_models_module_text())
     monkeypatch.syspath_prepend(str(tmp_path))
-    sys.modules.pop("vitlike", None)
-    import vitlike
+    sys.modules.pop("ownmods", None)
+    import ownmods
 
-    torch.save(vitlike.tiny().state_dict(), tmp_path / "tiny.pt")
+    torch.save(ownmods.patchy().state_dict(), tmp_path / "patchy.pt")
     generator = torch.Generator().manual_seed(3)
     for size in (8, 6):
         torch.save({"inputs": torch.randn(12, 1, size, size, generator=generator),
@@ -284,35 +246,35 @@ def arch(tmp_path, monkeypatch):
     return tmp_path
 
 
-def _arch_argv(root: Path, command: str, *extra: str, builder: str = "vitlike:tiny", data: str = "images8.pt"):
-    argv = [command, "--arch", builder, "--model", str(root / "tiny.pt"), "--data", str(root / data),
+def _arch_argv(root: Path, command: str, *extra: str, builder: str = "ownmods:patchy", data: str = "images8.pt"):
+    argv = [command, "--arch", builder, "--model", str(root / "patchy.pt"), "--data", str(root / data),
             "--examples", "12", "--redundancy-examples", "0", "--device", "cpu", *extra]
     return argv + (["--quiet"] if command == "estimate" else [])
 
 
 @pytest.mark.parametrize("command", ["estimate", "rank"])
 def test_an_arch_models_assertion_is_one_line_naming_the_model_and_its_submodule(arch, capsys, command):
-    _one_line_error(capsys, _arch_argv(arch, command, "--layer", "block,head", data="images6.pt"),
-                    "--arch vitlike:tiny raised AssertionError", "'patches' (Patches)", "doesn't match model (8)",
+    _one_line_error(capsys, _arch_argv(arch, command, "--layer", "blocks.1,head", data="images6.pt"),
+                    "--arch ownmods:patchy raised AssertionError", "'patches' (Patches)", "doesn't match model (8)",
                     "--image-size")
 
 
 def test_any_exception_type_of_the_model_is_one_line(arch, capsys):
-    _one_line_error(capsys, _arch_argv(arch, "estimate", "--layer", "block", "--arch-kwargs", '{"lookup": true}'),
+    _one_line_error(capsys, _arch_argv(arch, "estimate", "--layer", "blocks.1", "--arch-kwargs", '{"fail": "key"}'),
                     "raised KeyError", "in its forward")
 
 
 def test_an_all_zero_q_is_said_in_words(arch, capsys):
-    assert main(_arch_argv(arch, "estimate", "--layer", "block", builder="vitlike:deaf")) == 0
+    assert main(_arch_argv(arch, "estimate", "--layer", "blocks.1", builder="ownmods:deaf")) == 0
     out = capsys.readouterr().out
-    assert "q is exactly 0 for every example at block" in out and "more examples will not change that" in out
+    assert "q is exactly 0 for every example at blocks.1" in out and "more examples will not change that" in out
     assert "use more examples" not in out  # the interval note would say the opposite
 
 
 def test_a_sketch_no_smaller_than_d_is_said_in_words(arch, capsys):
-    assert main(_arch_argv(arch, "estimate", "--layer", "block", "--sketch-dim", "16")) == 0
+    assert main(_arch_argv(arch, "estimate", "--layer", "blocks.1", "--sketch-dim", "16")) == 0
     assert "--sketch-dim 16 is not smaller than q's dimension d=16" in capsys.readouterr().out
-    assert main(_arch_argv(arch, "estimate", "--layer", "block", "--sketch-dim", "8")) == 0
+    assert main(_arch_argv(arch, "estimate", "--layer", "blocks.1", "--sketch-dim", "8")) == 0
     assert "not smaller than" not in capsys.readouterr().out
 
 
@@ -369,8 +331,8 @@ def test_a_pipe_inside_the_model_folder_or_as_arch_inputs_is_refused(folder, arc
     argv = [a if a != str(folder / "gpt2") else str(model) for a in _estimate(folder)]
     _one_line_error(capsys, argv, "tokenizer.json", "not a regular file")
     os.mkfifo(arch / "pipe.pt")
-    _one_line_error(capsys, _arch_argv(arch, "estimate", "--layer", "block", data="pipe.pt"), "not a regular file")
-    args = _arch_argv(arch, "estimate", "--layer", "block")
+    _one_line_error(capsys, _arch_argv(arch, "estimate", "--layer", "blocks.1", data="pipe.pt"), "not a regular file")
+    args = _arch_argv(arch, "estimate", "--layer", "blocks.1")
     args[args.index("--model") + 1] = str(arch / "pipe.pt")
     _one_line_error(capsys, args, "not a regular file")
 
