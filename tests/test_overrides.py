@@ -9,6 +9,7 @@ import dataclasses
 import importlib
 import json
 import subprocess
+import sys
 
 import pandas as pd
 import pytest
@@ -219,8 +220,7 @@ def test_a_bad_set_exits_with_a_clear_message(setting, message, capsys):
 
 def test_set_through_python_m(results_root):
     done = subprocess.run(
-        [str(REPO_ROOT / ".venv" / "bin" / "python") if (REPO_ROOT / ".venv" / "bin" / "python").exists() else "python",
-         "-m", "dalign_repro.experiments.theory", "--profile", "smoke", "--set", "dims=eight"],
+        [sys.executable, "-m", "dalign_repro.experiments.theory", "--profile", "smoke", "--set", "dims=eight"],
         capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
     assert done.returncode == 2
     assert "dims is tuple[int, ...] and 'eight' is not a TOML value; give e.g. dims=[" in done.stderr
