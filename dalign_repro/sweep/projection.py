@@ -37,92 +37,119 @@ def dry_run(config: SweepConfig, family: Family, steps: int = 2) -> str:
     splits, facts, pools = prepare(config, family)
     heldout, evaluation = take(splits.test, pools.heldout), take(splits.test, pools.evaluation)
     runs_at = trainings(config)  # full-run equivalents at each width, from the sweep's job grid
-    # pool captures per measured run, in pools' worth of examples (each checkpoint's share is checkpoint_pool's), as
-    # measure_trained makes them: every layer at all_layer_steps, else the primary one; all reductions share each pass
-    passes = [(step in config.train_pool_checkpoints) + 1 for step in config.checkpoint_steps]
-    share = [len(checkpoint_pool(config, torch.arange(config.pool_size), step)) / config.pool_size
-             for step in config.checkpoint_steps]
-    every_layer = sum(n * f for step, n, f in zip(config.checkpoint_steps, passes, share) if config.layer_steps(step))
-    primary_only = sum(n * f for n, f in zip(passes, share)) - every_layer
-    pool_passes = every_layer + primary_only
-    lines = [f"dry run of {family.name} at profile {config.profile} on {device}: {count(splits.train)} train, "
-             f"{count(splits.validation)} validation, {count(splits.test)} test {splits.unit}; "
-             f"{facts['epochs']:.2f} epochs per run",
-             f"rate fit ({config.lr_fit}): {len(config.lr_candidates)} trials of {config.trial_steps} steps at "
-             + ("every width" if len(config.fitted_widths) > 1 else f"N={config.fitted_widths[0]}")
-             + (f", then 2 trainings at N={max(config.widths)} for the full-length check" if config.full_check else "")
-             + " (grid extensions not counted)",
-             f"per width: {config.seeds} measured runs x "
-             f"{pool_passes:.3g} pool captures ({every_layer:.3g} at every insertion point, {primary_only:.3g} at the "
-             f"primary one; {len(family.reductions)} reduction(s) from each backward pass) of {config.pool_size} "
-             f"examples" + (f" (checkpoints before the last capture {min(share) * config.pool_size:.0f} of them)"
-                            if min(share) < 1 else "")]
+    every_layer, primary_only = _pool_passes(config)
+    lines = _plan_lines(config, family, splits, facts, every_layer, primary_only)
     total = 0.0
     training_seconds, measuring_seconds = {}, {}
     from tqdm import tqdm  # a width's timing takes minutes at the gpu profile: show progress with an ETA
 
     for width in tqdm(config.widths, desc=f"dry run of {family.name}: timing each width", unit="width",
                       disable=None):
-        model = family.build(config, width, config.seed, splits).to(device)
-        probe = TrainConfig(steps=steps, batch_size=config.batch_size, lr=min(config.lr_grid(width)),
-                            seed=config.seed, autocast_dtype=config.autocast_dtype, progress=False,
-                            **family.train_settings(config))
-        train(model, splits.train, probe, loss_fn=family.train_loss)  # warm-up: kernels, allocator, caches
-        _sync(device)
-        start = time.perf_counter()
-        train(model, splits.train, probe, loss_fn=family.train_loss)
-        _sync(device)
-        per_step = (time.perf_counter() - start) / steps
-        model.eval()
-        batch = family.batches(take(heldout, torch.arange(min(config.capture_batch, count(heldout)))),
-                                config.capture_batch)
-        per_capture = {}
-        for which, layers in (("every", family.insertion_points(config, model)), ("primary", [family.primary_layer(config)])):
-            accumulate_geometry(model, layers, batch, reduction=list(family.reductions), device=device)  # warm-up
-            _sync(device)
-            start = time.perf_counter()
-            accumulate_geometry(model, layers, batch, reduction=list(family.reductions), device=device,
-                                check_determinism=False)
-            _sync(device)
-            per_capture[which] = (time.perf_counter() - start) * config.pool_size / config.capture_batch
-        # the rest of a measured run: the held-out evaluation at every checkpoint, the capture of the evaluation
-        # set for the certificates' out-of-sample check, and the redundancy check's per-example gradients
-        probe_examples = take(evaluation, torch.arange(min(config.capture_batch, count(evaluation))))
-        family.evaluate(model, probe_examples, config)  # warm-up
-        _sync(device)
-        start = time.perf_counter()
-        family.evaluate(model, probe_examples, config)
-        _sync(device)
-        per_evaluation = (time.perf_counter() - start) * config.eval_examples / count(probe_examples)
-        per_redundancy = 0.0
-        if config.redundancy_examples:
-            probe = min(config.redundancy_examples, config.capture_batch, count(heldout))
-            measure_redundancy(config, family, model, heldout, min(8, probe), device, config.seed)  # warm-up, as above
-            _sync(device)
-            start = time.perf_counter()
-            measure_redundancy(config, family, model, heldout, probe, device, config.seed)
-            _sync(device)
-            per_redundancy = (time.perf_counter() - start) * config.redundancy_examples / probe
-        training = per_step * config.steps * runs_at[width]
-        per_run = (per_capture["every"] * every_layer + per_capture["primary"] * primary_only
-                   + per_evaluation * len(config.checkpoint_steps)
-                   + per_capture["primary"] * config.eval_examples / config.pool_size + per_redundancy)
+        cost = _time_width(config, family, splits, heldout, evaluation, width, steps, device)
+        training = cost["step"] * config.steps * runs_at[width]
+        per_run = (cost["capture_every"] * every_layer + cost["capture_primary"] * primary_only
+                   + cost["evaluation"] * len(config.checkpoint_steps)
+                   + cost["capture_primary"] * config.eval_examples / config.pool_size + cost["redundancy"])
         measuring = per_run * config.seeds
         total += training + measuring
-        training_seconds[width], measuring_seconds[width] = per_step * config.steps, per_run
-        lines.append(f"  N={width}: {per_step * 1e3:.1f} ms/step x {config.steps} steps x {runs_at[width]:.3g} = "
-                     f"{training:.0f} s training; ({per_capture['every']:.2f} s x {every_layer:.3g} + "
-                     f"{per_capture['primary']:.2f} s x {primary_only:.3g} capture, {per_evaluation:.2f} s x "
-                     f"{len(config.checkpoint_steps)} evaluation, {per_redundancy:.2f} s redundancy) per run x "
+        training_seconds[width], measuring_seconds[width] = cost["step"] * config.steps, per_run
+        lines.append(f"  N={width}: {cost['step'] * 1e3:.1f} ms/step x {config.steps} steps x {runs_at[width]:.3g} = "
+                     f"{training:.0f} s training; ({cost['capture_every']:.2f} s x {every_layer:.3g} + "
+                     f"{cost['capture_primary']:.2f} s x {primary_only:.3g} capture, {cost['evaluation']:.2f} s x "
+                     f"{len(config.checkpoint_steps)} evaluation, {cost['redundancy']:.2f} s redundancy) per run x "
                      f"{config.seeds} = {measuring:.0f} s measuring")
-        del model
     lines.append(f"projected: {_seconds(total)} s ({total / 60:.1f} min) plus resampling and start-up")
-    def shared(world: int) -> float:  # the plan's makespan: rates, their check, then seeds, longest job first
+    lines += _shared_lines(config, training_seconds, measuring_seconds)
+    return "\n".join(lines)
+
+
+def _pool_passes(config: SweepConfig) -> tuple[float, float]:
+    """Pool captures per measured run, in pools' worth of examples, at every insertion point and at the primary one
+    alone (each checkpoint's share is :func:`checkpoint_pool`'s), as ``measure_trained`` makes them: every layer at
+    ``all_layer_steps``, else the primary one; all reductions share each pass."""
+    passes = [(step in config.train_pool_checkpoints) + 1 for step in config.checkpoint_steps]
+    share = [len(checkpoint_pool(config, torch.arange(config.pool_size), step)) / config.pool_size
+             for step in config.checkpoint_steps]
+    every_layer = sum(n * f for step, n, f in zip(config.checkpoint_steps, passes, share) if config.layer_steps(step))
+    return every_layer, sum(n * f for n, f in zip(passes, share)) - every_layer
+
+
+def _plan_lines(config: SweepConfig, family: Family, splits, facts: dict, every_layer: float,
+                primary_only: float) -> list[str]:
+    """The projection's first lines: the data, the rate fit's trials and what each measured run captures."""
+    share = min(len(checkpoint_pool(config, torch.arange(config.pool_size), step)) / config.pool_size
+                for step in config.checkpoint_steps)
+    return [f"dry run of {family.name} at profile {config.profile} on {resolve_device(config.device)}: "
+            f"{count(splits.train)} train, {count(splits.validation)} validation, {count(splits.test)} test "
+            f"{splits.unit}; {facts['epochs']:.2f} epochs per run",
+            f"rate fit ({config.lr_fit}): {len(config.lr_candidates)} trials of {config.trial_steps} steps at "
+            + ("every width" if len(config.fitted_widths) > 1 else f"N={config.fitted_widths[0]}")
+            + (f", then 2 trainings at N={max(config.widths)} for the full-length check" if config.full_check else "")
+            + " (grid extensions not counted)",
+            f"per width: {config.seeds} measured runs x "
+            f"{every_layer + primary_only:.3g} pool captures ({every_layer:.3g} at every insertion point, "
+            f"{primary_only:.3g} at the primary one; {len(family.reductions)} reduction(s) from each backward pass) of "
+            f"{config.pool_size} examples" + (f" (checkpoints before the last capture {share * config.pool_size:.0f} "
+                                              "of them)" if share < 1 else "")]
+
+
+def _time_width(config: SweepConfig, family: Family, splits, heldout, evaluation, width: int, steps: int,
+                device: torch.device) -> dict[str, float]:
+    """Seconds at one width, each timed after a warm-up: a training step (``step``), a whole pool's capture at every
+    insertion point and at the primary one (``capture_every``, ``capture_primary``), one checkpoint's held-out
+    evaluation (``evaluation``) and the redundancy check (``redundancy``; 0 when the config runs none)."""
+    model = family.build(config, width, config.seed, splits).to(device)
+    probe = TrainConfig(steps=steps, batch_size=config.batch_size, lr=min(config.lr_grid(width)),
+                        seed=config.seed, autocast_dtype=config.autocast_dtype, progress=False,
+                        **family.train_settings(config))
+    run_steps = lambda: train(model, splits.train, probe, loss_fn=family.train_loss)  # noqa: E731
+    cost = {"step": _timed(device, run_steps, run_steps) / steps}  # warm-up: kernels, allocator, caches
+    model.eval()
+    batch = family.batches(take(heldout, torch.arange(min(config.capture_batch, count(heldout)))), config.capture_batch)
+    for which, layers in (("every", family.insertion_points(config, model)), ("primary", [family.primary_layer(config)])):
+        seconds = _timed(device,
+                         lambda: accumulate_geometry(model, layers, batch, reduction=list(family.reductions),
+                                                     device=device),
+                         lambda: accumulate_geometry(model, layers, batch, reduction=list(family.reductions),
+                                                     device=device, check_determinism=False))
+        cost[f"capture_{which}"] = seconds * config.pool_size / config.capture_batch
+    # the rest of a measured run: the held-out evaluation at every checkpoint, the capture of the evaluation
+    # set for the certificates' out-of-sample check, and the redundancy check's per-example gradients
+    probe_examples = take(evaluation, torch.arange(min(config.capture_batch, count(evaluation))))
+    evaluate = lambda: family.evaluate(model, probe_examples, config)  # noqa: E731
+    cost["evaluation"] = _timed(device, evaluate, evaluate) * config.eval_examples / count(probe_examples)
+    cost["redundancy"] = 0.0
+    if config.redundancy_examples:
+        examples = min(config.redundancy_examples, config.capture_batch, count(heldout))
+        seconds = _timed(device,
+                         lambda: measure_redundancy(config, family, model, heldout, min(8, examples), device,
+                                                    config.seed),
+                         lambda: measure_redundancy(config, family, model, heldout, examples, device, config.seed))
+        cost["redundancy"] = seconds * config.redundancy_examples / examples
+    return cost
+
+
+def _timed(device: torch.device, warm_up, work) -> float:
+    """Seconds ``work()`` takes after one ``warm_up()``, the device synchronized around it."""
+    warm_up()
+    _sync(device)
+    start = time.perf_counter()
+    work()
+    _sync(device)
+    return time.perf_counter() - start
+
+
+def _shared_lines(config: SweepConfig, training_seconds: dict[int, float],
+                  measuring_seconds: dict[int, float]) -> list[str]:
+    """The projection's last lines: the sweep on this machine's workers and shared among 8 devices (and among the
+    running world's, under torchrun), each the plan's makespan (rates, their check, then seeds, longest job first)."""
+    def shared(world: int) -> float:
         sizes = distributed.ranks_per_job(config.widths, world)
         trials, runs = job_grid(config, sizes, training_seconds, measuring_seconds)
         checks = planned_checks(config, sizes, training_seconds)
         return sum(max((a.end for a in distributed.plan(jobs, world)), default=0.0) for jobs in (trials, checks, runs))
 
+    lines = []
     local = workers.count() if distributed.context().world_size == 1 else 1
     if local > 1:  # what a plain `python -m ...` on this machine does by default
         seconds = shared(local)
@@ -133,7 +160,7 @@ def dry_run(config: SweepConfig, family: Family, steps: int = 2) -> str:
         lines.append(f"on {world} such devices sharing the jobs (torchrun --nproc_per_node={world}; the plan of "
                      f"dalign_repro.training.distributed, rates first, then seeds): {_seconds(seconds)} s "
                      f"({seconds / 60:.1f} min)")
-    return "\n".join(lines)
+    return lines
 
 
 def _seconds(seconds: float) -> str:
