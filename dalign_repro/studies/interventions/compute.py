@@ -76,7 +76,7 @@ from dalign_core.capture.layers import resolve_layers
 from dalign_core.capture.refusals import check_capturable
 from dalign_core.growth.blocks import ZeroBlock, added, feature_dim, insertion_width, mean_loss
 
-__all__ = ["Intervention", "shared_bias_step", "residual_block_step", "train_decrease_steps",
+__all__ = ["Intervention", "StepPlan", "shared_bias_step", "residual_block_step", "train_decrease_steps",
            "train_decrease_draws", "optimizer_step_decrease", "KINDS", "ROUNDOFF_FLOAT32", "ROUNDOFF_FLOAT64"]
 
 KINDS = ("bias", "block")
@@ -236,17 +236,71 @@ class _Insertions:
                           lambda z, t: self.add(kind, t * direction)(z))
 
 
-def _steps(insertions: _Insertions, train_batches, heldout_batches, kinds, etas_of, curvature: bool = True,
-           eval_batches=None, optimizer_steps: tuple[int, ...] = (), optimizer_decrease: float | None = None,
-           step_fractions: tuple[float, ...] = (), step_scale: Callable[[torch.Tensor], float] | None = None,
-           eval_decreases: frozenset[float] | None = None, eval_kinds: frozenset[str] | None = None
-           ) -> list[Intervention]:
-    """Each kind's steps ``−η G_M``, (η, δ) from ``etas_of(‖G_M‖²)``: predicted, observed, curvature; with
-    ``eval_batches`` the change on E too (of the grid's steps only those of δ in ``eval_decreases``, when given:
+@dataclass(frozen=True)
+class StepPlan:
+    """Which steps a draw takes and where each is measured (see :func:`train_decrease_steps` for each field).
+
+    ``etas_of(‖G_M‖²)`` gives the grid's (η, δ) pairs; the other fields are checked by :meth:`checked`.
+    """
+
+    kinds: tuple[str, ...]
+    etas_of: Callable[[float], list[tuple[float, float]]]
+    curvature: bool = True
+    eval_batches: list | None = None
+    optimizer_steps: tuple[int, ...] = ()
+    optimizer_decrease: float | None = None
+    step_fractions: tuple[float, ...] = ()
+    step_scale: Callable[[torch.Tensor], float] | None = None
+    eval_decreases: frozenset[float] | None = None
+    eval_kinds: frozenset[str] | None = None
+
+    @classmethod
+    def checked(cls, decreases: Iterable[float], kinds: Iterable[str] = KINDS, curvature: bool = True,
+                eval_batches: list | None = None, optimizer_steps: Iterable[int] = (),
+                optimizer_decrease: float = 1e-2, step_fractions: Iterable[float] = (),
+                step_scale: Callable[[torch.Tensor], float] | None = None,
+                eval_decreases: Iterable[float] | None = None, eval_kinds: Iterable[str] | None = None) -> "StepPlan":
+        """The plan of :func:`train_decrease_draws`' arguments, each checked (``ValueError`` naming the one that is
+        wrong); the grid's η is ``δ / ‖G_M‖²`` for each δ of ``decreases``."""
+        kinds = tuple(kinds)
+        unknown = sorted(set(kinds) - set(KINDS))
+        if unknown or not kinds:
+            raise ValueError(f"kinds {kinds} must be a non-empty selection of {KINDS}")
+        decreases = [float(d) for d in decreases]
+        if not decreases or min(decreases) <= 0:
+            raise ValueError(f"decreases {decreases} must be positive losses in nats")
+        optimizer_steps = tuple(int(n) for n in optimizer_steps)
+        if any(n < 1 for n in optimizer_steps) or not optimizer_decrease > 0:
+            raise ValueError(f"optimizer_steps {optimizer_steps} must be positive counts and optimizer_decrease "
+                             f"{optimizer_decrease} a positive loss in nats")
+        if eval_batches is not None and not eval_batches:
+            raise ValueError("eval_batches is empty: pass None for no evaluation set")
+        step_fractions = tuple(float(f) for f in step_fractions)
+        if step_fractions and (step_scale is None or min(step_fractions) <= 0):
+            raise ValueError(f"step_fractions {step_fractions} must be positive and come with a step_scale (the "
+                             "first-order decrease of one optimizer step, a function of the train gradient)")
+        if eval_decreases is not None:
+            eval_decreases = frozenset(float(d) for d in eval_decreases)
+            if not eval_decreases <= set(decreases):
+                raise ValueError(f"eval_decreases {sorted(eval_decreases)} must be among decreases {decreases}")
+        if eval_kinds is not None:
+            eval_kinds = frozenset(eval_kinds)
+            if not eval_kinds <= set(kinds):
+                raise ValueError(f"eval_kinds {sorted(eval_kinds)} must be among kinds {kinds}")
+        return cls(kinds, lambda norm_sq: [(d / norm_sq if norm_sq > 0 else 0.0, d) for d in decreases], curvature,
+                   eval_batches, optimizer_steps, float(optimizer_decrease), step_fractions, step_scale,
+                   eval_decreases, eval_kinds)
+
+
+def _steps(insertions: _Insertions, train_batches, heldout_batches, plan: StepPlan) -> list[Intervention]:
+    """Each kind's steps ``−η G_M``, (η, δ) from ``plan.etas_of(‖G_M‖²)``: predicted, observed, curvature; with
+    ``plan.eval_batches`` the change on E too (of the grid's steps only those of δ in ``eval_decreases``, when given:
     every step fraction and optimizer step is measured on E; of the kinds only ``eval_kinds``, when given); with
     ``optimizer_steps`` gradient descent on the inserted parameter alone (η from ``optimizer_decrease``), read after
     each count of steps; with ``step_fractions`` the steps of δ = each fraction of ``step_scale(G_M)`` (one optimizer
     step's first-order decrease)."""
+    kinds, eval_batches, eval_kinds, eval_decreases = plan.kinds, plan.eval_batches, plan.eval_kinds, plan.eval_decreases
+    optimizer_steps, optimizer_decrease = plan.optimizer_steps, plan.optimizer_decrease
     train = insertions.gradients(train_batches, kinds)
     heldout = insertions.gradients(heldout_batches, kinds)
     base = insertions.loss(heldout_batches)
@@ -273,12 +327,12 @@ def _steps(insertions: _Insertions, train_batches, heldout_batches, kinds, etas_
         alignment = float((train[kind] * heldout[kind]).sum())
         norm_sq = float((train[kind] ** 2).sum())
         direction = -train[kind]
-        curve = insertions.curvature(heldout_batches, kind, direction) if curvature else math.nan
-        for eta, decrease in etas_of(norm_sq):
+        curve = insertions.curvature(heldout_batches, kind, direction) if plan.curvature else math.nan
+        for eta, decrease in plan.etas_of(norm_sq):
             record(kind, eta, decrease, eta * direction, alignment, 0.5 * float(eta) ** 2 * curve, 0)
-        if step_fractions:
-            one_step = float(step_scale(train[kind]))  # one optimizer step's first-order decrease (nats)
-            for fraction in step_fractions:
+        if plan.step_fractions:
+            one_step = float(plan.step_scale(train[kind]))  # one optimizer step's first-order decrease (nats)
+            for fraction in plan.step_fractions:
                 decrease = fraction * one_step
                 eta = decrease / norm_sq if norm_sq > 0 else 0.0
                 record(kind, eta, decrease, eta * direction, alignment, 0.5 * float(eta) ** 2 * curve, 0, fraction)
@@ -311,8 +365,8 @@ def shared_bias_step(model: nn.Module, layer: str, train_batches: list, heldout_
     """
     etas = list(etas)
     insertions = _Insertions(model, layer, heldout_batches[0], None, 0)
-    return _steps(insertions, train_batches, heldout_batches, ("bias",),
-                  lambda norm_sq: [(eta, eta * norm_sq) for eta in etas])
+    return _steps(insertions, train_batches, heldout_batches,
+                  StepPlan(("bias",), lambda norm_sq: [(eta, eta * norm_sq) for eta in etas]))
 
 
 def residual_block_step(model: nn.Module, layer: str, train_batches: list, heldout_batches: list,
@@ -324,17 +378,13 @@ def residual_block_step(model: nn.Module, layer: str, train_batches: list, heldo
     """
     etas = list(etas)
     insertions = _Insertions(model, layer, heldout_batches[0], hidden, seed)
-    return _steps(insertions, train_batches, heldout_batches, ("block",),
-                  lambda norm_sq: [(eta, eta * norm_sq) for eta in etas])
+    return _steps(insertions, train_batches, heldout_batches,
+                  StepPlan(("block",), lambda norm_sq: [(eta, eta * norm_sq) for eta in etas]))
 
 
 def train_decrease_steps(model: nn.Module, layer: str, train_batches: list, heldout_batches: list,
                          decreases: Iterable[float], kinds: Iterable[str] = KINDS, hidden: int | None = None,
-                         seed: int = 0, curvature: bool = True, eval_batches: list | None = None,
-                         optimizer_steps: Iterable[int] = (), optimizer_decrease: float = 1e-2,
-                         step_fractions: Iterable[float] = (), step_scale: Callable[[torch.Tensor], float] | None = None,
-                         eval_decreases: Iterable[float] | None = None, eval_kinds: Iterable[str] | None = None
-                         ) -> list[Intervention]:
+                         seed: int = 0, **options) -> list[Intervention]:
     """Both insertions on the same examples, each step sized by the train loss it removes at first order.
 
     For each kind and each δ in ``decreases`` (nats), ``η = δ / ‖G_M‖²``, so the step
@@ -342,9 +392,10 @@ def train_decrease_steps(model: nn.Module, layer: str, train_batches: list, held
     gradient's scale: one grid of δ serves every family, width and insertion point.
     The held-out prediction is then ``−δ ⟨G_M, G_K⟩ / ‖G_M‖²``. One backward pass per
     example set gives both kinds' gradients. ``curvature=False`` skips the
-    second-order term (NaN), the costly part, when only signs are wanted.
+    second-order term (NaN), the costly part, when only signs are wanted. The ``options`` (every keyword of
+    :meth:`StepPlan.checked` but ``decreases`` and ``kinds``):
 
-    ``eval_batches``: an evaluation set E, disjoint from the M and K examples (the caller's
+    ``curvature`` (default True); ``eval_batches``: an evaluation set E, disjoint from the M and K examples (the caller's
     guarantee), on which every step's change is measured too (``eval_observed``).
     ``optimizer_steps``: after each of these counts of full-batch gradient-descent steps on
     the M examples that train the inserted parameter alone (η from ``optimizer_decrease``:
@@ -360,55 +411,21 @@ def train_decrease_steps(model: nn.Module, layer: str, train_batches: list, held
         optimizer-step count.
     """
     return next(train_decrease_draws(model, layer, [(train_batches, heldout_batches)], decreases, kinds=kinds,
-                                     hidden=hidden, seed=seed, curvature=curvature, eval_batches=eval_batches,
-                                     optimizer_steps=optimizer_steps, optimizer_decrease=optimizer_decrease,
-                                     step_fractions=step_fractions, step_scale=step_scale,
-                                     eval_decreases=eval_decreases, eval_kinds=eval_kinds))
+                                     hidden=hidden, seed=seed, **options))
 
 
 def train_decrease_draws(model: nn.Module, layer: str, draws: Iterable[tuple[list, list]],
                          decreases: Iterable[float], kinds: Iterable[str] = KINDS, hidden: int | None = None,
-                         seed: int = 0, curvature: bool = True, eval_batches: list | None = None,
-                         optimizer_steps: Iterable[int] = (), optimizer_decrease: float = 1e-2,
-                         step_fractions: Iterable[float] = (), step_scale: Callable[[torch.Tensor], float] | None = None,
-                         eval_decreases: Iterable[float] | None = None, eval_kinds: Iterable[str] | None = None
-                         ) -> Iterator[list[Intervention]]:
+                         seed: int = 0, **options) -> Iterator[list[Intervention]]:
     """:func:`train_decrease_steps` for each ``(train_batches, heldout_batches)`` of ``draws``, in order.
 
     The insertion point is resolved, the model checked and the block's ``W₁`` drawn once
     for all draws (the same block in every draw), and ``G_E``, ``L_E`` of the evaluation set
     computed once, so many resamples of (M, K) cost only their own passes. Yields one list
-    of :class:`Intervention` per draw.
+    of :class:`Intervention` per draw. ``options`` as in :func:`train_decrease_steps`; every argument is checked
+    before the first draw (:meth:`StepPlan.checked`).
     """
-    kinds = tuple(kinds)
-    unknown = sorted(set(kinds) - set(KINDS))
-    if unknown or not kinds:
-        raise ValueError(f"kinds {kinds} must be a non-empty selection of {KINDS}")
-    decreases = [float(d) for d in decreases]
-    if not decreases or min(decreases) <= 0:
-        raise ValueError(f"decreases {decreases} must be positive losses in nats")
-    optimizer_steps = tuple(int(n) for n in optimizer_steps)
-    if any(n < 1 for n in optimizer_steps) or not optimizer_decrease > 0:
-        raise ValueError(f"optimizer_steps {optimizer_steps} must be positive counts and optimizer_decrease "
-                         f"{optimizer_decrease} a positive loss in nats")
-    if eval_batches is not None and not eval_batches:
-        raise ValueError("eval_batches is empty: pass None for no evaluation set")
-    step_fractions = tuple(float(f) for f in step_fractions)
-    if step_fractions and (step_scale is None or min(step_fractions) <= 0):
-        raise ValueError(f"step_fractions {step_fractions} must be positive and come with a step_scale (the "
-                         "first-order decrease of one optimizer step, a function of the train gradient)")
-    if eval_decreases is not None:
-        eval_decreases = frozenset(float(d) for d in eval_decreases)
-        if not eval_decreases <= set(decreases):
-            raise ValueError(f"eval_decreases {sorted(eval_decreases)} must be among decreases {decreases}")
-    if eval_kinds is not None:
-        eval_kinds = frozenset(eval_kinds)
-        if not eval_kinds <= set(kinds):
-            raise ValueError(f"eval_kinds {sorted(eval_kinds)} must be among kinds {kinds}")
-    return _each_draw(model, layer, draws, kinds, hidden, seed, curvature,
-                      lambda norm_sq: [(d / norm_sq if norm_sq > 0 else 0.0, d) for d in decreases],
-                      eval_batches, optimizer_steps, float(optimizer_decrease), step_fractions, step_scale,
-                      eval_decreases, eval_kinds)
+    return _each_draw(model, layer, draws, hidden, seed, StepPlan.checked(decreases, kinds, **options))
 
 
 def optimizer_step_decrease(optimizer: str, lr: float) -> Callable[[torch.Tensor], float]:
@@ -421,14 +438,9 @@ def optimizer_step_decrease(optimizer: str, lr: float) -> Callable[[torch.Tensor
     raise ValueError(f"optimizer {optimizer!r} has no stated step: use 'adamw' or 'sgd'")
 
 
-def _each_draw(model, layer, draws, kinds, hidden, seed, curvature, etas_of, eval_batches=None,
-               optimizer_steps=(), optimizer_decrease=None, step_fractions=(), step_scale=None, eval_decreases=None,
-               eval_kinds=None) -> Iterator[list[Intervention]]:
+def _each_draw(model, layer, draws, hidden, seed, plan: StepPlan) -> Iterator[list[Intervention]]:
     insertions = None
     for train_batches, heldout_batches in draws:
         if insertions is None:  # the block's width is the insertion point's, known from the first forward pass
             insertions = _Insertions(model, layer, heldout_batches[0], hidden, seed)
-        yield _steps(insertions, train_batches, heldout_batches, kinds, etas_of, curvature=curvature,
-                     eval_batches=eval_batches, optimizer_steps=optimizer_steps,
-                     optimizer_decrease=optimizer_decrease, step_fractions=step_fractions, step_scale=step_scale,
-                     eval_decreases=eval_decreases, eval_kinds=eval_kinds)
+        yield _steps(insertions, train_batches, heldout_batches, plan)
