@@ -47,6 +47,7 @@ fails instead.
 once, each in a worker process of its own, in an order that respects what one chapter reads of another's results
 (:data:`AFTER`: chapters 5 and 8 after the width sweeps of 2 to 4, chapter 8 after chapter 7's cached model,
 chapter 6 after every chapter whose tables it judges), so two chapters never compute the same sweep at once.
+Such a chapter's kernel computes on one thread (``OMP_NUM_THREADS=1`` unless set).
 Every chapter's line reports its wall time and its CPU time (user + system, of the kernel and what it ran:
 a loaded machine stretches the first more than the second).
 
@@ -100,6 +101,8 @@ CACHE_FILE = ".executed.json"
 BANNER_TAG = "dalign-mixed-build"
 LAUNCH_VARIABLE = "DALIGN_LAUNCH_PROFILE"
 """Set in a launched session (binder/start, a chapter's first cell): the profile a launched chapter runs at."""
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+"""Set to 1 for a chapter executed beside others (``--jobs`` > 1) where the caller has not set them."""
 WIDTH_SWEEPS = ("02_llama_width", "03_pythia_width", "04_resnet_width")
 AFTER = {
     "05_interventions": WIDTH_SWEEPS,  # intervenes on the width sweeps' trained models (runs a missing sweep itself)
@@ -433,9 +436,13 @@ def execute_in_worker(path: Path, profile: str, out_dir: Path, kernel: str, forc
                "--out", str(out_dir), "--kernel", kernel, f"--force={'1' if force else '0'}"]
     if overrides:
         command += ["--set", overrides]
+    # Chapters share the cores: a kernel computes on one thread (an experiment's workers do anyway), unless the
+    # caller chose otherwise; two kernels of two threads each on two cores lose more to waiting than they gain.
+    environment = {**os.environ, **{name: os.environ.get(name, "1") for name in THREAD_VARIABLES}}
     with tempfile.TemporaryFile() as output:
         started = time.perf_counter()
-        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   env=environment)
         _, status, usage = os.wait4(process.pid, 0)
         process.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
         wall = time.perf_counter() - started
