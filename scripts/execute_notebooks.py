@@ -450,14 +450,18 @@ def execute_in_worker(path: Path, profile: str, out_dir: Path, kernel: str, forc
         text = output.read().decode("utf-8", "replace").strip()
     if process.returncode == 0:
         return Outcome(True, wall, _cpu_s(usage))
-    lines = text.splitlines()
-    return Outcome(False, wall, _cpu_s(usage), lines[0] if lines else f"worker exited with status "
-                   f"{process.returncode}", text)
+    marked = [line[len(FAILED_MARK):] for line in text.splitlines() if line.startswith(FAILED_MARK)]
+    summary = marked[0] if marked else f"the worker exited with status {process.returncode}"
+    return Outcome(False, wall, _cpu_s(usage), summary, text.replace(FAILED_MARK, "", 1))
+
+
+FAILED_MARK = "dalign-worker-failed: "
+"""Starts the line on which a worker names its failure (a kernel may print other lines before it)."""
 
 
 def _worker(args) -> int:
     """``--worker NOTEBOOK``: execute that one notebook (no cache record, no mixed-build marks: the caller keeps
-    them); on failure print the error's summary as the first line, then its full text."""
+    them); on failure print the error's summary after :data:`FAILED_MARK`, then its full text."""
     os.environ["MPLBACKEND"] = INLINE_BACKEND
     os.environ.setdefault("DALIGN_CACHE", str(REPO_ROOT / ".cache" / "dalign"))
     overrides = " ".join(part.strip() for part in args.overrides if part.strip())
@@ -465,7 +469,7 @@ def _worker(args) -> int:
         execute(args.worker, args.profile, args.out, args.kernel or kernel_name(), args.force, overrides=overrides)
     except Exception as error:
         message = str(error).strip().splitlines()
-        print(f"{type(error).__name__}: {message[-1] if message else ''}\n{error}", flush=True)
+        print(f"{FAILED_MARK}{type(error).__name__}: {message[-1] if message else ''}\n{error}", flush=True)
         return 1
     return 0
 
