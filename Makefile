@@ -42,6 +42,9 @@ FORCE ?=
 # SET='seeds=2 widths=[32, 64]' (with ONLY=...: each chapter's config must have the fields). Their results go to
 # results/<profile>+<hash>/.
 SET ?=
+# Chapters executed at once (scripts/execute_notebooks.py --jobs: each in its own worker, a chapter after those whose
+# results it reads); the book's machine has 2 cores. JOBS=1: one after the other.
+JOBS ?= 2
 # STRICT=1: make book fails when the chapters were not all executed at one profile (default: each says so).
 STRICT ?=
 PYTEST_ARGS ?=
@@ -83,7 +86,7 @@ help: ## list the targets
 	@echo
 	@echo "Variables: PROFILE=$(subst $(space),|,$(PROFILES)) (default cpu)  ONLY=<notebook stem>  FORCE=1|0"
 	@echo "           SET='field=value ...' (overrides, TOML values: SET='seeds=2 widths=[32, 64]'; results in results/<profile>+<hash>)"
-	@echo "           STRICT=1 (make book refuses chapters executed at different profiles)"
+	@echo "           STRICT=1 (make book refuses chapters executed at different profiles)  JOBS=2 (chapters at once)"
 	@echo "           PYTEST_ARGS='...'  BENCH_OUT=results/bench  PYTHON_BOOT=python3.11  PORT=8000 (make serve)"
 	@echo "           DATA_DIR=<folder with CIFAR archives or Fashion-MNIST files you already have> (make data)"
 	@echo "           REPO_URL=https://github.com/<owner>/<name> (the book's repository link and launch buttons)"
@@ -104,10 +107,10 @@ $(STAMP): requirements.txt pyproject.toml | $(PY)
 data: $(STAMP) ## fetch and verify the data PROFILE needs (smoke: synthetic images; gpu/paper: CIFAR too; DATA_DIR)
 	$(PY) scripts/fetch_data.py --profile $(PROFILE) $(if $(DATA_DIR),--root $(DATA_DIR))
 
-notebooks: $(STAMP) ## execute notebooks/NN_*.ipynb with papermill into book/chapters/ (PROFILE, ONLY, FORCE, SET)
+notebooks: $(STAMP) ## execute notebooks/NN_*.ipynb with papermill into book/chapters/ (PROFILE, ONLY, FORCE, SET, JOBS)
 	$(LOCK) $(PY) scripts/execute_notebooks.py --profile $(PROFILE) $(foreach name,$(ONLY),--only $(name)) \
 		--force='$(subst ','\'',$(strip $(FORCE)))' $(if $(strip $(SET)),--set '$(subst ','\'',$(strip $(SET)))') \
-		$(if $(filter 1 yes true,$(STRICT)),--refuse-mixed)
+		$(if $(filter 1 yes true,$(STRICT)),--refuse-mixed) --jobs $(JOBS)
 
 book: $(STAMP) ## execute the notebooks, then build the HTML book with warnings as errors
 	$(LOCK) $(MAKE) --no-print-directory _book

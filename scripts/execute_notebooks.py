@@ -43,6 +43,14 @@ rest gets a warning at its top naming its profile and the book's, and the
 warning goes again once they agree; ``--refuse-mixed`` (``make book STRICT=1``)
 fails instead.
 
+``--jobs N`` (``make notebooks JOBS=N``, 2 by default there: the book's two cores) executes up to N chapters at
+once, each in a worker process of its own, in an order that respects what one chapter reads of another's results
+(:data:`AFTER`: chapters 5 and 8 after the width sweeps of 2 to 4, chapter 8 after chapter 7's cached model,
+chapter 6 after every chapter whose tables it judges), so two chapters never compute the same sweep at once.
+Such a chapter's kernel computes on one thread (``OMP_NUM_THREADS=1`` unless set).
+Every chapter's line reports its wall time and its CPU time (user + system, of the kernel and what it ran:
+a loaded machine stretches the first more than the second).
+
 Kernels log errors only and read no user IPython profile (:func:`quiet_kernel`): no
 "Kernel is running over TCP without encryption" warning on the terminal for every chapter. They never see
 ``DALIGN_LAUNCH_PROFILE`` (a launched session's classroom profile, ``scripts/launch_cell.py``): an executed
@@ -55,6 +63,7 @@ Usage::
     python scripts/execute_notebooks.py --profile cpu --force
     python scripts/execute_notebooks.py --profile cpu --force=0   # what `make notebooks FORCE=0` runs
     python scripts/execute_notebooks.py --profile lab --only 02_llama_width --set 'seeds=3 steps=400'
+    python scripts/execute_notebooks.py --profile cpu --jobs 2   # two chapters at a time
 """
 
 from __future__ import annotations
@@ -66,11 +75,13 @@ import contextlib
 import hashlib
 import json
 import os
+import resource
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 try:
     from dalign_core.atomic import atomic_path, atomic_write_text
@@ -90,6 +101,16 @@ CACHE_FILE = ".executed.json"
 BANNER_TAG = "dalign-mixed-build"
 LAUNCH_VARIABLE = "DALIGN_LAUNCH_PROFILE"
 """Set in a launched session (binder/start, a chapter's first cell): the profile a launched chapter runs at."""
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+"""Set to 1 for a chapter executed beside others (``--jobs`` > 1) where the caller has not set them."""
+WIDTH_SWEEPS = ("02_llama_width", "03_pythia_width", "04_resnet_width")
+AFTER = {
+    "05_interventions": WIDTH_SWEEPS,  # intervenes on the width sweeps' trained models (runs a missing sweep itself)
+    "08_growth": WIDTH_SWEEPS + ("07_your_model",),  # grows the sweeps' models and chapter 7's cached one
+    "06_claims": ("01_theory", *WIDTH_SWEEPS, "05_interventions", "08_growth", "09_llama_context"),  # judges them
+}
+"""Chapter -> the chapters whose results (tables, checkpoints, the cached demo model) it reads: with ``--jobs`` > 1
+it starts only once those of them in the same run have finished. A chapter left out reads no other's."""
 
 
 def force_flag(value: str) -> bool:
@@ -371,6 +392,157 @@ def mark_mixed_build(out_dir: Path, preferred: tuple[str, str] | None = None) ->
     return differing
 
 
+# ---------------------------------------------------------------------------
+# Executing chapters, one at a time or several at once
+
+
+class Outcome(NamedTuple):
+    """How one chapter's execution went: ``wall_s`` and ``cpu_s`` (user + system of the kernel and what it ran,
+    in seconds), and for a failure the error's last line (``summary``) and its full text (``detail``)."""
+
+    ok: bool
+    wall_s: float
+    cpu_s: float
+    summary: str = ""
+    detail: str = ""
+
+
+def _cpu_s(usage) -> float:
+    return usage.ru_utime + usage.ru_stime
+
+
+def execute_timed(path: Path, profile: str, out_dir: Path, kernel: str, force: bool, overrides: str = "") -> Outcome:
+    """:func:`execute` in this process, timed. Its CPU time is this process's and that of the children it reaped
+    meanwhile (the kernel, which reaps the commands it ran): exact when nothing else runs beside it here."""
+    before = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    started = time.perf_counter()
+    try:
+        execute(path, profile, out_dir, kernel, force, overrides=overrides)
+        ok, summary, detail = True, "", ""
+    except Exception as error:  # papermill raises PapermillExecutionError with the cell's traceback
+        message = str(error).strip().splitlines()
+        ok, summary, detail = False, f"{type(error).__name__}: {message[-1] if message else ''}", str(error)
+    wall = time.perf_counter() - started
+    after = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    cpu = sum(_cpu_s(a) - _cpu_s(b) for a, b in zip(after, before))
+    return Outcome(ok, wall, cpu, summary, detail)
+
+
+def execute_in_worker(path: Path, profile: str, out_dir: Path, kernel: str, force: bool,
+                      overrides: str = "") -> Outcome:
+    """:func:`execute` in a worker process of its own (this script with ``--worker``), timed: its CPU time is the
+    worker's with every process it waited for (the kernel, and what the kernel ran), from ``wait4``."""
+    command = [sys.executable, str(Path(__file__).resolve()), "--worker", str(path), "--profile", profile,
+               "--out", str(out_dir), "--kernel", kernel, f"--force={'1' if force else '0'}"]
+    if overrides:
+        command += ["--set", overrides]
+    # Chapters share the cores: a kernel computes on one thread (an experiment's workers do anyway), unless the
+    # caller chose otherwise; two kernels of two threads each on two cores lose more to waiting than they gain.
+    environment = {**os.environ, **{name: os.environ.get(name, "1") for name in THREAD_VARIABLES}}
+    with tempfile.TemporaryFile() as output:
+        started = time.perf_counter()
+        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   env=environment)
+        _, status, usage = os.wait4(process.pid, 0)
+        process.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
+        wall = time.perf_counter() - started
+        output.seek(0)
+        text = output.read().decode("utf-8", "replace").strip()
+    if process.returncode == 0:
+        return Outcome(True, wall, _cpu_s(usage))
+    marked = [line[len(FAILED_MARK):] for line in text.splitlines() if line.startswith(FAILED_MARK)]
+    summary = marked[0] if marked else f"the worker exited with status {process.returncode}"
+    return Outcome(False, wall, _cpu_s(usage), summary, text.replace(FAILED_MARK, "", 1))
+
+
+FAILED_MARK = "dalign-worker-failed: "
+"""Starts the line on which a worker names its failure (a kernel may print other lines before it)."""
+
+
+def _worker(args) -> int:
+    """``--worker NOTEBOOK``: execute that one notebook (no cache record, no mixed-build marks: the caller keeps
+    them); on failure print the error's summary after :data:`FAILED_MARK`, then its full text."""
+    os.environ["MPLBACKEND"] = INLINE_BACKEND
+    os.environ.setdefault("DALIGN_CACHE", str(REPO_ROOT / ".cache" / "dalign"))
+    overrides = " ".join(part.strip() for part in args.overrides if part.strip())
+    try:
+        execute(args.worker, args.profile, args.out, args.kernel or kernel_name(), args.force, overrides=overrides)
+    except Exception as error:
+        message = str(error).strip().splitlines()
+        print(f"{FAILED_MARK}{type(error).__name__}: {message[-1] if message else ''}\n{error}", flush=True)
+        return 1
+    return 0
+
+
+def _jobs(text: str) -> int:
+    try:
+        jobs = int(text)
+    except ValueError:
+        jobs = 0
+    if jobs < 1:
+        raise argparse.ArgumentTypeError(f"JOBS={text!r} must be a whole number of chapters at once, 1 or more "
+                                         "(make notebooks JOBS=2)")
+    return jobs
+
+
+def chain_lengths(names: list[str], after: dict[str, tuple[str, ...]] = AFTER) -> dict[str, int]:
+    """For each chapter of ``names``: the number of chapters in the longest chain of them that waits on it
+    (itself included). Starting the longest chains first keeps two workers busy until the end."""
+    waiting = {name: [other for other in names if name in after.get(other, ())] for name in names}
+    lengths: dict[str, int] = {}
+
+    def length(name: str, seen: frozenset = frozenset()) -> int:
+        if name not in lengths:
+            later = [length(other, seen | {name}) for other in waiting[name] if other not in seen]
+            lengths[name] = 1 + max(later, default=0)
+        return lengths[name]
+
+    for name in names:
+        length(name)
+    return lengths
+
+
+def schedule(notebooks: list[Path], jobs: int, start, launch, finish,
+             after: dict[str, tuple[str, ...]] = AFTER) -> None:
+    """Execute ``notebooks``, up to ``jobs`` at once, each only once the chapters it reads (``after``) among them
+    have finished (succeeded or not: a chapter runs what it lacks itself), longest chain first, then by name.
+
+    ``start(path)`` returns the parameters to run it with, or None to pass it by (kept or refused: it counts as
+    finished); ``launch(path, parameters)`` executes it and returns an :class:`Outcome`, in a thread of its own
+    when ``jobs`` > 1; ``finish(path, parameters, outcome)`` reports it, in this thread.
+    """
+    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+    by_name = {path.stem: path for path in notebooks}
+    lengths = chain_lengths(list(by_name), after)
+    pending = sorted(by_name, key=lambda name: (-lengths[name], name))
+    finished: set[str] = set()
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        running: dict = {}
+        while pending or running:
+            ready = [name for name in pending
+                     if all(dep in finished or dep not in by_name for dep in after.get(name, ()))]
+            if not ready and not running:  # a cycle in `after` (none today): run in order rather than stall
+                ready = pending[:1]
+            for name in ready[:max(0, jobs - len(running))]:
+                pending.remove(name)
+                parameters = start(by_name[name])
+                if parameters is None:
+                    finished.add(name)
+                    continue
+                if jobs == 1:
+                    finish(by_name[name], parameters, launch(by_name[name], parameters))
+                    finished.add(name)
+                    continue
+                running[pool.submit(launch, by_name[name], parameters)] = (name, parameters)
+            if running:
+                completed, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in completed:
+                    name, parameters = running.pop(future)
+                    finish(by_name[name], parameters, future.result())
+                    finished.add(name)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", choices=PROFILES, required=True, help=" | ".join(PROFILES))
@@ -389,7 +561,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="fail when the chapters in --out were not all executed at one profile and overrides "
                              "(default: warn on each chapter that differs)")
     parser.add_argument("--out", type=Path, default=CHAPTERS, help="where executed notebooks go (default: book/chapters)")
+    parser.add_argument("--jobs", type=_jobs, default=1, metavar="N",
+                        help="execute up to N chapters at once, each in its own worker process, a chapter after the "
+                             "chapters whose results it reads (default 1: one after the other, in this process)")
+    parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)  # one chapter, for --jobs (execute_in_worker)
+    parser.add_argument("--kernel", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.worker is not None:
+        return _worker(args)
     overrides = " ".join(part.strip() for part in args.overrides if part.strip())
 
     # The kernel inherits this process's environment. `make` exports MPLBACKEND=Agg for
@@ -423,7 +602,13 @@ def main(argv: list[str] | None = None) -> int:
     cache = read_cache(args.out)
     done: dict[str, dict[str, Any]] = {}  # name -> parameters of every chapter now current in args.out
     skipped = 0
-    for path in notebooks:
+    shown_out = args.out.relative_to(REPO_ROOT) if args.out.is_relative_to(REPO_ROOT) else args.out
+    cpu_total = 0.0
+
+    def start(path: Path) -> dict[str, Any] | None:
+        """The parameters to execute ``path`` with, or None when it is kept (unchanged) or refused (bad parameters).
+        Decided as the chapter starts, once the chapters it reads have run (their results are in the digest)."""
+        nonlocal skipped
         try:
             parameters = run_parameters(nbformat.read(path, as_version=4), args.profile, args.force, overrides,
                                         where=str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT)
@@ -431,7 +616,7 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as error:
             print(f"-> {path.name}: FAILED: {error}", flush=True)
             failures.append((path.name, str(error)))
-            continue
+            return None
         recorded = cache.get(path.name, {})
         if (not args.no_cache and not args.force and (args.out / path.name).is_file()
                 and recorded.get("inputs") == inputs_digest(path, parameters, code, results_digest())):
@@ -439,21 +624,30 @@ def main(argv: list[str] | None = None) -> int:
                   "kept (--no-cache executes it anyway)", flush=True)
             done[path.name] = parameters
             skipped += 1
-            continue
+            return None
         print(f"-> {path.name} ...", flush=True)
-        start = time.perf_counter()
-        try:
-            execute(path, args.profile, args.out, kernel, args.force, overrides=overrides)
+        return parameters
+
+    def finish(path: Path, parameters: dict[str, Any], outcome: Outcome) -> None:
+        nonlocal cpu_total
+        cpu_total += outcome.cpu_s
+        who = f"   {path.stem}:" if args.jobs > 1 else "  "
+        if outcome.ok:
             done[path.name] = parameters
-        except Exception as error:  # papermill raises PapermillExecutionError with the cell's traceback
-            elapsed = time.perf_counter() - start
-            message = str(error).strip().splitlines()
-            summary = message[-1] if message else type(error).__name__
-            print(f"   FAILED after {elapsed:.1f} s: {type(error).__name__}: {summary}", flush=True)
-            print(str(error), file=sys.stderr, flush=True)
-            failures.append((path.name, summary))
-            continue
-        print(f"   ok in {time.perf_counter() - start:.1f} s -> {args.out.relative_to(REPO_ROOT) if args.out.is_relative_to(REPO_ROOT) else args.out}/{path.name}", flush=True)
+            print(f"{who} ok in {outcome.wall_s:.1f} s (CPU {outcome.cpu_s:.1f} s) -> {shown_out}/{path.name}",
+                  flush=True)
+        else:
+            print(f"{who} FAILED after {outcome.wall_s:.1f} s (CPU {outcome.cpu_s:.1f} s): {outcome.summary}",
+                  flush=True)
+            print(outcome.detail, file=sys.stderr, flush=True)
+            failures.append((path.name, outcome.summary.split(": ", 1)[-1]))
+
+    def launch(path: Path, parameters: dict[str, Any]) -> Outcome:
+        if args.jobs > 1:
+            return execute_in_worker(path, args.profile, args.out, kernel, args.force, overrides)
+        return execute_timed(path, args.profile, args.out, kernel, args.force, overrides)
+
+    schedule(notebooks, args.jobs, start, launch, finish)
     # The digests of what each chapter depended on, taken once every chapter ran (a later chapter's results
     # must not make an earlier one look stale).
     results = results_digest()
@@ -465,8 +659,9 @@ def main(argv: list[str] | None = None) -> int:
     if done:
         write_cache(args.out, cache)
     kept = f" ({skipped} unchanged, kept)" if skipped else ""
-    print(f"done in {time.perf_counter() - total:.1f} s: {len(notebooks) - len(failures)} ok{kept}, "
-          f"{len(failures)} failed")
+    at_once = f", up to {args.jobs} at once" if args.jobs > 1 else ""
+    print(f"done in {time.perf_counter() - total:.1f} s (CPU {cpu_total:.1f} s{at_once}): "
+          f"{len(notebooks) - len(failures)} ok{kept}, {len(failures)} failed")
     differing = mark_mixed_build(args.out, preferred=(args.profile, overrides))
     if differing:
         listing = "; ".join(f"{name}: {describe_run(run)}" for name, run in sorted(differing.items()))

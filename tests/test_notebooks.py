@@ -12,6 +12,7 @@ import importlib.util
 import json
 import re
 import shutil
+import time
 from pathlib import Path
 
 import nbformat
@@ -297,6 +298,62 @@ def test_an_unchanged_notebook_is_not_executed_again(tmp_path, kernel, results_r
     third = (out / source.name).stat().st_mtime_ns
     assert runner.main(argv + ["--set", "seed=3"]) == 0
     assert (out / source.name).stat().st_mtime_ns != third
+
+
+def test_every_chapter_named_in_after_is_a_notebook():
+    assert runner.AFTER, "the build's order of chapters is empty"
+    for chapter, before in runner.AFTER.items():
+        assert {chapter, *before} <= set(IDS), f"{chapter}: {before} names a chapter that does not exist"
+
+
+def test_chapters_wait_for_the_chapters_whose_results_they_read():
+    import threading
+
+    names = ["01_a", "02_sweep", "03_sweep", "05_study", "06_judge", "07_model", "08_grow"]
+    after = {"05_study": ("02_sweep", "03_sweep"), "08_grow": ("02_sweep", "07_model"),
+             "06_judge": ("01_a", "02_sweep", "03_sweep", "05_study", "08_grow")}
+    lock, events, running, most = threading.Lock(), [], set(), [0]
+
+    def launch(path, parameters):
+        with lock:
+            events.append(("start", path.stem))
+            running.add(path.stem)
+            most[0] = max(most[0], len(running))
+        time.sleep(0.05)
+        with lock:
+            running.discard(path.stem)
+            events.append(("end", path.stem))
+        return runner.Outcome(True, 0.05, 0.0)
+
+    finished = []
+    runner.schedule([Path(f"{name}.ipynb") for name in names], 2, lambda path: {}, launch,
+                    lambda path, parameters, outcome: finished.append(path.stem), after=after)
+    assert sorted(finished) == names and most[0] == 2  # each once, two at a time
+    order = [name for kind, name in events if kind == "start"]
+    ended = [name for kind, name in events if kind == "end"]
+    for chapter, before in after.items():
+        started_at = events.index(("start", chapter))
+        assert all(events.index(("end", dep)) < started_at for dep in before), (chapter, events)
+    assert order[-1] == "06_judge" and ended[-1] == "06_judge"
+    assert order[:2] == ["02_sweep", "03_sweep"]  # the longest chains first: two chapters wait on each
+
+
+def test_jobs_execute_chapters_in_workers_with_their_cpu_time(tmp_path, kernel, results_root, monkeypatch, capsys):
+    folder, out = tmp_path / "nb", tmp_path / "out"
+    _probe(folder, kernel, name="96_probe.ipynb")
+    _probe(folder, kernel, name="97_probe.ipynb", source="raise ValueError('the probe fails on purpose')")
+    monkeypatch.setattr(runner, "NOTEBOOKS", folder)
+    assert runner.main(["--profile", "smoke", "--out", str(out), "--jobs", "2"]) == 1
+    printed = capsys.readouterr()
+    assert re.search(r"96_probe: ok in [\d.]+ s \(CPU [\d.]+ s\)", printed.out), printed.out
+    assert "97_probe: FAILED after" in printed.out and "the probe fails on purpose" in printed.out
+    assert "the probe fails on purpose" in printed.err  # the traceback, as a serial run prints it
+    assert (out / "96_probe.ipynb").is_file() and not (out / "97_probe.ipynb").exists()
+    cache = json.loads((out / runner.CACHE_FILE).read_text())
+    assert "96_probe.ipynb" in cache and "97_probe.ipynb" not in cache
+    with pytest.raises(SystemExit):
+        runner.main(["--profile", "smoke", "--out", str(out), "--jobs", "0"])
+    assert "must be a whole number of chapters at once" in capsys.readouterr().err
 
 
 def _executed_chapter(path: Path, profile: str, overrides: str = "") -> None:
