@@ -592,6 +592,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import nbformat
 
+    # One chapter needs no worker beside it: it runs in this process, as with --jobs 1.
+    args.jobs = min(args.jobs, len(notebooks))
     kernel = kernel_name()
     with_overrides = f" and overrides {overrides!r}" if overrides else ""
     print(f"executing {len(notebooks)} notebook(s) with profile={args.profile}{with_overrides} "
