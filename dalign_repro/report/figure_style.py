@@ -45,9 +45,9 @@ COLUMN_WIDTH = 5.0
 """Inches: at :data:`DPI`, the book's 700-px column (a 1280-px window less the sidebars)."""
 DPI = 140
 """Dots per inch of every figure, on screen and saved: :data:`COLUMN_WIDTH` × DPI = 700 px."""
-MIN_FONT_PT = 11.0
-"""The smallest font of a figure (tick labels, legends, annotations): 21.4 px at :data:`DPI`, so a figure that a
-legend widens to 800 px still shows labels of 9 px on a phone's 336-px column."""
+MIN_FONT_PT = 11.5
+"""The smallest font of a figure (tick labels, legends, annotations): 22.4 px at :data:`DPI`, so a figure that a
+legend widens to 830 px (the cpu book's widest are 810) still shows labels of 9 px on a phone's 336-px column."""
 PHONE_COLUMN_PX = 358
 """The width a figure is shown at on a 390-px phone: the article's column less its margins (measured in Chromium,
 sphinx-book-theme 1.3; ``tests/test_browser.py`` measures it again)."""
