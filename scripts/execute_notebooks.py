@@ -298,12 +298,14 @@ def _digest_files(paths, root: Path) -> str:
 
 
 def code_digest() -> str:
-    """The digest of what every chapter runs: the library's code, the pins and this script."""
-    package = Path(__import__("dalign_core").__file__).resolve().parent
-    files = list(package.rglob("*.py")) + [Path(__file__).resolve()]
+    """The digest of what every chapter runs: both packages' code and profiles (dalign_core and dalign_repro), the
+    pins and this script."""
+    packages = [Path(__import__(name).__file__).resolve().parent for name in ("dalign_core", "dalign_repro")]
+    files = [f for package in packages for pattern in ("*.py", "*.toml") for f in package.rglob(pattern)]
+    files.append(Path(__file__).resolve())
     if SOURCE_ROOT is not None:
         files += [SOURCE_ROOT / "requirements.txt", SOURCE_ROOT / "pyproject.toml"]
-    return _digest_files(files, package.parent)
+    return _digest_files(files, packages[0].parent)
 
 
 def results_digest() -> str:

@@ -352,3 +352,14 @@ def test_transformers_bound_is_the_first_release_with_dtype(tmp_path, monkeypatc
     assert {p.dtype for p in load_model(str(tmp_path / "half"), dtype=torch.float64).parameters()} == {torch.float64}
     assert [call.get("dtype") for call in calls] == [torch.float32, torch.float64]
     assert not any("torch_dtype" in call for call in calls)
+
+
+def test_a_chapter_is_executed_again_when_either_package_changes(monkeypatch):
+    """The build's cache key reads both packages' code and the profiles, not only dalign_core's."""
+    module = _load_runner()
+    read = []
+    monkeypatch.setattr(module, "_digest_files", lambda paths, root: read.extend(paths) or "digest")
+    module.code_digest()
+    names = {path.relative_to(REPO_ROOT).as_posix() for path in read if path.is_relative_to(REPO_ROOT)}
+    assert "dalign_core/geometry/bounds.py" in names and "dalign_repro/sweep/run.py" in names
+    assert "dalign_repro/experiments/profiles/llama_width.toml" in names and "scripts/execute_notebooks.py" in names
