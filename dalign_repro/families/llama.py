@@ -43,17 +43,12 @@ class LlamaFamily(CausalLMFamily):
     name = "llama"
     training_fields = ("depth", "head_dim") + CausalLMFamily.training_fields
     extra_tables = ("sample_unit",)
+    layers = "model.layers"
 
     def build(self, config: Any, width: int, seed: int, splits: Splits):
         spec = LlamaWidthSpec(width=width, depth=config.depth, head_dim=config.head_dim,
                               vocab_size=splits.summary["vocab_size"], context=config.context)
         return build_llama(spec, seed=seed)
-
-    def insertion_points(self, config: Any, model) -> list[str]:
-        return [f"model.layers.{i}" for i in range(config.depth)]
-
-    def primary_layer(self, config: Any) -> str:
-        return f"model.layers.{config.insertion_layer}"
 
     def model_name(self, config: Any, width: int) -> str:
         return f"llama-N{width}-L{config.depth}"

@@ -66,6 +66,14 @@ class CausalLMFamily(Family):
     """Data, batches, held-out loss and baseline of a causal LM sweep (see the module docstring)."""
 
     training_fields = ("context", "vocab_size", "corpus")
+    layers: str = ""
+    """The dotted path of the model's decoder layers (``"model.layers"``): layer ``i`` is an insertion point."""
+
+    def insertion_points(self, config: LMSweepConfig, model) -> list[str]:
+        return [f"{self.layers}.{i}" for i in range(config.depth)]
+
+    def primary_layer(self, config: LMSweepConfig) -> str:
+        return f"{self.layers}.{config.insertion_layer}"
 
     def load_data(self, config: LMSweepConfig) -> Splits:
         data = prepare_lm_data(load_corpus(config.corpus), vocab_size=config.vocab_size, seq_len=config.context)

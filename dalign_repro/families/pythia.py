@@ -25,6 +25,7 @@ class PythiaFamily(CausalLMFamily):
     """Pythia-architecture causal LMs at a width and depth (see the module docstring)."""
 
     name = "pythia"
+    layers = "gpt_neox.layers"
     reductions = ("full", "shared")
     """The shared q at ``gpt_neox.layers.l`` is exactly the gradient of that layer's trained
     ``mlp.dense_4h_to_h.bias`` (:mod:`dalign_core.capture.redundancy`): width claims are judged on the per-position q."""
@@ -34,12 +35,6 @@ class PythiaFamily(CausalLMFamily):
         shape = pythia_width_variant(config.architecture, width, vocab_size=splits.summary["vocab_size"],
                                      num_heads=config.heads_at(width), context=config.context, num_layers=config.depth)
         return build_pythia(shape, seed=seed)
-
-    def insertion_points(self, config: Any, model) -> list[str]:
-        return [f"gpt_neox.layers.{i}" for i in range(config.depth)]
-
-    def primary_layer(self, config: Any) -> str:
-        return f"gpt_neox.layers.{config.insertion_layer}"
 
     def model_name(self, config: Any, width: int) -> str:
         return f"pythia-d{width}-L{config.depth}"
