@@ -57,7 +57,7 @@ PINS = {
     ("growth", "smoke"): Pin("c2868ebe32c94768", "c2868ebe32c94768", "c2868ebe32c94768"),
     ("interventions", "cpu"): Pin("f6e9952a35925165", "1256414c9703d286", "f6e9952a35925165"),
     ("interventions", "gpu"): Pin("31f3ee9733eed281", "c1b0731c260b1d0c", "1e5ac4e37b56cb72"),
-    ("interventions", "lab"): Pin("e5a86930c9dcafb1", "373bc625a84bc013", "04219cf64b42460f"),
+    ("interventions", "lab"): Pin("af01dc4f58c1221e", "373bc625a84bc013", "af01dc4f58c1221e"),
     ("interventions", "paper"): Pin("8594ec0cb9b71e9b", "63cddf160997f9f4", "738aa7841d754db4"),
     ("interventions", "smoke"): Pin("d9df315a4724ef6e", "0dab52997ac8c20f", "0d49639f478bb359"),
     ("llama_context", "cpu"): Pin("43ac60076668f59d", "43ac60076668f59d", "43ac60076668f59d",
@@ -194,7 +194,9 @@ def test_extends_puts_the_named_table_beneath_the_tables_own_keys():
             k: v for k, v in base.items() if k not in own[profile]}
         assert table["seeds"] == 2
     assert "extends" not in own["lab"] and llama_depth.Config.PROFILES["lab"]["widths"] == (32, 64)
-    assert interventions.Config.PROFILES["lab"] == interventions.Config.PROFILES["smoke"]
+    lab, smoke = interventions.Config.PROFILES["lab"], interventions.Config.PROFILES["smoke"]
+    assert {k: v for k, v in lab.items() if not k.startswith("retention_eval_")} == smoke
+    assert lab["retention_eval_steps"] == (1e-5, 1e-3) and lab["retention_eval_kinds"] == ("bias",)
 
 
 def _probe_class():
