@@ -32,7 +32,7 @@ from dalign_repro.sweep.family import Family, SweepConfig
 from dalign_repro.sweep.pools import prepare
 from dalign_repro.sweep.trained import train_config_for
 
-__all__ = ["TrainedModel", "count_by_family", "check_counts_by_family", "in_regime", "chosen_runs",
+__all__ = ["TrainedModel", "count_by_family", "check_families", "check_counts_by_family", "in_regime", "chosen_runs",
            "checkpoints_present", "trained_models", "jobs_folder", "recorded_sweep_hash", "sweep_changed",
            "earlier_results", "run_model_jobs", "remove_model_jobs"]
 
@@ -60,6 +60,15 @@ class TrainedModel:
 def count_by_family(counts: tuple[tuple[str, int], ...], family: str, default: int) -> int:
     """The count ``counts`` pairs with ``family`` (``(family, count)`` pairs), else ``default``."""
     return dict(counts).get(family, default)
+
+
+def check_families(families: tuple[str, ...], sources, field: str, counts: tuple[tuple[str, int], ...]) -> None:
+    """Raise ``ValueError`` unless ``families`` is a non-empty selection of ``sources`` (a study's families) and the
+    study's per-family counts ``counts`` (config field ``field``) are valid (:func:`check_counts_by_family`)."""
+    unknown = sorted(set(families) - set(sources))
+    if unknown or not families:
+        raise ValueError(f"families {families} must be a non-empty selection of {sorted(sources)}")
+    check_counts_by_family(field, counts, sources)
 
 
 def check_counts_by_family(field: str, counts: tuple[tuple[str, int], ...], families) -> None:

@@ -46,7 +46,7 @@ from dalign_repro.studies import growth
 from dalign_core.seeding import derived_seed
 from dalign_core.device import resolve_device
 from dalign_repro.config import ExperimentConfig, default_results_dir
-from dalign_repro.experiments._models import (TrainedModel, check_counts_by_family, checkpoints_present,
+from dalign_repro.experiments._models import (TrainedModel, check_families, checkpoints_present,
                                              count_by_family, earlier_results, remove_model_jobs, run_model_jobs,
                                              sweeps_changed, trained_models)
 from dalign_repro.experiments._runner import Experiment, register, run_experiment
@@ -119,12 +119,9 @@ class Config(ExperimentConfig):
 
     def __post_init__(self):
         super().__post_init__()  # the checks every config shares (seed, NaN, device, ...)
-        unknown = sorted(set(self.families) - set(SOURCES))
-        if unknown or not self.families:
-            raise ValueError(f"families {self.families} must be a non-empty selection of {sorted(SOURCES)}")
+        check_families(self.families, SOURCES, "runs_by_family", self.runs_by_family)
         if self.runs_per_width < 1 or self.repeats < 1 or self.batch_size < 1:
             raise ValueError("runs_per_width, repeats and batch_size must be at least 1")
-        check_counts_by_family("runs_by_family", self.runs_by_family, SOURCES)
         if not self.steps or min(self.steps) < 1 or not self.rates or min(self.rates) <= 0:
             raise ValueError(f"steps {self.steps} must be positive step counts and rates {self.rates} positive")
         if not self.budgets or min(self.budgets) < 2 or max(self.budgets) > self.examples:

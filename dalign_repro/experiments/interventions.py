@@ -62,7 +62,7 @@ from dalign_core.seeding import derived_seed
 from dalign_core.device import resolve_device
 from dalign_repro.config import ExperimentConfig, default_results_dir, measurement_only
 from dalign_repro.experiments import llama_width, pythia_width, resnet_width
-from dalign_repro.experiments._models import (TrainedModel, check_counts_by_family, chosen_runs, count_by_family,
+from dalign_repro.experiments._models import (TrainedModel, check_families, chosen_runs, count_by_family,
                                              earlier_results, in_regime, remove_model_jobs, run_model_jobs,
                                              sweeps_changed, trained_models)
 from dalign_repro.experiments._runner import Experiment, register, run_experiment
@@ -165,12 +165,9 @@ class Config(ExperimentConfig):
 
     def __post_init__(self):
         super().__post_init__()  # the checks every config shares (seed, NaN, device, ...)
-        unknown = sorted(set(self.families) - set(SOURCES))
-        if unknown or not self.families:
-            raise ValueError(f"families {self.families} must be a non-empty selection of {sorted(SOURCES)}")
+        check_families(self.families, SOURCES, "retention_draws_by_family", self.retention_draws_by_family)
         if self.runs_per_width < 1 or self.resamples < 1 or self.retention_draws < 1:
             raise ValueError("runs_per_width, resamples and retention_draws must be at least 1")
-        check_counts_by_family("retention_draws_by_family", self.retention_draws_by_family, SOURCES)
         if self.sign_step not in self.sign_steps:
             raise ValueError(f"sign_step {self.sign_step} must be one of sign_steps {self.sign_steps}")
         if any(n < 1 for n in self.optimizer_steps) or self.optimizer_resamples < 0:

@@ -34,18 +34,15 @@ Run without Jupyter: ``python -m dalign_repro.experiments.llama_context --profil
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from scipy import stats
 
 from dalign_repro.config import added_field, require_at_least
-from dalign_repro.experiments._runner import Experiment, register
 from dalign_repro.experiments.llama_width import Config as LlamaConfig
+from dalign_repro.experiments._sweeps import sweep_experiment
 from dalign_repro.families import family
-from dalign_repro.sweep.projection import dry_run as sweep_dry_run
-from dalign_repro.sweep.run import run_sweeps, tables_of
 
 
 @dataclass(frozen=True)
@@ -117,23 +114,10 @@ class Config(LlamaConfig):
         return tuple(b for b in self.budgets if sum(b) <= self.pool_tokens // context // 4)
 
 
-FAMILY = family("llama_context")
-TABLES = tables_of(FAMILY)
-
-
-def compute(config: Config, out_dir: Path):
-    """The context study's tables, one sweep per context (told apart by the ``context`` column)."""
-    return run_sweeps(config.sweeps(), FAMILY, out_dir)
-
-
-def dry_run(config: Config) -> str:
-    """Build the data and every model of each context, time a few steps, and project the full run's wall time."""
-    return "\n".join(sweep_dry_run(c, FAMILY) for c in config.sweeps())
-
-
-EXPERIMENT = register(Experiment("llama_context", Config, TABLES, compute, sharded=True, dry_run=dry_run,
-                                 description=__doc__))
+EXPERIMENT = sweep_experiment("llama_context", Config, "llama_context", description=__doc__)
+FAMILY, TABLES = family("llama_context"), EXPERIMENT.tables
 run = EXPERIMENT.run  # run(config, out_dir=None, force=False): the tables, skipped when current unless force
+dry_run = EXPERIMENT.dry_run  # dry_run(config): build, time a few steps, project the wall time
 
 
 # ---------------------------------------------------------------------------

@@ -29,15 +29,11 @@ Run without Jupyter: ``python -m dalign_repro.experiments.llama_width --profile 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from dalign_repro.config import added_field, measurement_only, require_items
-from dalign_repro.experiments._runner import Experiment, register
+from dalign_repro.experiments._sweeps import sweep_experiment
 from dalign_repro.families import family
 from dalign_repro.families.lm import LMSweepConfig
-from dalign_repro.sweep.projection import dry_run as sweep_dry_run
-from dalign_repro.sweep.plan import jobs_dir
-from dalign_repro.sweep.run import run_sweep, tables_of
 
 
 @dataclass(frozen=True)
@@ -89,23 +85,10 @@ class Config(LMSweepConfig):
             raise ValueError(f"unit_contexts {self.unit_contexts} exceed the context {self.context}")
 
 
-FAMILY = family("llama")
-TABLES = tables_of(FAMILY)
-
-
-def compute(config: Config, out_dir: Path):
-    """The LLaMA width sweep's tables (its finished jobs kept under ``out_dir`` until they are written)."""
-    return run_sweep(config, FAMILY, jobs=jobs_dir(out_dir, config, FAMILY))
-
-
-def dry_run(config: Config) -> str:
-    """Build the data and every model, time a few steps, and project the full run's wall time."""
-    return sweep_dry_run(config, FAMILY)
-
-
-EXPERIMENT = register(Experiment("llama_width", Config, TABLES, compute, sharded=True, dry_run=dry_run,
-                                 description=__doc__))
+EXPERIMENT = sweep_experiment("llama_width", Config, "llama", description=__doc__)
+FAMILY, TABLES = family("llama"), EXPERIMENT.tables
 run = EXPERIMENT.run  # run(config, out_dir=None, force=False): the tables, skipped when current unless force
+dry_run = EXPERIMENT.dry_run  # dry_run(config): build, time a few steps, project the wall time
 
 if __name__ == "__main__":
     EXPERIMENT.main()

@@ -35,14 +35,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from dalign_repro.config import measurement_only
-from dalign_repro.experiments._runner import Experiment, register
+from dalign_repro.experiments._sweeps import sweep_experiment
 from dalign_repro.families import family
 from dalign_repro.families.lm import LMSweepConfig
-from dalign_repro.sweep.projection import dry_run as sweep_dry_run
-from dalign_repro.sweep.run import run_sweeps, tables_of
 
 
 @dataclass(frozen=True)
@@ -114,23 +111,10 @@ class Config(LMSweepConfig):
         return self.heads[self.widths.index(width)]
 
 
-FAMILY = family("pythia")
-TABLES = tables_of(FAMILY)
-
-
-def compute(config: Config, out_dir: Path):
-    """The Pythia width sweep's tables, one sweep per depth regime (told apart by the ``depth`` column)."""
-    return run_sweeps(config.sweeps(), FAMILY, out_dir)
-
-
-def dry_run(config: Config) -> str:
-    """Build the data and every model, time a few steps, and project the full run's wall time."""
-    return "\n".join(sweep_dry_run(c, FAMILY) for c in config.sweeps())
-
-
-EXPERIMENT = register(Experiment("pythia_width", Config, TABLES, compute, sharded=True, dry_run=dry_run,
-                                 description=__doc__))
+EXPERIMENT = sweep_experiment("pythia_width", Config, "pythia", description=__doc__)
+FAMILY, TABLES = family("pythia"), EXPERIMENT.tables
 run = EXPERIMENT.run  # run(config, out_dir=None, force=False): the tables, skipped when current unless force
+dry_run = EXPERIMENT.dry_run  # dry_run(config): build, time a few steps, project the wall time
 
 if __name__ == "__main__":
     EXPERIMENT.main()

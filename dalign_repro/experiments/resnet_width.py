@@ -31,13 +31,10 @@ Run without Jupyter: ``python -m dalign_repro.experiments.resnet_width --profile
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from pathlib import Path
 
-from dalign_repro.experiments._runner import Experiment, register
+from dalign_repro.experiments._sweeps import sweep_experiment
 from dalign_repro.families import family
 from dalign_repro.sweep.family import SweepConfig
-from dalign_repro.sweep.projection import dry_run as sweep_dry_run
-from dalign_repro.sweep.run import run_sweeps, tables_of
 
 
 @dataclass(frozen=True)
@@ -116,23 +113,10 @@ class Config(SweepConfig):
         return [replace(self, dataset=name, more_datasets=()) for name in (self.dataset, *self.more_datasets)]
 
 
-FAMILY = family("resnet")
-TABLES = tables_of(FAMILY)
-
-
-def compute(config: Config, out_dir: Path):
-    """The ResNet width sweep's tables, one sweep per data set (told apart by the ``dataset`` column)."""
-    return run_sweeps(config.sweeps(), family("resnet", config), out_dir)
-
-
-def dry_run(config: Config) -> str:
-    """Build the data and every model, time a few steps, and project the full run's wall time."""
-    return "\n".join(sweep_dry_run(c, family("resnet", c)) for c in config.sweeps())
-
-
-EXPERIMENT = register(Experiment("resnet_width", Config, TABLES, compute, sharded=True, dry_run=dry_run,
-                                 description=__doc__))
+EXPERIMENT = sweep_experiment("resnet_width", Config, "resnet", description=__doc__)
+FAMILY, TABLES = family("resnet"), EXPERIMENT.tables
 run = EXPERIMENT.run  # run(config, out_dir=None, force=False): the tables, skipped when current unless force
+dry_run = EXPERIMENT.dry_run  # dry_run(config): build, time a few steps, project the wall time
 
 if __name__ == "__main__":
     EXPERIMENT.main()
