@@ -18,8 +18,12 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from typing import TYPE_CHECKING
+
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+
+if TYPE_CHECKING:  # transformers' model chain takes seconds to import: a process that builds none skips it
+    from transformers import LlamaConfig, LlamaForCausalLM
 
 __all__ = ["LlamaWidthSpec", "ffn_width", "llama_config", "build_llama", "count_parameters"]
 
@@ -69,6 +73,8 @@ class LlamaWidthSpec:
 
 def llama_config(spec: LlamaWidthSpec) -> LlamaConfig:
     """The transformers config for ``spec`` (bos/eos/pad ids are irrelevant here and left unset)."""
+    from transformers import LlamaConfig
+
     config = LlamaConfig(
         vocab_size=spec.vocab_size,
         hidden_size=spec.width,
@@ -116,6 +122,8 @@ def build_llama(
         spec = LlamaWidthSpec(width=int(spec), **spec_fields)
     elif spec_fields:
         raise TypeError("pass either a LlamaWidthSpec or a width with fields, not both")
+    from transformers import LlamaForCausalLM
+
     config = llama_config(spec)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

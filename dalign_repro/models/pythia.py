@@ -31,8 +31,12 @@ every width) is far smaller than this at small d and trains a narrow model slowl
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
-from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+if TYPE_CHECKING:  # transformers' model chain takes seconds to import: a process that builds none skips it
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
 __all__ = ["PYTHIA_NAMES", "PUBLISHED_PARAMETERS", "ROTARY_PCT", "pythia_config", "pythia_width_variant",
            "build_pythia", "pythia_init", "count_parameters", "head_dim", "rotary_dims"]
@@ -65,6 +69,8 @@ CONTEXT = 2048
 
 
 def _config(width: int, layers: int, heads: int, vocab_size: int, context: int) -> GPTNeoXConfig:
+    from transformers import GPTNeoXConfig
+
     config = GPTNeoXConfig(
         vocab_size=vocab_size, hidden_size=width, num_hidden_layers=layers, num_attention_heads=heads,
         intermediate_size=4 * width, hidden_act="gelu", rotary_pct=ROTARY_PCT, rotary_emb_base=ROTARY_BASE,
@@ -162,6 +168,8 @@ def build_pythia(config: GPTNeoXConfig, seed: int = 0, init: str = "pythia") -> 
     """
     if init not in ("pythia", "transformers"):
         raise ValueError(f"init must be 'pythia' or 'transformers', got {init!r}")
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
     config = GPTNeoXConfig.from_dict(config.to_dict())
     config.attention_dropout = config.hidden_dropout = config.classifier_dropout = 0.0
     config.use_cache = False
@@ -176,6 +184,8 @@ def build_pythia(config: GPTNeoXConfig, seed: int = 0, init: str = "pythia") -> 
 
 def count_parameters(config: GPTNeoXConfig) -> int:
     """Total parameters (embeddings and LM head included) of ``config``'s model, built on the meta device."""
+    from transformers import GPTNeoXForCausalLM
+
     with torch.device("meta"):
         model = GPTNeoXForCausalLM(config)
     return sum(p.numel() for p in model.parameters())
