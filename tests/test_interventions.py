@@ -246,10 +246,14 @@ def test_a_bad_config_is_refused():
         interventions.Config(retention_eval_steps=(5e-4,))
     with pytest.raises(ValueError, match="retention_eval_kinds"):
         interventions.Config(retention_eval_kinds=("gate",))
-    # lab takes smoke's study and measures on E a subset of its steps, the shared bias only, as cpu does
+    # lab takes smoke's grid with twice its draws and measures on E a subset of its steps, the shared bias only, as
+    # cpu does
     lab, smoke = interventions.Config.for_profile("lab"), interventions.Config.for_profile("smoke")
     assert lab.retention_eval_kinds == ("bias",) and lab.optimizer_steps == smoke.optimizer_steps
     assert set(lab.retention_eval_steps) < set(lab.retention_steps) == set(smoke.retention_steps)
+    assert lab.budgets == smoke.budgets and lab.retention_budget == smoke.retention_budget
+    assert (lab.retention_draws, lab.resamples, lab.optimizer_resamples) == (
+        2 * smoke.retention_draws, 2 * smoke.resamples, 2 * smoke.optimizer_resamples)
 
 
 def test_retention_draws_by_family_sets_a_familys_draws_and_keeps_the_others_draws(toy_source, tmp_path):
