@@ -37,8 +37,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+# First on the path, ahead of site-packages: Opacus 1.6.0 (a peer in the bench's environment) installs a top-level
+# package named benchmarks too.
+sys.path[:0] = [str(REPO)]
 
 
 def _model_and_data(config, width: int, steps: int, seed: int):
