@@ -40,9 +40,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-# First on the path, ahead of site-packages: Opacus 1.6.0 (a peer in the bench's environment) installs a top-level
-# package named benchmarks too.
-sys.path[:0] = [str(REPO)]
+sys.path[:0] = [str(REPO)]  # ahead of site-packages, where a peer ships a `benchmarks` too (benchmarks/__init__.py)
 
 from _bench import parser, save  # noqa: E402  (after the path set-up above)
 

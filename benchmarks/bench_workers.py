@@ -39,9 +39,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-# First on the path, ahead of site-packages: Opacus 1.6.0 (a peer in the bench's environment) installs a top-level
-# package named benchmarks too.
-sys.path[:0] = [str(REPO)]
+sys.path[:0] = [str(REPO)]  # ahead of site-packages, where a peer ships a `benchmarks` too (benchmarks/__init__.py)
 
 MODES = ("workers", "threads", "serial")
 EXPERIMENT = "dalign_repro.experiments.llama_width"
