@@ -83,11 +83,13 @@ def test_thorough_and_a_count_together_are_refused_in_one_line(checkpoint, capsy
     assert err.startswith("dalign: error: --thorough-redundancy") and err.count("\n") == 1
 
 
-def test_the_command_reads_a_generic_tokenizer_without_transformers_tokenizer_classes(checkpoint):
-    """What the start-up no longer pays for: AutoTokenizer's class lookup (no transformers tokenizer module loads)."""
+def test_the_command_reads_a_plain_llama_and_a_generic_tokenizer_without_importing_transformers(checkpoint):
+    """What the start-up no longer pays for: AutoTokenizer's class lookup, and transformers' model classes with the
+    torch._dynamo they import (the folder's LLaMA is built by dalign_core.cli.llama)."""
     code = ("import sys; from dalign_core.cli.app import main; "
             f"status = main({_argv(checkpoint, '--examples', '20', '--redundancy-examples', '0')!r}); "
-            "print(status, sorted(m for m in sys.modules if m.startswith('transformers.models.auto.tokenization')))")
+            "print(status, sorted(m for m in sys.modules if m.split('.')[0] == 'transformers' "
+            "or m.startswith('torch._dynamo')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"}).stdout.strip().splitlines()[-1]
     assert out == "0 []"

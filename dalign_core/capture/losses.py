@@ -107,7 +107,10 @@ def _is_transformers_model(model: nn.Module) -> bool:
 
 
 def _hf_loss_kind(model: nn.Module) -> str:
-    """``"token"`` for a transformers masked-LM or token classifier, ``"causal_lm"`` for a causal-LM class, else ""."""
+    """``"token"`` for a transformers masked-LM or token classifier, ``"causal_lm"`` for a causal-LM class or a
+    model whose ``dalign_task`` says ``"causal_lm"``, else ""."""
+    if getattr(model, "dalign_task", None) == "causal_lm":
+        return "causal_lm"
     if not _is_transformers_model(model):
         return ""
     names = _class_names(model)
@@ -143,8 +146,9 @@ def resolve_task(model: nn.Module | None, task: str, logits: torch.Tensor) -> st
     """The loss ``task`` means for ``model`` and its logits: ``"auto"`` read from the model, refused when unclear.
 
     2-D logits: a classifier. 3-D logits: a transformers masked-LM or token classifier scores each token as it is,
-    a transformers causal LM the next token; any other model must say which (``task=``): shifting the labels of a
-    token classifier, or not shifting those of a causal LM, would give a silently wrong q. A next-token loss of a
+    a transformers causal LM the next token, as does a model whose ``dalign_task`` attribute says ``"causal_lm"``
+    (the command's own LLaMA, :mod:`dalign_core.cli.llama`); any other model must say which (``task=``): shifting
+    the labels of a token classifier, or not shifting those of a causal LM, would give a silently wrong q. A next-token loss of a
     model whose attention is bidirectional is refused (:func:`causal_lm_problem`).
     """
     if task not in TASKS:

@@ -9,6 +9,7 @@ data.
 * :mod:`~dalign_core.cli.output`: numbers, plain-text tables and progress bars as every subcommand prints them.
 * :mod:`~dalign_core.cli.redundancy_check`: the redundancy check every subcommand runs, and its warning.
 * :mod:`~dalign_core.cli.loading`: models from a folder, a hub id or ``--arch``, and their tokenizers.
+* :mod:`~dalign_core.cli.llama`: a plain LLaMA folder built without transformers (a fast start, the same numbers).
 * :mod:`~dalign_core.cli.tokenizer_file`: a generic ``tokenizer.json`` read by ``tokenizers`` alone (a fast start).
 * :mod:`~dalign_core.cli.examples`: the examples: text files and datasets as token batches, tensor files, image
   folders; a --data pipe read with a timeout.
@@ -17,8 +18,9 @@ data.
 * :mod:`~dalign_core.cli.failures`: one line for what the user's model or data raised, naming the model, the
   submodule and the layer.
 
-Only :mod:`~dalign_core.cli.loading` and :mod:`~dalign_core.cli.examples` import torch when loaded; the others load
-it inside the commands, so ``dalign --help`` is instant and Ctrl-C while torch loads is caught.
+Only :mod:`~dalign_core.cli.loading` (with :mod:`~dalign_core.cli.llama`) and :mod:`~dalign_core.cli.examples` import
+torch when loaded; the others load it inside the commands, so ``dalign --help`` is instant and Ctrl-C while torch
+loads is caught.
 
 May import anything of the library; nothing imports it but ``python -m dalign_core``, and
 :mod:`dalign_repro.experiments.pythia_checkpoints` its model loading.

@@ -40,6 +40,7 @@ import torch
 
 from dalign_core.environment import offline_variable
 from dalign_core.cli.errors import LoadError
+from dalign_core.cli.llama import native_llama
 from dalign_core.cli.regular_files import check_regular_files, check_revision_name
 
 __all__ = ["LoadError", "ModelSource", "resolve_model_source", "revision_folders", "load_model", "load_tokenizer",
@@ -312,12 +313,16 @@ def _load_error(source: ModelSource, err: Exception) -> LoadError:
 
 
 def load_model(source: ModelSource | str, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-               revision: str | None = None):
+               revision: str | None = None, native: bool = True):
     """Load a causal LM from a :class:`ModelSource` (or spec) in eval mode on ``device``.
 
     ``dtype`` defaults to float32, whatever the stored dtype, so that capture and
     estimation are not limited by half precision. A Hub source loads at its
     ``revision``; ``revision`` applies to a string ``source`` (see :func:`resolve_model_source`).
+
+    A local folder of a plain LLaMA (``LlamaForCausalLM``, the default rotary embedding, safetensors weights that
+    fit its config) is built by :mod:`dalign_core.cli.llama` without importing transformers: the same modules and
+    numbers, seconds sooner. ``native=False``, and every other checkpoint, load through transformers.
 
     Raises:
         LoadError: no or damaged weights, a pickle that ``weights_only`` refuses, or
@@ -327,12 +332,17 @@ def load_model(source: ModelSource | str, *, device: str | torch.device = "cpu",
     if isinstance(source, str):
         source = resolve_model_source(source, revision)
     from safetensors import SafetensorError
-    from transformers import AutoConfig, AutoModelForCausalLM
 
     kwargs = dict(trust_remote_code=False, local_files_only=source.local_files_only, revision=source.hub_revision)
     if source.local:
         kwargs["use_safetensors"] = True if _check_local_weights(Path(source.path)) else None
         _check_safetensors_files(Path(source.path))
+        if native:
+            model, _ = native_llama(source.path, dtype or torch.float32)
+            if model is not None:
+                return model.to(device)
+    from transformers import AutoConfig, AutoModelForCausalLM
+
     try:
         config = AutoConfig.from_pretrained(source.path, **{k: v for k, v in kwargs.items() if k != "use_safetensors"})
         with _transformers_quiet():

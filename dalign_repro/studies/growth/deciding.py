@@ -21,7 +21,7 @@ import pandas as pd
 from scipy import stats
 
 from dalign_core.growth.predicting import SIGN
-from dalign_repro.studies.growth.scoring import CLAIM, first_choice, model_keys, t_interval
+from dalign_repro.studies.growth.scoring import CLAIM, first_choice, model_keys, t_interval, t_quantile
 
 __all__ = ["DECISION_CLAIM", "MIN_POINTS", "NOISE_RATIO", "FIXED_RULES", "noise", "regrets", "Decision", "decision",
            "simulate_decision"]
@@ -37,44 +37,77 @@ FIXED_RULES = ("first", "middle", "last")
 """Choices that read no statistic: always the first, the middle or the last insertion point of the model."""
 
 
+@dataclass(frozen=True)
+class _Model:
+    """One grown model at one budget, as the decision reads it: its points' gains in the table's order and, for the
+    regrets, the gains and predictors in ``layer_index`` order."""
+
+    key: dict
+    """Model keys and ``budget_steps`` → value."""
+    points: int
+    """Distinct insertion points (layers)."""
+    repeats: int
+    gain: np.ndarray
+    span: np.ndarray
+    """gain_hi − gain_lo per point (its interval's width), nats."""
+    ordered_gain: np.ndarray
+    predictors: dict
+    """name → values in ``layer_index`` order."""
+
+    def noise(self, confidence: float) -> dict:
+        """:func:`noise`'s row of this model."""
+        quantile = t_quantile(confidence, self.repeats - 1) if self.repeats > 1 else math.nan
+        se_points = self.span / (2 * quantile)
+        se = float(np.sqrt(np.nanmean(se_points ** 2))) if self.repeats > 1 else math.nan
+        spread = float(self.gain.std(ddof=1)) if len(self.gain) > 1 else math.nan
+        ratio = spread / se if se and math.isfinite(se) else math.nan
+        return {**self.key, "points": self.points, "repeats": self.repeats, "spread": spread, "se": se,
+                "ratio": ratio, "told_apart": bool(ratio >= NOISE_RATIO and self.points >= MIN_POINTS)}
+
+    def regrets(self, names: Sequence[str]) -> dict | None:
+        """:func:`regrets`'s row of this model (None when no gain is finite)."""
+        gain = self.ordered_gain
+        if not np.isfinite(gain).any():
+            return None
+        best = float(np.nanmax(gain))
+        row = {**self.key, "points": len(gain), "random": best - float(np.nanmean(gain))}
+        for name in names:
+            row[name] = best - float(gain[first_choice(SIGN(name) * self.predictors[name])])
+        for rule, index in zip(FIXED_RULES, (0, len(gain) // 2, len(gain) - 1)):
+            row[rule] = best - float(gain[index])
+        return row
+
+
+def _models(table: pd.DataFrame, names: Sequence[str] = ()) -> list[_Model]:
+    """Each model and budget of a growth table (rows per model, point and budget), in order of first appearance."""
+    keys = model_keys(table) + ["budget_steps"]
+    models = []
+    for key, part in table.groupby(keys, sort=False, dropna=False):
+        ordered = part.sort_values("layer_index") if "layer_index" in part else part
+        has_bounds = "gain_hi" in part and "gain_lo" in part
+        models.append(_Model(
+            key=dict(zip(keys, key)), points=int(part.layer.nunique()),
+            repeats=int(part.repeats.iloc[0]) if "repeats" in part else 0,
+            gain=part.gain.to_numpy(float),
+            span=(part.gain_hi - part.gain_lo).to_numpy(float) if has_bounds else np.full(len(part), math.nan),
+            ordered_gain=ordered.gain.to_numpy(float),
+            predictors={name: ordered[name].to_numpy(float) for name in names if name in ordered}))
+    return models
+
+
 def noise(table: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
     """Per model and budget: ``points``, ``spread`` (SD of the gain across points, nats), ``se`` (root mean square
     over points of one point's standard error, from its t interval over ``repeats``) and ``ratio`` = spread / se;
     ``told_apart`` when the ratio reaches :data:`NOISE_RATIO` and there are :data:`MIN_POINTS` points."""
-    keys = model_keys(table) + ["budget_steps"]
-    rows = []
-    for key, part in table.groupby(keys, sort=False, dropna=False):
-        repeats = int(part.repeats.iloc[0]) if "repeats" in part else 0
-        quantile = float(stats.t.ppf(1 - (1 - confidence) / 2, repeats - 1)) if repeats > 1 else math.nan
-        se_points = (part.gain_hi - part.gain_lo) / (2 * quantile)
-        se = float(np.sqrt(np.nanmean(se_points.to_numpy(float) ** 2))) if repeats > 1 else math.nan
-        spread = float(part.gain.std(ddof=1)) if len(part) > 1 else math.nan
-        ratio = spread / se if se and math.isfinite(se) else math.nan
-        rows.append({**dict(zip(keys, key)), "points": int(part.layer.nunique()), "repeats": repeats,
-                     "spread": spread, "se": se, "ratio": ratio,
-                     "told_apart": bool(ratio >= NOISE_RATIO and part.layer.nunique() >= MIN_POINTS)})
-    return pd.DataFrame(rows)
+    return pd.DataFrame([model.noise(confidence) for model in _models(table)])
 
 
 def regrets(table: pd.DataFrame, names: Sequence[str] = ("d_align", "grad_norm")) -> pd.DataFrame:
     """Per model and budget, the regret (nats: the best point's gain minus the chosen one's) of choosing by each
     predictor of ``names``, of a random choice (its expectation: best minus the mean gain over points) and of each
     fixed rule of :data:`FIXED_RULES` (by ``layer_index``, else the table's order). One column per choice."""
-    keys = model_keys(table) + ["budget_steps"]
-    rows = []
-    for key, part in table.groupby(keys, sort=False, dropna=False):
-        part = part.sort_values("layer_index") if "layer_index" in part else part
-        gain = part.gain.to_numpy(float)
-        if not np.isfinite(gain).any():
-            continue
-        best = float(np.nanmax(gain))
-        row = {**dict(zip(keys, key)), "points": len(part), "random": best - float(np.nanmean(gain))}
-        for name in names:
-            row[name] = best - float(gain[first_choice(SIGN(name) * part[name].to_numpy(float))])
-        for rule, index in zip(FIXED_RULES, (0, len(part) // 2, len(part) - 1)):
-            row[rule] = best - float(gain[index])
-        rows.append(row)
-    return pd.DataFrame(rows)
+    rows = [model.regrets(names) for model in _models(table, names)]
+    return pd.DataFrame([row for row in rows if row is not None])
 
 
 @dataclass(frozen=True)
@@ -109,9 +142,9 @@ class Decision:
                 f"{self.leave_one_out[1]:.2g}].")
 
 
-def _decide(wide: pd.DataFrame, confidence: float) -> tuple[str, str, dict]:
-    advantage = {base: t_interval((wide[base] - wide["d_align"]).to_numpy(float), confidence)
-                 for base in ("random", "grad_norm")}
+def _decide(wide: dict[str, np.ndarray], confidence: float) -> tuple[str, str, dict]:
+    """The label from the regrets of the judged models (choice → one value per model)."""
+    advantage = {base: t_interval(wide[base] - wide["d_align"], confidence) for base in ("random", "grad_norm")}
     lows = [advantage[b][1] for b in advantage]
     highs = [advantage[b][2] for b in advantage]
     if not all(math.isfinite(v) for v in lows + highs):
@@ -122,6 +155,10 @@ def _decide(wide: pd.DataFrame, confidence: float) -> tuple[str, str, dict]:
         worse = [b.replace("_", " ") for b in advantage if advantage[b][2] < 0]
         return "contradicted", f"d_align's regret lies above {' and '.join(worse)}'s", advantage
     return "inconclusive", "an interval of d_align's advantage holds 0", advantage
+
+
+PREDICTORS = ("d_align", "grad_norm")
+"""The predictors whose choices the decision compares."""
 
 
 def decision(table: pd.DataFrame, budget: int | None = None, family: str | None = None,
@@ -138,42 +175,46 @@ def decision(table: pd.DataFrame, budget: int | None = None, family: str | None 
     if rows.empty:
         return Decision("not run", "no grown model", 0, 0, {}, {})
     budget = int(rows.budget_steps.max()) if budget is None else budget
-    rows = rows[rows.budget_steps == budget]
-    told = noise(rows, confidence)
-    ratios = tuple((f"{r.model} s{r.seed}", float(r.ratio)) for r in told.itertuples())
+    return _judge(_models(rows[rows.budget_steps == budget], PREDICTORS), confidence)
+
+
+def _judge(models: list[_Model], confidence: float) -> Decision:
+    """:func:`decision` on the models of one family (or all) at one budget."""
+    told = [model.noise(confidence) for model in models]
+    ratios = tuple((f"{row['model']} s{row['seed']}", float(row["ratio"])) for row in told)
     of = len(told)
-    enough = told[told.points >= MIN_POINTS]
-    judged = enough[enough.told_apart]
+    enough = [(model, row) for model, row in zip(models, told) if row["points"] >= MIN_POINTS]
+    judged = [model for model, row in enough if row["told_apart"]]
     if len(enough) < 2:
-        return Decision("not estimable", f"{int(told.points.max()) if of else 0} insertion points per model: at least "
-                        f"{MIN_POINTS} are needed for a choice to be a ranking", 0, of, {}, {}, ratios=ratios)
+        return Decision("not estimable", f"{max(row['points'] for row in told) if of else 0} insertion points per "
+                        f"model: at least {MIN_POINTS} are needed for a choice to be a ranking", 0, of, {}, {},
+                        ratios=ratios)
     if len(judged) < max(2, math.ceil(len(enough) / 2)):  # a design whose points most models cannot tell apart
+        median = float(pd.Series([row["ratio"] for _, row in enough], dtype=float).median())
         return Decision("inconclusive", f"the gains are below their noise: spread/SE across points has median "
-                        f"{float(enough.ratio.median()):.2f} (at least {NOISE_RATIO:g} needed; {len(judged)} of "
+                        f"{median:.2f} (at least {NOISE_RATIO:g} needed; {len(judged)} of "
                         f"{len(enough)} models reach it), so the experiment cannot tell the points apart",
                         0, of, {}, {}, ratios=ratios)
-    label_of = lambda frame: ["|".join(map(str, v)) for v in zip(*(frame[k] for k in model_keys(rows)))]  # noqa: E731
-    chosen = rows[np.isin(label_of(rows), label_of(judged))]
-    wide = regrets(chosen)
-    regret = {name: t_interval(wide[name].to_numpy(float), confidence)
-              for name in ("d_align", "grad_norm", "random", *FIXED_RULES)}
+    found = [row for row in (model.regrets(PREDICTORS) for model in judged) if row is not None]
+    choices = (*PREDICTORS, "random", *FIXED_RULES)
+    wide = {name: np.array([row[name] for row in found], dtype=float) for name in choices}
+    regret = {name: t_interval(wide[name], confidence) for name in choices}
     best_fixed = min(FIXED_RULES, key=lambda rule: regret[rule][0])
     label, reason, advantage = _decide(wide, confidence)
     shown = {name: regret[name] for name in ("d_align", "grad_norm", "random")}
     shown[f"always {best_fixed}"] = regret[best_fixed]
     left = []
-    for i in range(len(wide)):
-        others = wide.drop(index=wide.index[i])
-        if len(others) < 2:
+    for i in range(len(found)):
+        if len(found) - 1 < 2:
             continue
-        l_label, _, l_adv = _decide(others, confidence)
+        l_label, _, l_adv = _decide({name: np.delete(values, i) for name, values in wide.items()}, confidence)
         left.append((l_label, min(l_adv[b][1] for b in l_adv)))
     span = (min(v for _, v in left), max(v for _, v in left)) if left else (math.nan, math.nan)
     if any(l_label != label for l_label, _ in left):
         changed = sorted({l_label for l_label, _ in left if l_label != label})
         reason = f"{reason}, but leaving out one model turns it {' or '.join(changed)}"
         label = "inconclusive"
-    return Decision(label, reason, len(wide), of, shown, advantage, best_fixed, span, ratios)
+    return Decision(label, reason, len(found), of, shown, advantage, best_fixed, span, ratios)
 
 
 def simulate_decision(points: Sequence[int], effect: float, ratio: float = 3.0, repeats: int = 2, trials: int = 200,
@@ -184,22 +225,21 @@ def simulate_decision(points: Sequence[int], effect: float, ratio: float = 3.0, 
     with a standard error of the spread across points / ``ratio``."""
     rng = np.random.default_rng(seed)
     found = []
-    quantile = float(stats.t.ppf(1 - (1 - confidence) / 2, repeats - 1))
+    quantile = t_quantile(confidence, repeats - 1)
     for _ in range(trials):
-        rows = []
+        models = []
         for m, n in enumerate(points):
             d, g = rng.uniform(0, 1, n), rng.uniform(0, 1, n)
             true = (effect * (d - d.mean()) / d.std() - backwards * (g - g.mean()) / g.std()
                     + (1 - effect - backwards) * rng.normal(size=n))
             true = true / true.std()
-            for i in range(n):
-                draws = true[i] + rng.normal(scale=math.sqrt(repeats) / ratio, size=repeats)
-                mean, sd = draws.mean(), draws.std(ddof=1)
-                half = quantile * sd / math.sqrt(repeats)
-                rows.append(dict(family="toy", model=f"m{m}", seed=0, layer=f"l{i}", layer_index=i, d_align=d[i],
-                                 grad_norm=g[i], budget_steps=1, gain=mean, gain_lo=mean - half,
-                                 gain_hi=mean + half, repeats=repeats))
-        found.append(decision(pd.DataFrame(rows), confidence=confidence).label)
+            draws = true[:, None] + rng.normal(scale=math.sqrt(repeats) / ratio, size=(n, repeats))
+            mean = draws.mean(axis=1)
+            half = quantile * draws.std(ddof=1, axis=1) / math.sqrt(repeats)
+            models.append(_Model(key=dict(family="toy", model=f"m{m}", seed=0, budget_steps=1), points=n,
+                                 repeats=repeats, gain=mean, span=(mean + half) - (mean - half), ordered_gain=mean,
+                                 predictors=dict(d_align=d, grad_norm=g)))
+        found.append(_judge(models, confidence).label)
     return {label: found.count(label) / trials for label in sorted(set(found))}
 
 

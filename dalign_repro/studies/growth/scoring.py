@@ -17,6 +17,7 @@ without d_align beating chance, which is why the decision reads regrets against 
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Sequence
 
@@ -28,7 +29,7 @@ from dalign_repro.sweep.trend import Verdict
 from dalign_core.growth.predicting import SIGN, order, point_rows
 
 __all__ = ["CLAIM", "RHO_CLAIM", "CALIBRATION", "spearman", "spearman_interval", "MODEL_KEYS", "model_keys", "score",
-           "first_choice", "order", "point_rows", "t_interval", "summarize", "label_for", "verdict"]
+           "first_choice", "order", "point_rows", "t_quantile", "t_interval", "summarize", "label_for", "verdict"]
 
 
 CLAIM = "d_align chooses where to grow better than the gradient norm and a random choice"
@@ -56,6 +57,11 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float:
     return float(np.corrcoef(rx, ry)[0, 1])
 
 
+@functools.lru_cache(maxsize=16)
+def _normal_quantile(confidence: float) -> float:
+    return float(stats.norm.ppf(1 - (1 - confidence) / 2))
+
+
 def spearman_interval(rho: float, n: int, confidence: float = 0.95) -> tuple[float, float]:
     """Fisher-z interval of Spearman's ρ from n points (Bonett-Wright SE); [−1, 1] with n ≤ 3, NaN for NaN ρ."""
     if not math.isfinite(rho):
@@ -64,7 +70,7 @@ def spearman_interval(rho: float, n: int, confidence: float = 0.95) -> tuple[flo
         return -1.0, 1.0
     r = min(max(rho, -0.999999), 0.999999)
     se = math.sqrt((1 + r * r / 2) / (n - 3))
-    z = float(stats.norm.ppf(1 - (1 - confidence) / 2))
+    z = _normal_quantile(confidence)
     return math.tanh(math.atanh(r) - z * se), math.tanh(math.atanh(r) + z * se)
 
 
@@ -108,6 +114,13 @@ def first_choice(signed: np.ndarray) -> int:
     return int(np.argmax(np.where(np.isnan(signed), -np.inf, signed))) if (~np.isnan(signed)).any() else 0
 
 
+@functools.lru_cache(maxsize=256)
+def t_quantile(confidence: float, dof: int) -> float:
+    """The two-sided ``confidence`` quantile of Student's t with ``dof`` degrees of freedom (cached: the decision's
+    calibration simulations ask for the same few thousands of times)."""
+    return float(stats.t.ppf(1 - (1 - confidence) / 2, dof))
+
+
 def t_interval(values, confidence: float) -> tuple[float, float, float]:
     """(mean, lo, hi): the mean of the finite ``values`` and its Student-t interval (NaN ends below 2 values)."""
     values = np.asarray(values, dtype=float)
@@ -117,8 +130,7 @@ def t_interval(values, confidence: float) -> tuple[float, float, float]:
     mean = float(values.mean())
     if len(values) < 2:
         return mean, math.nan, math.nan
-    half = float(stats.t.ppf(1 - (1 - confidence) / 2, len(values) - 1)) * float(values.std(ddof=1)) / \
-        math.sqrt(len(values))
+    half = t_quantile(confidence, len(values) - 1) * float(values.std(ddof=1)) / math.sqrt(len(values))
     return mean, mean - half, mean + half
 
 
