@@ -126,6 +126,23 @@ def test_weights_that_do_not_fit_the_config_go_to_transformers_which_refuses_the
         load_model(str(folder))
 
 
+def test_saved_rotary_frequencies_and_a_tied_head_saved_anyway_are_read_as_transformers_reads_them(tmp_path):
+    """transformers recomputes the frequencies, and loads a head the checkpoint holds although the config ties it."""
+    from safetensors.torch import load_file, save_file
+
+    folder = _save(tmp_path, tie_word_embeddings=True)
+    weights = load_file(folder / "model.safetensors")
+    weights["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.zeros(8)  # as older transformers saved them
+    weights["lm_head.weight"] = torch.zeros_like(weights["model.embed_tokens.weight"])
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    ours, why = native_llama(folder)
+    assert why == ""
+    ids = _batch()["input_ids"]
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).logits, load_model(str(folder), native=False)(input_ids=ids).logits,
+                                   rtol=1e-5, atol=1e-6)
+
+
 def test_sharded_weights_are_read_through_their_index(tmp_path):
     from safetensors.torch import load_file, save_file
 

@@ -211,7 +211,8 @@ def _weight_files(folder: Path) -> list[Path] | None:
 def native_llama(folder: str | Path, dtype: torch.dtype = torch.float32) -> tuple[nn.Module | None, str]:
     """(the model in eval mode, "") for a checkpoint folder this module reads; (None, why not) otherwise, for the
     caller to load it with transformers. The weights must be safetensors and fit the config exactly: every tensor
-    present with its shape, none left over (``lm_head.weight`` may be absent when tied)."""
+    present with its shape, none left over (``lm_head.weight`` may be absent when tied, and is then the input
+    embedding; saved rotary frequencies are recomputed)."""
     folder = Path(folder)
     try:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
@@ -227,14 +228,16 @@ def native_llama(folder: str | Path, dtype: torch.dtype = torch.float32) -> tupl
     state = {}
     for file in files:
         state.update(load_file(file))
+    for name in [name for name in state if name.endswith("rotary_emb.inv_freq")]:
+        del state[name]  # older transformers saved the rotary frequencies; both recompute them from the config
     expected = {name: p.shape for name, p in model.state_dict().items()}
-    if config.get("tie_word_embeddings", False):
-        state.pop("lm_head.weight", None)
+    tied = model.config.tie_word_embeddings and "lm_head.weight" not in state
+    if tied:  # a tied head saved anyway is loaded as it is, untied: what transformers 5.24 does
         expected.pop("lm_head.weight")
     shapes = {name: tensor.shape for name, tensor in state.items()}
     if shapes != expected:
         return None, "the weights do not fit the config"
     model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=False, assign=True)
-    if model.config.tie_word_embeddings:
+    if tied:
         model.lm_head.weight = model.model.embed_tokens.weight
     return model.eval(), ""
