@@ -445,7 +445,8 @@ def _fmt(x, spec=".3g"):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=REPO / "results" / "bench", help="output folder")
-    parser.add_argument("--widths", type=int, nargs="+", default=[128, 256, 512, 1024])
+    parser.add_argument("--widths", type=int, nargs="+", default=None,
+                        help="model widths to time (default 128 256 512 1024; --quick: 128 256)")
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     parser.add_argument("--layers", type=int, default=4, help="decoder layers")
     parser.add_argument("--vocab", type=int, default=2048)
@@ -456,14 +457,14 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu or cuda")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quick", action="store_true", help="widths 128 and 256 only")
+    parser.add_argument("--quick", action="store_true", help="widths 128 and 256 only, unless --widths says")
     args = parser.parse_args(argv)
 
     if args.device == "auto":
         import torch
 
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    widths = [128, 256] if args.quick else args.widths
+    widths = args.widths or ([128, 256] if args.quick else [128, 256, 512, 1024])
     import torch  # noqa: F401 - imported once here; forked workers inherit it
     import transformers  # noqa: F401
 
