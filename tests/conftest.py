@@ -37,14 +37,15 @@ results, so it runs beside the chapters that share theirs (the browser test wait
 the two torchrun studies are the suite's longest tests, each a scope of its own so that they run side by side."""
 
 LONGEST_FIRST = (
-    "tests/test_distributed_studies.py::test_two_ranks_share_the_models_and_write_the_tables_of_one_process"
-    "[interventions-resnet]",
     "tests/test_growth.py",
     "tests/test_reliability.py",
     "tests/test_benchmarks.py",
     "tests/test_intervention.py",
     "tests/test_interventions.py",
     "tests/test_distributed.py",
+    # after about 4 minutes of the scopes above: chapter 5, its single process, has run on the chapters' worker
+    "tests/test_distributed_studies.py::test_two_ranks_share_the_models_and_write_the_tables_of_one_process"
+    "[interventions-resnet]",
     "tests/test_user_trial.py",
     "tests/test_distributed_studies.py::test_two_ranks_share_the_models_and_write_the_tables_of_one_process"
     "[growth-llama]",
@@ -54,7 +55,9 @@ LONGEST_FIRST = (
     "tests/test_sweep.py",
 )
 """Scopes handed out right after the chapters, longest first (from ``pytest --durations``): started early, none of
-them is left running alone at the end of a run on two workers. A scope missing here only starts later."""
+them is left running alone at the end of a run on two workers. A scope missing here only starts later. The
+interventions' torchrun study waits for chapter 5 (its single process), so it comes once chapter 5 has usually
+run."""
 
 
 def _scheduling_rank(item) -> tuple[int, int]:
@@ -76,7 +79,7 @@ def _scheduling_rank(item) -> tuple[int, int]:
 def pytest_collection_modifyitems(config, items):
     """The chapters first, the longest scopes next and the browser test last (see :func:`_scheduling_rank`); xdist
     hands out scopes in this order, so the worker that takes the chapters starts on them at once and another takes
-    chapter 7 and then the longest torchrun study."""
+    chapter 7 and then the long scopes."""
     items.sort(key=_scheduling_rank)  # stable: the rest keep their order
 
 
@@ -117,6 +120,18 @@ def smoke_chapters(tmp_path_factory) -> Path:
     """
     base = tmp_path_factory.getbasetemp()
     folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "smoke_chapters"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def chapter_results(smoke_chapters) -> Path:
+    """The ``DALIGN_RESULTS`` folder the chapters of tests/test_notebooks.py share, as ``make book`` shares
+    ``results/<profile>``: chapters 5 and 8 find the width sweeps of chapters 2 to 4 there instead of running them
+    again, and chapter 6 judges what they all wrote (a chapter run alone still runs what it lacks). Beside
+    :func:`smoke_chapters`, so that a test on another worker can read a chapter's tables once the chapter is there
+    (tests/test_distributed_studies.py compares its ranks with chapter 5's single process)."""
+    folder = smoke_chapters.parent / "chapter_results"
     folder.mkdir(exist_ok=True)
     return folder
 

@@ -56,14 +56,6 @@ def chapter_lock(smoke_chapters: Path, stem: str):
     return FileLock(str(smoke_chapters / f"{stem}.lock"))
 
 
-@pytest.fixture(scope="module")
-def chapter_results(tmp_path_factory) -> Path:
-    """One ``DALIGN_RESULTS`` folder for the chapters this module executes in order, as ``make book`` shares
-    ``results/<profile>``: chapters 5 and 8 find the width sweeps of chapters 2 to 4 there instead of running
-    them again, and chapter 6 judges what they all wrote. (A chapter run alone still runs what it lacks.)"""
-    return tmp_path_factory.mktemp("chapter_results")
-
-
 def _files_under(folder) -> dict[str, int]:
     return {str(p): p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()} if folder.exists() else {}
 

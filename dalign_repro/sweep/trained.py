@@ -1,6 +1,7 @@
 """One run of the sweep trained: its training config, where its checkpoints live, and the train-or-load step.
 
-* :func:`checkpoint_root`: ``checkpoints/<profile>/<family>/<hash>``, keyed by the fields that set the weights.
+* :func:`checkpoints_folder` and :func:`checkpoint_root`: ``checkpoints/<profile>/<family>/<hash>``, keyed by the
+  fields that set the weights.
 * ``train_config_for``: a measured run's training, or a short rate trial's.
 * ``train_run``: train, resume or load one (width, seed, rate) run; a divergence is a failed run, not an error.
 * :func:`trained_model`: a finished run's model in eval mode, for the studies that reuse the sweep's models.
@@ -20,16 +21,21 @@ from dalign_repro.config import REPO_ROOT
 from dalign_repro.sweep.family import Family, Splits, SweepConfig
 from dalign_repro.training.loop import TrainConfig, train
 
-__all__ = ["checkpoint_root", "trained_model", "train_config_for", "train_run"]
+__all__ = ["checkpoints_folder", "checkpoint_root", "trained_model", "train_config_for", "train_run"]
+
+
+def checkpoints_folder() -> Path:
+    """Where every sweep keeps its checkpoints: ``$DALIGN_CHECKPOINTS``, else ``checkpoints/`` of the repository."""
+    return Path(os.environ.get("DALIGN_CHECKPOINTS") or REPO_ROOT / "checkpoints")
 
 
 def checkpoint_root(config: SweepConfig, family: Family) -> Path:
-    """``checkpoints/<profile>/<family>/<hash>``: keyed by the fields that determine the weights.
+    """``<checkpoints_folder()>/<profile>/<family>/<hash>``: keyed by the fields that determine the weights.
 
     Changing how models are measured (pools, budgets, resamples) reuses the trained
     models. Override the root with ``DALIGN_CHECKPOINTS``.
     """
-    root = Path(os.environ.get("DALIGN_CHECKPOINTS") or REPO_ROOT / "checkpoints")
+    root = checkpoints_folder()
     names = config.SHARED_TRAINING_FIELDS + family.training_fields
     fields = {name: getattr(config, name) for name in names}
     key = hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
