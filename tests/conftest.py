@@ -8,9 +8,20 @@ from pathlib import Path
 
 import pytest
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # One thread per xdist worker, here and in every process a test starts: `make test` runs one worker per core,
+    # and a worker with torch's default pool of a thread per core oversubscribes the machine (an OpenMP pool spinning
+    # for a core another worker holds made test_pythia's 1,000-step fixture take 90 s instead of 8).
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 # These (and dalign_core/__init__) load numpy and torch, not matplotlib or huggingface_hub.
-from dalign_core.environment import OFFLINE_VARIABLES
-from dalign_repro.config import REPO_ROOT
+from dalign_core.environment import OFFLINE_VARIABLES  # noqa: E402
+from dalign_repro.config import REPO_ROOT  # noqa: E402
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    import torch
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # Before anything imports matplotlib or huggingface_hub (which read these once, at import).
 # Tests never reach a model hub: whatever they need is made locally or shipped in a package.

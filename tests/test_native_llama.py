@@ -88,6 +88,8 @@ def test_load_model_builds_a_plain_llama_folder_itself_and_in_the_dtype_asked(tm
     (dict(rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}), "rotary"),
     (dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}), "rotary"),
     (dict(rope_parameters=None, rope_theta=1e4, rope_scaling={"type": "linear", "factor": 2.0}), "rotary"),
+    (dict(rope_parameters={"rope_type": "default"}), "rotary"),
+    (dict(rope_parameters="default"), "rotary"),
     (dict(num_key_value_heads=3), "multiple"),
     (dict(hidden_size=0), "positive"),
 ])

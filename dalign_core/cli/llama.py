@@ -8,9 +8,11 @@ instead: the same modules under the same names (``model.layers.3`` is the same i
 from its safetensors files with ``safetensors`` alone, and the same numbers as transformers' class to float
 precision (``tests/test_native_llama.py`` compares logits and captured q on every option read below).
 
-Everything else goes to transformers, unchanged: another architecture, a rotary scaling, a field this module does
-not read with a value other than its default, weights in another format, or a checkpoint whose tensors do not
-fit the config exactly (transformers then reports what is wrong). :func:`native_llama` says which, in one line.
+Everything else goes to transformers, unchanged: another architecture, a rotary scaling or partial rotation, an
+activation other than SiLU or a tensor-parallel ``pretraining_tp``, weights in another format, or a checkpoint whose
+tensors do not fit the config exactly (transformers then reports what is wrong). :func:`native_llama` says which,
+in one line. (The fields it does not read, token ids, dropout, initializer range, cache, change nothing in an
+eval-mode forward.)
 """
 
 from __future__ import annotations
@@ -37,11 +39,16 @@ def _rope_theta(config: dict) -> float | None:
     ``rope_theta``), None for any other rotary type or scaling."""
     params = config.get("rope_parameters")
     if params is None:
-        params = dict(config.get("rope_scaling") or {}, rope_theta=config.get("rope_theta", 10000.0))
-    kind = params.get("rope_type", params.get("type", "default"))
-    if kind != "default" or set(params) - {"rope_theta", "rope_type", "type"}:
+        scaling = config.get("rope_scaling") or {}
+        params = dict(scaling, rope_theta=config.get("rope_theta", 10000.0)) if isinstance(scaling, dict) else None
+    if not isinstance(params, dict):
         return None
-    return float(params["rope_theta"])
+    kind = params.get("rope_type", params.get("type", "default"))
+    theta = params.get("rope_theta")
+    if kind != "default" or set(params) - {"rope_theta", "rope_type", "type"} or \
+            not isinstance(theta, (int, float)) or isinstance(theta, bool) or not theta > 0:
+        return None
+    return float(theta)
 
 
 def unsupported(config: dict) -> str:
