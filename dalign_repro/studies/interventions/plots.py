@@ -176,7 +176,7 @@ def headline(verdicts: dict[str, dict], prediction: pd.DataFrame, low: float = -
         top.scatter([np.clip(r["same_sample"], low, high)], [y], marker="x", color="0.3", zorder=3,
                     label="on K (Taylor's theorem)" if y == 0 else None)
     top.set_yticks(range(len(rows)), [FAMILY_NAMES.get(f, f) for f, _ in rows])
-    top.set_ylim(len(rows) - 0.5, -0.5)
+    top.set_ylim(max(len(rows), 1) - 0.5, -0.5)  # one empty row where none was measured (equal limits warn)
     top.set_xlim(low, high)
     top.set_xticks(np.arange(np.ceil(low * 2) / 2, high + 1e-9, 0.5))
     top.set_xlabel("retention: change / first-order prediction")
