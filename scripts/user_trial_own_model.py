@@ -22,7 +22,7 @@ import math
 import os
 import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 MOMENT_RTOL = 2e-3  # the moments of the capture's q against the brute-force U-statistic of the loop's q
 D_ALIGN_RTOL = 1e-2
@@ -458,7 +458,7 @@ def api_cases(ut, trial, fx: Fixtures, add: Callable[..., None]) -> None:
     import torch
     import torch.nn.functional as F
 
-    from dalign_core import accumulate_geometry, activation_gradients, estimate_geometry
+    from dalign_core import accumulate_geometry, activation_gradients
 
     x, y = fx.x, fx.y
     ids = torch.randint(2, trial.vocab, (4, 12), generator=torch.Generator().manual_seed(12))

@@ -137,7 +137,7 @@ class _Raises(nn.Module):
         self.error = error
 
     def forward(self, x):
-        hidden = self.block(x)
+        self.block(x)
         assert not any(p.requires_grad for p in self.parameters())  # frozen while the forward runs
         raise self.error
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-import pytest
 
 from dalign_repro.claims import certificates as claims
 from dalign_repro.config import REPO_ROOT

@@ -18,7 +18,6 @@ import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 from typing import NamedTuple
 
 import pytest

@@ -25,7 +25,6 @@ A drift (a question about ``steps=250`` whose command uses 150) fails it.
 from __future__ import annotations
 
 import ast
-import json
 import re
 import shutil
 from pathlib import Path

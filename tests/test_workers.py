@@ -363,3 +363,30 @@ def test_grid_progress_weighs_the_time_left_by_the_jobs_costs(monkeypatch):
     progress = workers.GridProgress([Job("wide", cost=3.0), Job("narrow", cost=1.0)])
     assert progress.finished("wide") == "job 1 of 2 done (wide): 60 s in, about 20 s left"
     assert progress.finished("narrow") == "job 2 of 2 done (narrow): 2.0 min in"
+
+
+FAMILY_BUILD_IMPORTS = """
+import sys
+from dalign_repro.experiments import llama_width, pythia_width, resnet_width
+from dalign_repro.sweep.family import Splits
+for experiment in (llama_width, pythia_width, resnet_width):
+    config = experiment.Config.for_profile("smoke")
+    spec = experiment.FAMILY.for_config(config)
+    spec.import_modules()
+    before = set(sys.modules)
+    facts = {"vocab_size": 64, "num_classes": 10, "mean": (0.5,), "std": (0.25,)}  # what a build reads of the data
+    spec.build(config, config.widths[0], 0, Splits(None, None, None, "examples", facts))
+    print(spec.name, sorted(name for name in set(sys.modules) - before if not name.startswith("torch.")))
+"""
+
+
+def test_a_family_names_the_modules_its_build_imports():
+    """The sweep imports a family's ``modules`` before its job grids fork: a build after that imports nothing more
+    (in a fresh process, so that no other test has imported them), else every forked worker imports it again
+    (transformers' model chain: about 2 s a worker, once per job grid)."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", FAMILY_BUILD_IMPORTS], capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:3] == ["llama []", "pythia []", "resnet []"], done.stdout

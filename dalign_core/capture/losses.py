@@ -148,8 +148,8 @@ def resolve_task(model: nn.Module | None, task: str, logits: torch.Tensor) -> st
     2-D logits: a classifier. 3-D logits: a transformers masked-LM or token classifier scores each token as it is,
     a transformers causal LM the next token, as does a model whose ``dalign_task`` attribute says ``"causal_lm"``
     (the command's own LLaMA, :mod:`dalign_core.cli.llama`); any other model must say which (``task=``): shifting
-    the labels of a token classifier, or not shifting those of a causal LM, would give a silently wrong q. A next-token loss of a
-    model whose attention is bidirectional is refused (:func:`causal_lm_problem`).
+    the labels of a token classifier, or not shifting those of a causal LM, would give a silently wrong q. A
+    next-token loss of a model whose attention is bidirectional is refused (:func:`causal_lm_problem`).
     """
     if task not in TASKS:
         raise ValueError(f"task must be one of {TASKS}, got {task!r}")

@@ -226,6 +226,8 @@ def run_model_jobs(experiment: str, config: ExperimentConfig, out_dir: str | Pat
         log.info("%s: %d of %d models' rows taken from the existing table (their sweeps are unchanged)",
                  experiment, len(earlier), len(models))
     todo = [m.job for m in models if m.job.name not in earlier]
+    for model in models:
+        model.family.import_modules()  # once here, not in every worker run_jobs forks
     computed = run_jobs(jobs_folder(experiment, config, out_dir), todo,
                         lambda job, _group: work(by_name[job.name]), collect="main") if todo else {}
     if not context().is_main:

@@ -58,7 +58,7 @@ from typing import Any, Callable
 import pandas as pd
 import torch
 
-from dalign_core.seeding import derived_seed
+from dalign_core.seeding import derived_seed, deterministic_algorithms
 from dalign_core.device import resolve_device
 from dalign_repro.config import ExperimentConfig, default_results_dir, measurement_only
 from dalign_repro.experiments import llama_width, pythia_width, resnet_width
@@ -309,7 +309,7 @@ def compute(config: Config, out_dir: Path,
             reuse: bool = True) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
     """The study's tables and provenance; ``reuse``: take the rows of models whose sweep is unchanged from the
     existing table (:func:`~dalign_repro.experiments._models.earlier_results`)."""
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    deterministic_algorithms()
     device = resolve_device(config.device)
     out_dir = Path(out_dir)
     models, provenance = _models(config, out_dir)

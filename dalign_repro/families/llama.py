@@ -44,6 +44,7 @@ class LlamaFamily(CausalLMFamily):
     training_fields = ("depth", "head_dim") + CausalLMFamily.training_fields
     extra_tables = ("sample_unit",)
     layers = "model.layers"
+    modules = ("transformers.models.llama.modeling_llama",)
 
     def build(self, config: Any, width: int, seed: int, splits: Splits):
         spec = LlamaWidthSpec(width=width, depth=config.depth, head_dim=config.head_dim,

@@ -30,6 +30,7 @@ class PythiaFamily(CausalLMFamily):
     """The shared q at ``gpt_neox.layers.l`` is exactly the gradient of that layer's trained
     ``mlp.dense_4h_to_h.bias`` (:mod:`dalign_core.capture.redundancy`): width claims are judged on the per-position q."""
     training_fields = ("architecture", "depth", "heads") + CausalLMFamily.training_fields
+    modules = ("transformers.models.gpt_neox.modeling_gpt_neox",)
 
     def build(self, config: Any, width: int, seed: int, splits: Splits):
         shape = pythia_width_variant(config.architecture, width, vocab_size=splits.summary["vocab_size"],

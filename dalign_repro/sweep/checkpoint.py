@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from dalign_core.seeding import deterministic_algorithms
 from dalign_repro.data.manifest import default_cache_dir
 from dalign_repro.sweep.family import Family, SweepConfig, count, take
 from dalign_repro.sweep.pools import prepare
@@ -83,7 +84,7 @@ def sweep_run(config: SweepConfig, family: Family, width: int, seed: int, lr: fl
         raise ValueError(f"width {width} is not one of this sweep's widths {tuple(config.widths)}; pick one of them")
     if not lr > 0:
         raise ValueError(f"lr must be the positive rate the sweep chose for this run (its runs table), got {lr!r}")
-    torch.use_deterministic_algorithms(True, warn_only=True)  # as run_sweep trains, so the weights are the sweep's
+    deterministic_algorithms()  # as run_sweep trains, so the weights are the sweep's
     splits, _, pools = prepare(config, family)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the sweep's workers train (one thread each): the same sums in the same order

@@ -29,6 +29,7 @@ and, where the default does not fit:
 ``columns``         columns every row carries (the depth regime, the data set; default none)
 ``extra_rows``      family-only measurements at the final checkpoint (default none)
 ``for_config``      the spec that trains a given config (default: the spec itself)
+``modules``         what ``build`` imports, imported before the job grids fork (default none)
 ==================  =====================================================================
 
 :class:`SweepConfig` holds the fields every family shares (widths, seeds, steps,
@@ -40,6 +41,7 @@ MLP on synthetic data — in a few dozen lines.
 from __future__ import annotations
 
 import abc
+import importlib
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -296,6 +298,10 @@ class Family(abc.ABC):
     """The family config's own fields that determine the trained weights (checkpoints are keyed by them)."""
     extra_tables: ClassVar[tuple[str, ...]] = ()
     """Names (without the family prefix) of the tables :meth:`extra_rows` fills."""
+    modules: ClassVar[tuple[str, ...]] = ()
+    """Modules :meth:`build` imports on first use (transformers' model chain: seconds a process). The sweep imports
+    them (:meth:`import_modules`) before its job grids fork, so the forked workers share them instead of each
+    importing them again."""
     reductions: ClassVar[tuple[str, ...]] = ("shared",)
     """The q reductions captured (:mod:`dalign_core.capture.hooks`); the first is the one width claims are judged on.
     A family whose shared q is a trained bias's gradient (training drives its mean to zero at any width)
@@ -328,6 +334,11 @@ class Family(abc.ABC):
     @abc.abstractmethod
     def baseline(self, splits: Splits, examples: Any, config: SweepConfig) -> float:
         """The loss on the same ``examples`` that a trained model must beat."""
+
+    def import_modules(self) -> None:
+        """Import :attr:`modules` in this process (before it forks its workers)."""
+        for name in self.modules:
+            importlib.import_module(name)
 
     def train_loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
         """The training loss of one batch (default: a causal LM's mean next-token loss)."""

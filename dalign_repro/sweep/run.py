@@ -55,6 +55,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from dalign_core.seeding import deterministic_algorithms
 from dalign_repro.training import distributed
 from dalign_repro.sweep.family import Family, SweepConfig, take
 from dalign_repro.sweep.measure import measure_trained, misalignment_rows, measure_redundancy
@@ -199,7 +200,7 @@ def run_sweep(config: SweepConfig, family: Family, jobs: str | Path | None = Non
     :func:`dalign_repro.training.distributed.ranks_per_job`) trains the widest models on several
     ranks together.
     """
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    deterministic_algorithms()
     ctx = distributed.init(config.device)
     device = distributed.local_device(config.device)
     if config.profile in GPU_PROFILES and config.device == "auto" and device.type == "cpu":
@@ -211,6 +212,7 @@ def run_sweep(config: SweepConfig, family: Family, jobs: str | Path | None = Non
     with distributed.main_first():  # rank 0 fills the data caches (tokenizer, downloads) before the others read them
         splits, facts, pools = prepare(config, family)
     baseline = family.baseline(splits, take(splits.test, pools.evaluation), config)
+    family.import_modules()  # once here, not in every worker its job grids fork
     log.info("%s: %s; baseline held-out loss %.3f", family.name, splits.unit, baseline)
     folder = Path(jobs) if jobs is not None else None
     group_sizes = distributed.ranks_per_job(config.widths, ctx.world_size, ranks_per_job)

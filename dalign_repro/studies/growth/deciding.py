@@ -18,7 +18,6 @@ from typing import Sequence
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from dalign_core.growth.predicting import SIGN
 from dalign_repro.studies.growth.scoring import CLAIM, first_choice, model_keys, t_interval, t_quantile
@@ -203,10 +202,8 @@ def _judge(models: list[_Model], confidence: float) -> Decision:
     label, reason, advantage = _decide(wide, confidence)
     shown = {name: regret[name] for name in ("d_align", "grad_norm", "random")}
     shown[f"always {best_fixed}"] = regret[best_fixed]
-    left = []
-    for i in range(len(found)):
-        if len(found) - 1 < 2:
-            continue
+    left = []  # leave one model out (with at least two models left to judge)
+    for i in range(len(found) if len(found) > 2 else 0):
         l_label, _, l_adv = _decide({name: np.delete(values, i) for name, values in wide.items()}, confidence)
         left.append((l_label, min(l_adv[b][1] for b in l_adv)))
     span = (min(v for _, v in left), max(v for _, v in left)) if left else (math.nan, math.nan)
