@@ -346,7 +346,8 @@ def _screenshot(driver, page: str, width: int = WINDOW[0], suffix: str = "") -> 
                            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})
     try:
         driver.execute_async_script("requestAnimationFrame(() => requestAnimationFrame(arguments[arguments.length - 1]))")
-        shot = driver.execute_cdp_cmd("Page.captureScreenshot", {"format": "png", "fromSurface": True})
+        shot = driver.execute_cdp_cmd("Page.captureScreenshot", {"format": "png", "fromSurface": True,
+                                                                   "optimizeForSpeed": True})
     finally:
         driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
     target = SCREENSHOTS / (re.sub(r"[^A-Za-z0-9_.-]+", "__", page.removesuffix(".html")) + suffix + ".png")
