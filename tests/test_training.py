@@ -160,3 +160,18 @@ def test_autocast_trains_and_evaluates_and_a_bad_dtype_is_named():
     assert evaluate_lm_loss(model, data, autocast_dtype="bfloat16") == pytest.approx(full, rel=0.05)
     with pytest.raises(ValueError, match="'bfloat' is not a torch dtype"):
         train(build_llama(SPEC, seed=0), data, TrainConfig(steps=1, autocast_dtype="bfloat", progress=False))
+
+
+def test_deterministic_kernels_are_set_without_loading_the_compiler():
+    """``deterministic_algorithms`` turns on torch's deterministic mode, warning only, as the public call does,
+    without importing ``torch._inductor`` (a second of every process that trains), in a fresh process."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, torch\nfrom dalign_core.seeding import deterministic_algorithms\n"
+             "assert not torch.are_deterministic_algorithms_enabled()\ndeterministic_algorithms()\n"
+             "print(torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),"
+             " 'torch._inductor.config' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True", "False"]
