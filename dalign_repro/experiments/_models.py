@@ -225,9 +225,10 @@ def run_model_jobs(experiment: str, config: ExperimentConfig, out_dir: str | Pat
     if earlier:
         log.info("%s: %d of %d models' rows taken from the existing table (their sweeps are unchanged)",
                  experiment, len(earlier), len(models))
-    todo = [m.job for m in models if m.job.name not in earlier]
-    for model in models:
-        model.family.import_modules()  # once here, not in every worker run_jobs forks
+    todo_models = [m for m in models if m.job.name not in earlier]
+    for family in {m.family.name: m.family for m in todo_models}.values():
+        family.import_modules()  # once here, not in every worker run_jobs forks (nothing when all rows are reused)
+    todo = [m.job for m in todo_models]
     computed = run_jobs(jobs_folder(experiment, config, out_dir), todo,
                         lambda job, _group: work(by_name[job.name]), collect="main") if todo else {}
     if not context().is_main:
