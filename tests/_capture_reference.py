@@ -1,9 +1,13 @@
 """The capture's output on fixed models and batches, saved once so that a change of the capture can be checked
 bit for bit against what it gave before (``tests/test_capture_speed.py``).
 
-``python tests/_capture_reference.py`` rewrites ``tests/capture_reference.pt``: run it only on purpose (it was
-written before the capture stopped recording parameters' graphs, commit noted in the file), never to make a
-failing comparison pass.
+The file holds one reference per machine (its fingerprint, :func:`machine`: another CPU's kernels may round
+otherwise), each written with the capture of the commit it records, before the capture stopped recording
+parameters' graphs. A machine without one is compared to float precision. To add one: in a worktree at the recorded
+commit, run this script as it was then (``git show 9ae9b99:tests/_capture_reference.py``, with that worktree on
+``PYTHONPATH``), then ``python tests/_capture_reference.py --merge <the file it wrote>`` here. Without ``--merge`` it
+writes this machine's entry from the capture of the working tree: run it only on purpose, never to make a failing
+comparison pass.
 """
 
 from __future__ import annotations
@@ -129,31 +133,73 @@ def redundancy_all() -> dict[str, torch.Tensor]:
     return out
 
 
-def machine() -> dict:
-    """What bit-identity of float results depends on beyond the code: torch's version and the CPU."""
-    cpu = ""
+def _cpuinfo(field: str) -> str:
     try:
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                   if line.startswith("model name"))
+        return next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.split(":", 1)[0].strip() == field)
     except (OSError, StopIteration):
-        cpu = platform.processor()
-    return {"torch": str(torch.__version__), "cpu": cpu, "machine": platform.machine(),
-            "threads": torch.get_num_threads()}
+        return ""
 
 
-def main() -> int:
-    from dalign_core.atomic import atomic_write_bytes
-    from dalign_core.capture.hooks import activation_gradients
+def machine() -> dict:
+    """What bit-identity of float results depends on beyond the code: torch's version, the CPU and the vector
+    instructions torch's kernels dispatch to (two CPUs both named "AMD EPYC" differ in them and round differently)."""
+    return {"torch": str(torch.__version__), "cpu": _cpuinfo("model name") or platform.processor(),
+            "machine": platform.machine(), "threads": torch.get_num_threads(),
+            "cpu_family_model": f"{_cpuinfo('cpu family')}/{_cpuinfo('model')}",
+            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
-    torch.set_num_threads(1)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True).stdout.strip()
+
+def references() -> list[dict]:
+    """The saved references, one per machine: each ``{"capture", "redundancy", "machine", "commit"}``."""
+    saved = torch.load(REFERENCE, weights_only=True)
+    return saved["references"] if "references" in saved else [saved]
+
+
+def reference_for_this_machine() -> tuple[dict, bool]:
+    """The reference written on a machine like this one (every field of :func:`machine` equal) and True, or the first
+    one and False: another machine's kernels may round differently, so only float precision can be asked of it."""
+    here = machine()
+    saved = references()
+    return next(((entry, True) for entry in saved if entry["machine"] == here), (saved[0], False))
+
+
+def _save(entries: list[dict]) -> None:
     import io
 
+    from dalign_core.atomic import atomic_write_bytes
+
     buffer = io.BytesIO()
-    torch.save({"capture": capture_all(activation_gradients), "redundancy": redundancy_all(), "machine": machine(),
-                "commit": commit}, buffer)
+    torch.save({"references": entries}, buffer)
     atomic_write_bytes(REFERENCE, buffer.getvalue())
-    print(f"wrote {REFERENCE} ({REFERENCE.stat().st_size} bytes) at commit {commit}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--merge", type=Path, metavar="FILE",
+                        help="add FILE, a reference this script wrote on this machine at the commit the references "
+                             "record (see the module's docstring), as this machine's entry")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    if args.merge is None:
+        from dalign_core.capture.hooks import activation_gradients
+
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True).stdout.strip()
+        entry = {"capture": capture_all(activation_gradients), "redundancy": redundancy_all(), "commit": commit}
+    else:
+        written = torch.load(args.merge, weights_only=True)
+        entry = {key: written[key] for key in ("capture", "redundancy", "commit")}
+        here = machine()
+        if any(here.get(key) != value for key, value in written["machine"].items()):
+            print(f"error: {args.merge} was written on another machine ({written['machine']}); merge it there",
+                  file=sys.stderr)
+            return 2
+    entry["machine"] = machine()
+    entries = [saved for saved in (references() if REFERENCE.exists() else []) if saved["machine"] != entry["machine"]]
+    _save(entries + [entry])
+    print(f"wrote {REFERENCE}: {len(entries) + 1} machines; this one's from commit {entry['commit']}")
     return 0
 
 

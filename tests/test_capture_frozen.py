@@ -32,8 +32,7 @@ def _flags(model) -> dict[str, bool]:
 
 
 def test_q_is_bit_identical_to_the_saved_reference(one_thread):
-    saved = torch.load(reference.REFERENCE, weights_only=True)
-    same_machine = saved["machine"] == reference.machine()
+    saved, same_machine = reference.reference_for_this_machine()
     captured = reference.capture_all(activation_gradients)
     collected = reference.redundancy_all()
     assert captured.keys() == saved["capture"].keys() and collected.keys() == saved["redundancy"].keys()

@@ -25,10 +25,26 @@ PINNED = {
     (96, 96, 8, 0.1, 2, 3, 5000, 0, True): (2469, 0.027405016550301843, 1.5359530721192196),
 }
 
-# One pool's split takes the first M of np.argpartition's (implementation-defined) order; this is that order on the
-# machine that pinned the values. Where numpy orders otherwise, one-pool values cannot be compared.
+# One pool's split takes the first M of np.argpartition's (implementation-defined) order, and numpy's order for a
+# large enough row depends on the SIMD code it dispatches to on the CPU. Where a target's order differs, the one-pool
+# values it gives with the code of c451a9b are pinned for it here (computed there with that commit's resampler, equal to
+# today's): AVX2 (X86_V3) orders the 220 smallest of 300 otherwise than the machine that pinned PINNED.
+PINNED_FOR_TARGET = {
+    "X86_V3": {(300, 300, 16, 0.03, 100, 120, 3000, 11, True): (33, 0.08381412654368332, 0.0012929079620038254)},
+}
+
+# Small rows are ordered alike on every target; this is that order on the machine that pinned the values. Where numpy
+# orders even these otherwise (another numpy), one-pool values cannot be compared.
 ARGPARTITION_ORDER = [[12, 35, 43, 27, 2, 3, 44, 34], [33, 44, 30, 27, 48, 7, 20, 8],
                       [24, 4, 44, 15, 29, 7, 49, 6], [5, 0, 24, 18, 12, 13, 1, 38]]
+
+
+def numpy_simd_target() -> str:
+    """The most capable SIMD target numpy dispatches to on this CPU (e.g. ``X86_V3`` for AVX2), or ``baseline``."""
+    from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+
+    available = [target for target in __cpu_dispatch__ if __cpu_features__.get(target)]
+    return available[-1] if available else "baseline"
 
 
 def _pools(n1, n2, d, shift, seed):
@@ -48,7 +64,7 @@ def test_p_hat_is_the_pinned_one(case, cached):
     a, b = _pools(n1, n2, d, shift, seed)
     C = cross_gram(a) if one_pool else cross_gram(a, b)
     estimate = misalignment_probability(None, C=C, one_pool=one_pool, M=M, K=K, trials=trials, seed=seed)
-    misaligned, mean, variance = PINNED[case]
+    misaligned, mean, variance = PINNED_FOR_TARGET.get(numpy_simd_target(), {}).get(case, PINNED[case])
     assert round(estimate.p_misalign * trials) == misaligned and estimate.p_misalign == misaligned / trials
     assert estimate.mean == pytest.approx(mean, rel=1e-12, abs=1e-15)
     assert estimate.variance == pytest.approx(variance, rel=1e-12)
