@@ -36,10 +36,35 @@ def _label(holds: int, total: int, reversed_: int = 0) -> str:
     return "partly" if holds else "contradicted" if total and reversed_ == total else "inconclusive"
 
 
-def _rank_correlation(x: np.ndarray, y: np.ndarray) -> float:
-    """Spearman's ρ as ``scipy.stats.spearmanr(x, y).statistic`` computes it (Pearson's r of the average ranks),
-    without its per-call argument handling: the interval's bootstrap calls it thousands of times."""
-    return float(np.corrcoef(stats.rankdata(x), stats.rankdata(y))[1, 0])
+def _average_ranks(codes: np.ndarray, distinct: int) -> np.ndarray:
+    """The average ranks (1-based, ties sharing their mean rank) of values given as ``codes``, each value's position
+    among the ``distinct`` sorted distinct values: ``scipy.stats.rankdata(values)``'s numbers exactly (half-integers)."""
+    counts = np.bincount(codes, minlength=distinct)
+    return (np.cumsum(counts) - (counts - 1) / 2)[codes]
+
+
+class _BudgetRows:
+    """One budget's (B_exact, p̂) rows grouped by model, with each value's position among the column's distinct values,
+    so that a resample's ranks come from counts (:func:`_average_ranks`) instead of a sort of its rows."""
+
+    def __init__(self, values: np.ndarray, owners: np.ndarray, models: list[str]):
+        self.values = values
+        self.rows_of = {m: np.flatnonzero(owners == m) for m in models}
+        self.exact = bool(np.isfinite(values).all())  # NaN has no rank here: such a budget takes scipy's way
+        self.codes = [np.unique(column, return_inverse=True) for column in values.T] if self.exact else []
+
+    def rank_correlation(self, picked: list[str]) -> float:
+        """Spearman's ρ of the picked models' rows (a model picked twice counts twice), as
+        ``scipy.stats.spearmanr(x, y).statistic`` computes it: Pearson's r of the average ranks; NaN where a column
+        is constant or there are fewer than 3 rows."""
+        rows = np.concatenate([self.rows_of[m] for m in picked])
+        x, y = self.values[rows, 0], self.values[rows, 1]
+        if len(rows) <= 2 or not (np.ptp(x) > 0 and np.ptp(y) > 0):
+            return math.nan
+        if not self.exact:
+            return float(np.corrcoef(stats.rankdata(x), stats.rankdata(y))[1, 0])
+        ranks = [_average_ranks(inverse[rows], len(distinct)) for distinct, inverse in self.codes]
+        return float(np.corrcoef(*ranks)[1, 0])
 
 
 def tracking_interval(budgets: list[pd.DataFrame], confidence: float = 0.95, resamples: int = 2000, seed: int = 0
@@ -51,15 +76,10 @@ def tracking_interval(budgets: list[pd.DataFrame], confidence: float = 0.95, res
         return math.nan, math.nan, math.nan, 0
     key = lambda g: (g.model.astype(str) + "|" + g.seed.astype(str)).to_numpy()  # noqa: E731
     models = sorted(set().union(*(set(key(g)) for g in budgets)))
-    # per budget: each model's (B_exact, p̂) rows, so a resample is a concatenation of arrays
-    parts = [{m: g[["b_exact", "p_misalign"]].to_numpy(float)[key(g) == m] for m in models} for g in budgets]
+    parts = [_BudgetRows(g[["b_exact", "p_misalign"]].to_numpy(float), key(g), models) for g in budgets]
 
     def statistic(picked: list[str]) -> float:
-        values = []
-        for part in parts:
-            rows = np.concatenate([part[m] for m in picked])
-            values.append(_rank_correlation(rows[:, 0], rows[:, 1]) if len(rows) > 2 and
-                          np.ptp(rows[:, 0]) > 0 and np.ptp(rows[:, 1]) > 0 else math.nan)
+        values = [part.rank_correlation(picked) for part in parts]
         return float(np.nanmedian(values)) if np.isfinite(values).any() else math.nan
 
     rho = statistic(models)
