@@ -16,6 +16,7 @@ from dalign_repro.claims.checks import (CAN_BARELY_FAIL, CHECKS, HALF_CERTIFICAT
                                        coverage_fail_chance)
 from dalign_repro.claims.rows import (NOT_RUN, Row, STALE, read_current, is_stale, regimes_of, regime_part, FAMILIES,
                                      scope_of)
+from dalign_repro.studies.growth.scoring import average_ranks
 
 __all__ = ["TRACKING", "COVERAGE", "UNINFORMATIVE", "tracking_interval", "tracking_label", "certificate_rows"]
 
@@ -36,16 +37,9 @@ def _label(holds: int, total: int, reversed_: int = 0) -> str:
     return "partly" if holds else "contradicted" if total and reversed_ == total else "inconclusive"
 
 
-def _average_ranks(codes: np.ndarray, distinct: int) -> np.ndarray:
-    """The average ranks (1-based, ties sharing their mean rank) of values given as ``codes``, each value's position
-    among the ``distinct`` sorted distinct values: ``scipy.stats.rankdata(values)``'s numbers exactly (half-integers)."""
-    counts = np.bincount(codes, minlength=distinct)
-    return (np.cumsum(counts) - (counts - 1) / 2)[codes]
-
-
 class _BudgetRows:
     """One budget's (B_exact, p̂) rows grouped by model, with each value's position among the column's distinct values,
-    so that a resample's ranks come from counts (:func:`_average_ranks`) instead of a sort of its rows."""
+    so that a resample's ranks come from counts (:func:`average_ranks`) instead of a sort of its rows."""
 
     def __init__(self, values: np.ndarray, owners: np.ndarray, models: list[str]):
         self.values = values
@@ -63,7 +57,7 @@ class _BudgetRows:
             return math.nan
         if not self.exact:
             return float(np.corrcoef(stats.rankdata(x), stats.rankdata(y))[1, 0])
-        ranks = [_average_ranks(inverse[rows], len(distinct)) for distinct, inverse in self.codes]
+        ranks = [average_ranks(inverse[rows], len(distinct)) for distinct, inverse in self.codes]
         return float(np.corrcoef(*ranks)[1, 0])
 
 

@@ -28,7 +28,7 @@ from scipy import stats
 from dalign_repro.sweep.trend import Verdict
 from dalign_core.growth.predicting import SIGN, order, point_rows
 
-__all__ = ["CLAIM", "RHO_CLAIM", "CALIBRATION", "spearman", "spearman_interval", "MODEL_KEYS", "model_keys", "score",
+__all__ = ["CLAIM", "RHO_CLAIM", "CALIBRATION", "spearman", "average_ranks", "spearman_interval", "MODEL_KEYS", "model_keys", "score",
            "first_choice", "order", "point_rows", "t_quantile", "t_interval", "summarize", "label_for", "verdict"]
 
 
@@ -51,10 +51,19 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float:
     x, y = x[keep], y[keep]
     if len(x) < 2:
         return math.nan
-    rx, ry = stats.rankdata(x), stats.rankdata(y)
-    if rx.std() == 0 or ry.std() == 0:
+    (xs, x_codes), (ys, y_codes) = np.unique(x, return_inverse=True), np.unique(y, return_inverse=True)
+    if len(xs) == 1 or len(ys) == 1:
         return math.nan
-    return float(np.corrcoef(rx, ry)[0, 1])
+    return float(np.corrcoef(average_ranks(x_codes, len(xs)), average_ranks(y_codes, len(ys)))[0, 1])
+
+
+def average_ranks(codes: np.ndarray, distinct: int) -> np.ndarray:
+    """The average ranks (1-based, ties sharing their mean rank) of values given as ``codes``, each value's position
+    among the ``distinct`` sorted distinct values (``np.unique(values, return_inverse=True)[1]``):
+    ``scipy.stats.rankdata(values)``'s numbers exactly (half-integers), from counts instead of a sort, so a resample
+    of coded rows is ranked in linear time."""
+    counts = np.bincount(codes, minlength=distinct)
+    return (np.cumsum(counts) - (counts - 1) / 2)[codes]
 
 
 @functools.lru_cache(maxsize=16)
