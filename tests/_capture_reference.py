@@ -1,5 +1,5 @@
 """The capture's output on fixed models and batches, saved once so that a change of the capture can be checked
-bit for bit against what it gave before (``tests/test_capture_speed.py``).
+bit for bit against what it gave before (``tests/test_capture_frozen.py``).
 
 The file holds one reference per machine (its fingerprint, :func:`machine`: another CPU's kernels may round
 otherwise), each written with the capture of the commit it records, before the capture stopped recording

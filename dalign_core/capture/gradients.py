@@ -4,7 +4,7 @@ formed, and ``torch.autograd.grad`` of their sum reaches down to the zs only (no
 No parameter records a graph during the forward (:func:`parameters_frozen`): below z nothing needs one (the hook makes
 z a leaf of its own when nothing below requires gradients), and above z only the path from the loss to z is
 differentiated, which needs no parameter's gradient; so the forward saves no tensor for a weight gradient and the
-backward forms none, and q is the same number (the same kernels on the same values; ``tests/test_capture_speed.py``
+backward forms none, and q is the same number (the same kernels on the same values; ``tests/test_capture_frozen.py``
 checks it bit for bit). ``requires_grad`` is restored exactly afterwards, also on an error or a Ctrl-C.
 
 Refused here, where the graph shows it: a layer that does not run exactly once, an output that is not batch-first,
