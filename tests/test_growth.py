@@ -119,6 +119,20 @@ def test_predictors_match_direct_computations():
         growth.predictors(model, layers, heldout[:1], train, budgets=(64,))
 
 
+def test_average_ranks_are_scipys_rankdata_exactly():
+    """The counts give scipy's average ranks to the bit (ties, ±inf, one value), so ρ is the same number as before."""
+    from dalign_repro.studies.growth.scoring import average_ranks
+
+    rng = np.random.default_rng(3)
+    for size in (1, 2, 7, 40):
+        for values in (rng.normal(size=size), rng.integers(0, 3, size).astype(float),
+                       np.where(rng.random(size) < 0.3, np.inf, rng.integers(0, 5, size)).astype(float),
+                       np.full(size, -np.inf)):
+            distinct, codes = np.unique(values, return_inverse=True)
+            ranks = average_ranks(codes, len(distinct))
+            assert ranks.dtype == np.float64 and np.array_equal(ranks, stats.rankdata(values)), values
+
+
 def test_spearman_and_its_interval():
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=12), rng.normal(size=12)
