@@ -29,7 +29,8 @@ from dalign_repro.sweep.trend import Verdict
 from dalign_core.growth.predicting import SIGN, order, point_rows
 
 __all__ = ["CLAIM", "RHO_CLAIM", "CALIBRATION", "spearman", "average_ranks", "spearman_interval", "MODEL_KEYS",
-           "model_keys", "score", "first_choice", "order", "point_rows", "t_quantile", "t_interval", "summarize", "label_for", "verdict"]
+           "model_keys", "score", "first_choice", "order", "point_rows", "t_quantile", "t_interval", "summarize",
+           "label_for", "verdict"]
 
 
 CLAIM = "d_align chooses where to grow better than the gradient norm and a random choice"
