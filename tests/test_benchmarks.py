@@ -84,7 +84,9 @@ def test_bench_sweep_measure_compares_a_pass_per_reduction_with_one_pass(tmp_pat
 def test_bench_command_prints_the_start_up_breakdown_and_the_redundancy_share(tmp_path):
     done = _bench("bench_command.py", "--quick", tmp_path=tmp_path)
     row = pd.read_csv(tmp_path / "bench_command.csv").iloc[0]
-    assert row.command_s > row.import_torch_s > 0 and row.work_s > 0 and row.check_default_s > 0
+    # each figure is measured on its own (a quick run has no warm-up round), so their order is the machine's load,
+    # not the code's: the test holds the arithmetic that joins them, not a timing
+    assert min(row.command_s, row.import_torch_s, row.work_s, row.check_default_s) > 0
     assert row.own_s == pytest.approx(row.command_s - row.import_torch_s - row.work_s)
     assert row.redundancy_share == pytest.approx(row.check_default_s / row.command_s)
     assert f"own cost {row.own_s:.2f} s" in done.stdout
