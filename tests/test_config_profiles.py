@@ -111,7 +111,9 @@ PINS = {
                                  training=("1a41a4716a47fb9e",)),
     ("resnet_width", "paper"): Pin("39776c2ef874a038", "39776c2ef874a038", "29f252db6a257b59",
                                    training=("7bb2a515f375bb71", "7db2188cb08d7368")),
-    ("resnet_width", "smoke"): Pin("0d9dcc07928f7057", "0d9dcc07928f7057", "555ca667f0768c84",
+    # smoke's rate grid became the two rates its models chose (2026-12-06): the same models, in the same checkpoint
+    # folder, from fewer rate trials (smoke results are not committed)
+    ("resnet_width", "smoke"): Pin("2188170c60862707", "2188170c60862707", "3a10151b04b7122a",
                                    training=("60d8546aec5b4d30",)),
     ("theory", "cpu"): Pin("9afd21668f24167d", "9afd21668f24167d", "9afd21668f24167d"),
     ("theory", "gpu"): Pin("e7ea7339c4ad3cc4", "e7ea7339c4ad3cc4", "e7ea7339c4ad3cc4"),
