@@ -38,7 +38,7 @@ minus the memory allocated before the timed passes.
 
 Usage::
 
-    python benchmarks/bench_capture.py --out results/bench            # a few minutes on 2 busy CPU cores
+    python benchmarks/bench_capture.py --out results/bench            # about 6 minutes on 2 idle CPU cores
     python benchmarks/bench_capture.py --out results/bench --quick    # widths 128, 256 only
     python benchmarks/bench_capture.py --out /tmp/bench --widths 32 256 --methods floor capture capture_unchecked
                                                  # the capture's cost over its floor
@@ -79,11 +79,19 @@ SELF_CHECK = "self_check"
 """The determinism self-check's work alone: example 0 of the first batch, forward and backward down to the layer
 (timed for the capture ratio, not a method of the table)."""
 TARGET_RATIO = 1.15
-CAPTURE_RATIO_CASE = {"width": 256, "layers": 4, "batches": 1, "batch_size": 32, "seq_len": 128}
-"""The setup of the capture ratio: one batch of 32 x 128 tokens at one layer of a 4-layer LLaMA of width 256."""
+CAPTURE_RATIO_CASE = {"width": 256, "layers": 4, "batches": 1, "batch_size": 32, "seq_len": 128, "repeats": 7}
+"""The setup of the capture ratio: one batch of 32 x 128 tokens at one layer of a 4-layer LLaMA of width 256, the best
+of 7 passes of each method (about 15 s in all): the check is 4-9% of this capture and the fastest peer within a few
+percent of the unchecked capture, differences that the best of 3 passes did not read apart from the load's."""
 CAPTURE_RATIO_QUICK = {"width": 128, "layers": 4, "batches": 1, "batch_size": 8, "seq_len": 64}
 CAPTURE_RATIO_TARGET = 1.05
 """Capture plus estimation of that batch, determinism self-check on, at most this times a bare forward+backward."""
+PER_WIDTH_CASE = {"batch_size": 16, "batches": 8}
+"""The per-width passes: 128 sequences in batches of 16, a ``dalign estimate`` of 128 examples at its default batch
+size. The self-check is a fixed cost per capture (example 0 of the first batch once more, about 5 ms at N = 128 on
+one thread), so it weighs on a capture in proportion to how little else the capture does: 15-25% of
+``PER_WIDTH_QUICK``'s 16 sequences, which is what the per-width passes held until 2026-12-06."""
+PER_WIDTH_QUICK = {"batch_size": 8, "batches": 2}
 
 
 # ---------------------------------------------------------------------------
@@ -451,14 +459,22 @@ def main(argv=None) -> int:
     parser.add_argument("--layers", type=int, default=4, help="decoder layers")
     parser.add_argument("--vocab", type=int, default=2048)
     parser.add_argument("--seq-len", type=int, default=32)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--batches", type=int, default=2, help="batches per pass (examples = batches x batch size)")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help=f"sequences per batch (default {PER_WIDTH_CASE['batch_size']}, as dalign estimate's; "
+                             f"--quick: {PER_WIDTH_QUICK['batch_size']})")
+    parser.add_argument("--batches", type=int, default=None,
+                        help=f"batches per pass (examples = batches x batch size; default {PER_WIDTH_CASE['batches']}, "
+                             f"--quick: {PER_WIDTH_QUICK['batches']})")
     parser.add_argument("--repeats", type=int, default=3, help="timed passes after one warm-up pass (the best is reported, the median is in the CSV)")
     parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu or cuda")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quick", action="store_true", help="widths 128 and 256 only, unless --widths says")
+    parser.add_argument("--quick", action="store_true",
+                        help="widths 128 and 256 only, unless --widths says, and 2 batches of 8 sequences")
     args = parser.parse_args(argv)
+    for field, value in (PER_WIDTH_QUICK if args.quick else PER_WIDTH_CASE).items():
+        if getattr(args, field) is None:
+            setattr(args, field, value)
 
     if args.device == "auto":
         import torch
