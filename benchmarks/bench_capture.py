@@ -38,8 +38,8 @@ minus the memory allocated before the timed passes.
 
 Usage::
 
-    python benchmarks/bench_capture.py --out results/bench            # about 6 minutes on 2 idle CPU cores
-    python benchmarks/bench_capture.py --out results/bench --quick    # widths 128, 256 only
+    python benchmarks/bench_capture.py --out results/bench            # 7-8 minutes on 2 idle CPU cores
+    python benchmarks/bench_capture.py --out results/bench --quick    # widths 128, 256 only, 2 x 8 sequences
     python benchmarks/bench_capture.py --out /tmp/bench --widths 32 256 --methods floor capture capture_unchecked
                                                  # the capture's cost over its floor
 
@@ -81,7 +81,7 @@ SELF_CHECK = "self_check"
 TARGET_RATIO = 1.15
 CAPTURE_RATIO_CASE = {"width": 256, "layers": 4, "batches": 1, "batch_size": 32, "seq_len": 128, "repeats": 7}
 """The setup of the capture ratio: one batch of 32 x 128 tokens at one layer of a 4-layer LLaMA of width 256, the best
-of 7 passes of each method (about 15 s in all): the check is 4-9% of this capture and the fastest peer within a few
+of 7 passes of each method: the check is 4-9% of this capture and the fastest peer within a few
 percent of the unchecked capture, differences that the best of 3 passes did not read apart from the load's."""
 CAPTURE_RATIO_QUICK = {"width": 128, "layers": 4, "batches": 1, "batch_size": 8, "seq_len": 64}
 CAPTURE_RATIO_TARGET = 1.05
