@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import sys
 
-from dalign_repro.experiments import experiment, experiment_names
+from dalign_repro.experiments import NAMES
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the experiment ``argv[0]`` names with the rest of ``argv`` as its options; the exit status."""
     argv = sys.argv[1:] if argv is None else argv
-    names = sorted(experiment_names())
+    names = sorted(NAMES)
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: python -m dalign_repro <experiment> [--profile P] [--set field=value ...] [--dry-run]\n"
               "experiments: " + ", ".join(names))
@@ -25,6 +25,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no experiment named {name!r}; choose one of: {', '.join(names)}", file=sys.stderr)
         return 2
     sys.argv = [f"python -m dalign_repro {name}", *rest]  # the usage line argparse prints names the command typed
+    from dalign_repro.experiments import experiment  # imports torch: only once an experiment runs
+
     experiment(name).main(rest)
     return 0
 

@@ -107,7 +107,9 @@ def test_print_config_is_a_fixed_point_of_config(name, profile, tmp_path, capsys
 
 
 def _python_m(*args: str, cwd) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=300, cwd=cwd,
+    """``python -m <args>`` (or ``python -X <option> -m <args>`` where ``args`` start with ``"-X"``) in ``cwd``."""
+    options, args = (args[:2], args[2:]) if args[0] == "-X" else ((), args)
+    return subprocess.run([sys.executable, *options, "-m", *args], capture_output=True, text=True, timeout=300, cwd=cwd,
                           env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
 
 
@@ -123,8 +125,10 @@ def test_both_entries_print_a_config_the_other_reads_back(tmp_path):
 
 
 def test_python_m_dalign_repro_lists_the_experiments_and_refuses_an_unknown_one(tmp_path):
-    listed = _python_m("dalign_repro", cwd=tmp_path)
+    listed = _python_m("-X", "importtime", "dalign_repro", cwd=tmp_path)
     assert listed.returncode == 2 and "experiments: " + ", ".join(sorted(NAMES)) in listed.stdout
+    imported = {line.rpartition("|")[2].strip() for line in listed.stderr.splitlines() if line.startswith("import time:")}
+    assert "dalign_repro.experiments" in imported and not imported & {"torch", "pandas"}  # the listing starts at once
     unknown = _python_m("dalign_repro", "lama_width", cwd=tmp_path)
     assert unknown.returncode == 2 and "no experiment named 'lama_width'" in unknown.stderr
     bad = _python_m("dalign_repro", "theory", "--profile", "smoke", "--set", "dims=eight", cwd=tmp_path)

@@ -11,6 +11,16 @@ NAMES = ("theory", "llama_width", "pythia_width", "pythia_checkpoints", "resnet_
 """Every experiment module's name, in the order of the book's chapters: each declares the experiment of that name
 (``tests/test_experiments_runner.py`` checks both ways)."""
 
-from dalign_repro.experiments._runner import EXPERIMENTS, Experiment, experiment, experiment_names  # noqa: E402
-
 __all__ = ["NAMES", "EXPERIMENTS", "Experiment", "experiment", "experiment_names"]
+
+_FROM_RUNNER = ("EXPERIMENTS", "Experiment", "experiment", "experiment_names")
+
+
+def __getattr__(name: str):
+    """The runner's names, imported on first use: ``python -m dalign_repro`` lists :data:`NAMES` without importing
+    torch and pandas (the runner's imports), which an experiment's own import brings in anyway."""
+    if name in _FROM_RUNNER:
+        from dalign_repro.experiments import _runner
+
+        return getattr(_runner, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
