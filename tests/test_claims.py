@@ -283,17 +283,18 @@ def test_a_regime_that_is_the_papers_has_no_scale_mark():
 
 
 @pytest.mark.skipif(not (CPU / "resnet_geometry.csv").exists(), reason="the committed cpu results are not present")
-def test_no_width_verdict_depends_on_the_floor_under_the_log(monkeypatch):
+def test_no_width_verdict_depends_on_the_floor_under_the_log(monkeypatch, committed_cpu_claims_table):
     """ResNet-20's ‖μ‖² interval holds 0 at most late checkpoints: "not estimable" at any floor; LLaMA and Pythia's
-    labels do not move either (their verdicts leave rows reading 0 out instead of flooring them)."""
-    labels = {}
-    for floor in (1e-5, 1e-8):
-        monkeypatch.setattr(trend, "FLOOR", floor)
-        table = width_claims.width_rows(CPU)
-        labels[floor] = {(row.claim, row.scope): (row.verdict, f"{row.slope:.12g}") for row in table
-                         if row.verdict != claims.NOT_RUN}
-    assert labels[1e-5] == labels[1e-8]
-    resnet = {key: value for key, value in labels[1e-5].items() if key[1].startswith("ResNet")}
+    labels do not move either (their verdicts leave rows reading 0 out instead of flooring them). The committed
+    claims table is judged at the library's floor (1e-6); its width rows are judged again here at 1e-9."""
+    assert trend.FLOOR == 1e-6
+    monkeypatch.setattr(trend, "FLOOR", 1e-9)
+    floored = {(row.claim, row.scope): (row.verdict, f"{row.slope:.12g}") for row in width_claims.width_rows(CPU)
+               if row.verdict != claims.NOT_RUN}
+    at_default = committed_cpu_claims_table.set_index(["claim", "scope"])
+    labels = {key: (at_default.verdict[key], f"{at_default.slope[key]:.12g}") for key in floored}
+    assert len(floored) >= 6 and labels == floored
+    resnet = {key: value for key, value in labels.items() if key[1].startswith("ResNet")}
     assert resnet[("d_align rises with width (matched steps)", "ResNet-20, fashion-mnist")][0] == "not estimable"
     assert resnet[("d_align rises with width (matched loss)", "ResNet-20, fashion-mnist")][0] == "not estimable"
     # ... while the floored late-window slope the sweep's trend table holds does move with the floor
