@@ -404,7 +404,19 @@ def _versus_peers(capture_s: float, by_method: dict) -> dict:
     best = min(ran, key=ran.get)
     ratio = capture_s / ran[best]
     return {"best_peer": best, "best_peer_s": ran[best], "capture_over_best_peer": ratio,
-            "peers_s": ran, "meets_peer_target": bool(ratio <= PEER_TARGET)}
+            "peers_s": ran, "meets_peer_target": bool(ratio <= PEER_TARGET),
+            **_paired_rounds(by_method.get("capture", {}).get("times_s", ()), by_method[best].get("times_s", ()))}
+
+
+def _paired_rounds(capture_times, peer_times) -> dict:
+    """The capture's time over the peer's in each round (the methods run one after the other within a round, so a
+    round's ratio shares its load): their median and quartiles, printed beside the judged ratio of the best passes
+    to show how far the rounds scatter about it. Empty where the two have no rounds in common."""
+    ratios = [c / p for c, p in zip(capture_times, peer_times) if p > 0]
+    if not ratios:
+        return {}
+    q25, median, q75 = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else ratios * 3
+    return {"paired_rounds": len(ratios), "paired_median": median, "paired_q25": q25, "paired_q75": q75}
 
 
 def peer_target(figure: str, versus: dict) -> dict:
@@ -412,6 +424,9 @@ def peer_target(figure: str, versus: dict) -> dict:
     from _bench import target
 
     peers = ", ".join(f"{m} {t:.3f} s" for m, t in (versus.get("peers_s") or {}).items()) or "no peer ran"
+    if "paired_median" in versus:
+        peers += (f"; round by round {versus['paired_median']:.2f}x (quartiles {versus['paired_q25']:.2f}-"
+                  f"{versus['paired_q75']:.2f})")
     return target(figure, versus["capture_over_best_peer"], PEER_TARGET, peers=peers)
 
 
@@ -422,6 +437,8 @@ def _peer_line(where: str, versus: dict, skipped=()) -> str:
     return (f"capture against the peers ({where}): {versus['capture_over_best_peer']:.2f}x the fastest, "
             f"{versus['best_peer']} ({times}); target <= {PEER_TARGET}x: "
             f"{'meets' if versus['meets_peer_target'] else 'MISSES'} it"
+            + (f"; round by round {versus['paired_median']:.2f}x (quartiles {versus['paired_q25']:.2f}-"
+               f"{versus['paired_q75']:.2f}, {versus['paired_rounds']} rounds)" if "paired_median" in versus else "")
             + (f"; {'; '.join(skipped)}" if skipped else ""))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import subprocess
 import sys
 
@@ -61,3 +62,23 @@ def test_a_benchmark_saves_its_targets_and_the_summary_reads_them(tmp_path, scri
     table = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "summary.py"), "--out", str(tmp_path)],
                            capture_output=True, text=True, timeout=120).stdout
     assert f"{worst:.2f}x" in table and "targets met" in table
+
+
+def test_the_capture_against_its_peers_shows_its_rounds_beside_the_best_passes():
+    """The judged figure stays the best capture pass over the fastest peer's best; each round's own ratio (the two run
+    one after the other) is summarized beside it, the median of the rounds' ratios, not a ratio of medians."""
+    import bench_capture  # noqa: PLC0415  (benchmarks/ is on the path above)
+
+    records = {"capture": {"status": "ok", "wall_s": 1.0, "times_s": [1.0, 1.3, 1.2, 1.6]},
+               "vmap": {"status": "ok", "wall_s": 1.2, "times_s": [1.2, 1.3, 1.4, 1.5]},
+               "backpack": {"status": "ok", "wall_s": 0.9, "times_s": [0.9, 1.0, 1.5, 1.6]},
+               "opacus": {"status": "failed", "wall_s": 0.1, "times_s": []}}
+    versus = bench_capture._versus_peers(1.0, records)
+    assert versus["best_peer"] == "backpack" and versus["capture_over_best_peer"] == pytest.approx(1.0 / 0.9)
+    rounds = [1.0 / 0.9, 1.3 / 1.0, 1.2 / 1.5, 1.6 / 1.6]  # round by round, against the best peer only
+    assert versus["paired_rounds"] == 4 and versus["paired_median"] == pytest.approx((1.0 / 0.9 + 1.6 / 1.6) / 2)  # the middle two
+    assert versus["paired_median"] == pytest.approx(statistics.median(rounds))
+    assert versus["paired_q25"] <= versus["paired_median"] <= versus["paired_q75"]
+    assert "round by round 1.06x" in bench_capture._peer_line("here", versus)
+    assert "round by round 1.06x" in bench_capture.peer_target("capture / fastest peer", versus)["peers"]
+    assert "paired_median" not in bench_capture._versus_peers(1.0, {**records, "capture": {"wall_s": 1.0}})
