@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -32,8 +34,22 @@ TOY = dict(families=("toy",), retention_budget=(8, 8), retention_draws=3, retent
            optimizer_resamples=2)
 
 
+@pytest.fixture(scope="module")
+def _toy_sweep(tmp_path_factory) -> Path:
+    """The toy sweep the studies read, trained once for this file: ``results/`` (its tables) and ``checkpoints/``."""
+    root = tmp_path_factory.mktemp("toy-sweep")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DALIGN_CHECKPOINTS", str(root / "checkpoints"))
+        _run_toy_sweep(ToyConfig(beatable=True), root / "results")
+    return root
+
+
 @pytest.fixture
-def toy_source(tmp_path, monkeypatch):
+def toy_source(tmp_path, monkeypatch, _toy_sweep):
+    """A results folder holding a copy of the toy sweep's tables (current, so a study does not train it again) and
+    its checkpoints beside it, with the toy family registered as the studies' only source."""
+    shutil.copytree(_toy_sweep / "results", tmp_path / "results")
+    shutil.copytree(_toy_sweep / "checkpoints", tmp_path / "checkpoints")
     monkeypatch.setenv("DALIGN_CHECKPOINTS", str(tmp_path / "checkpoints"))
     source = interventions.Source(lambda profile: ToyConfig(beatable=True), _run_toy_sweep, lambda c: FAMILY)
     monkeypatch.setitem(interventions.SOURCES, "toy", source)
