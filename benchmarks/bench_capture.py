@@ -419,15 +419,22 @@ def _paired_rounds(capture_times, peer_times) -> dict:
     return {"paired_rounds": len(ratios), "paired_median": median, "paired_q25": q25, "paired_q75": q75}
 
 
+def _rounds_text(versus: dict, count: bool = False) -> str:
+    """``"; round by round 1.04x (quartiles 0.98-1.10)"`` (``count``: with the number of rounds), or ``""`` where
+    :func:`_paired_rounds` found none."""
+    if "paired_median" not in versus:
+        return ""
+    rounds = f", {versus['paired_rounds']} rounds" if count else ""
+    return (f"; round by round {versus['paired_median']:.2f}x (quartiles {versus['paired_q25']:.2f}-"
+            f"{versus['paired_q75']:.2f}{rounds})")
+
+
 def peer_target(figure: str, versus: dict) -> dict:
     """The capture's time over the fastest peer's, with every peer's time, as ``benchmarks/summary.py`` prints it."""
     from _bench import target
 
     peers = ", ".join(f"{m} {t:.3f} s" for m, t in (versus.get("peers_s") or {}).items()) or "no peer ran"
-    if "paired_median" in versus:
-        peers += (f"; round by round {versus['paired_median']:.2f}x (quartiles {versus['paired_q25']:.2f}-"
-                  f"{versus['paired_q75']:.2f})")
-    return target(figure, versus["capture_over_best_peer"], PEER_TARGET, peers=peers)
+    return target(figure, versus["capture_over_best_peer"], PEER_TARGET, peers=peers + _rounds_text(versus))
 
 
 def _peer_line(where: str, versus: dict, skipped=()) -> str:
@@ -437,8 +444,7 @@ def _peer_line(where: str, versus: dict, skipped=()) -> str:
     return (f"capture against the peers ({where}): {versus['capture_over_best_peer']:.2f}x the fastest, "
             f"{versus['best_peer']} ({times}); target <= {PEER_TARGET}x: "
             f"{'meets' if versus['meets_peer_target'] else 'MISSES'} it"
-            + (f"; round by round {versus['paired_median']:.2f}x (quartiles {versus['paired_q25']:.2f}-"
-               f"{versus['paired_q75']:.2f}, {versus['paired_rounds']} rounds)" if "paired_median" in versus else "")
+            + _rounds_text(versus, count=True)
             + (f"; {'; '.join(skipped)}" if skipped else ""))
 
 

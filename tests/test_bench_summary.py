@@ -76,7 +76,8 @@ def test_the_capture_against_its_peers_shows_its_rounds_beside_the_best_passes()
     versus = bench_capture._versus_peers(1.0, records)
     assert versus["best_peer"] == "backpack" and versus["capture_over_best_peer"] == pytest.approx(1.0 / 0.9)
     rounds = [1.0 / 0.9, 1.3 / 1.0, 1.2 / 1.5, 1.6 / 1.6]  # round by round, against the best peer only
-    assert versus["paired_rounds"] == 4 and versus["paired_median"] == pytest.approx((1.0 / 0.9 + 1.6 / 1.6) / 2)  # the middle two
+    assert versus["paired_rounds"] == 4  # the median: the middle two of the four rounds' ratios
+    assert versus["paired_median"] == pytest.approx((1.0 / 0.9 + 1.6 / 1.6) / 2)
     assert versus["paired_median"] == pytest.approx(statistics.median(rounds))
     assert versus["paired_q25"] <= versus["paired_median"] <= versus["paired_q75"]
     assert "round by round 1.06x" in bench_capture._peer_line("here", versus)

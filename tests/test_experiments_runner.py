@@ -106,9 +106,8 @@ def test_print_config_is_a_fixed_point_of_config(name, profile, tmp_path, capsys
     assert f"(config hash {wanted.config_hash()})" in text and seen["out_dir"] == tmp_path / "out"
 
 
-def _python_m(*args: str, cwd) -> subprocess.CompletedProcess:
-    """``python -m <args>`` (or ``python -X <option> -m <args>`` where ``args`` start with ``"-X"``) in ``cwd``."""
-    options, args = (args[:2], args[2:]) if args[0] == "-X" else ((), args)
+def _python_m(*args: str, cwd, options: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """``python <options> -m <args>`` in ``cwd``."""
     return subprocess.run([sys.executable, *options, "-m", *args], capture_output=True, text=True, timeout=300, cwd=cwd,
                           env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
 
@@ -125,9 +124,10 @@ def test_both_entries_print_a_config_the_other_reads_back(tmp_path):
 
 
 def test_python_m_dalign_repro_lists_the_experiments_and_refuses_an_unknown_one(tmp_path):
-    listed = _python_m("-X", "importtime", "dalign_repro", cwd=tmp_path)
+    listed = _python_m("dalign_repro", cwd=tmp_path, options=("-X", "importtime"))
     assert listed.returncode == 2 and "experiments: " + ", ".join(sorted(NAMES)) in listed.stdout
-    imported = {line.rpartition("|")[2].strip() for line in listed.stderr.splitlines() if line.startswith("import time:")}
+    imported = {line.rpartition("|")[2].strip() for line in listed.stderr.splitlines()
+                if line.startswith("import time:")}
     assert "dalign_repro.experiments" in imported and not imported & {"torch", "pandas"}  # the listing starts at once
     unknown = _python_m("dalign_repro", "lama_width", cwd=tmp_path)
     assert unknown.returncode == 2 and "no experiment named 'lama_width'" in unknown.stderr
