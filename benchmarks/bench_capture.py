@@ -372,6 +372,28 @@ def _run_in_child(fn, case):
     return result
 
 
+def _import_what_children_use(args) -> None:
+    """Import here, once, what each forked child would otherwise import for itself: building a LLaMA through
+    transformers, the peers' set-up and torch._dynamo pull in about 1,700 modules (4.4 s of CPU on a 2-core AVX2
+    EPYC), which every child (one per width and one per method's memory) paid again. A one-layer model of width 32
+    is set up on one thread (a forked child of a process whose OpenMP pool ran on more threads can hang) and nothing
+    of it is timed; spawned children (CUDA) import for themselves."""
+    import torch
+
+    import dalign_core.capture.hooks  # noqa: F401
+
+    if args.device.startswith("cuda"):
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _setup(argparse.Namespace(**{**vars(args), "width": 32, "layers": 1, "batches": 1, "batch_size": 1,
+                                     "seq_len": 8, "vocab": 64, "threads": 0}))
+        import torch._dynamo  # noqa: F401 - what a child's first pass would import
+    finally:
+        torch.set_num_threads(threads)
+
+
 def capture_ratio(args) -> dict:
     """The capture ratio of :data:`CAPTURE_RATIO_CASE` (``--quick``: :data:`CAPTURE_RATIO_QUICK`), timed in a fresh
     process: best-of-``--repeats`` wall times of ``bare``, ``capture`` (self-check on) and ``capture_unchecked``, and
@@ -504,10 +526,7 @@ def main(argv=None) -> int:
 
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     widths = args.widths or ([128, 256] if args.quick else [128, 256, 512, 1024])
-    import torch  # noqa: F401 - imported once here; forked workers inherit it
-    import transformers  # noqa: F401
-
-    import dalign_core.capture.hooks  # noqa: F401
+    _import_what_children_use(args)
     records = []
     started = time.perf_counter()
     ratio = capture_ratio(args)

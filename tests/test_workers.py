@@ -390,3 +390,37 @@ def test_a_family_names_the_modules_its_build_imports():
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:3] == ["llama []", "pythia []", "resnet []"], done.stdout
+
+
+WORKER_TRAINING_IMPORTS = """
+import json, sys
+import torch
+from dalign_core import device
+from dalign_repro.training import distributed
+
+def imports_of_training(job, group=None):  # one SGD step of a linear model: what a job's training imports
+    before = set(sys.modules)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.ones(2, 4)).sum().backward()
+    optimizer.step()
+    return sorted(set(sys.modules) - before)
+
+device.configure("cpu")
+jobs = [distributed.Job(f"job{i}", cost=1.0, payload=i) for i in range(2)]
+print(json.dumps(sorted({m for new in distributed.run_jobs(None, jobs, imports_of_training, workers=2).values()
+                         for m in new})))
+"""
+
+
+def test_a_forked_worker_imports_nothing_to_train():
+    """A pool imports what training imports before it forks (an optimizer's first param group imports
+    torch._dynamo, about 900 modules): a worker's job then imports nothing, else each worker of each pool pays it
+    again (1.8 s of CPU on a 2-core AVX2 EPYC). In a fresh process, so that no other test has imported it."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", WORKER_TRAINING_IMPORTS], capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr
+    imported = json.loads(done.stdout.splitlines()[-1])
+    assert not imported, f"a worker's training imported {len(imported)} modules, e.g. {imported[:3]}"
