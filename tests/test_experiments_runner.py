@@ -123,6 +123,24 @@ def test_both_entries_print_a_config_the_other_reads_back(tmp_path):
     assert again.stdout == first.stdout and "trials: 500" in first.stdout
 
 
+PRINT_CONFIG_MODULES = """
+import atexit, runpy, sys
+atexit.register(lambda: print("modules:", *(name in sys.modules for name in ("dalign_repro.sweep.trend", "scipy.stats")),
+                              file=sys.stderr))
+sys.argv = ["dalign_repro", "llama_width", "--profile", "smoke", "--print-config"]
+runpy.run_module("dalign_repro", run_name="__main__")
+"""
+
+
+def test_a_sweeps_config_prints_without_importing_scipy_stats(tmp_path):
+    """The sweep's modules import scipy.stats where they use it: a process that loads them and computes no interval
+    (--print-config, a dry run, a torchrun rank) does not pay its 1.3 s of CPU."""
+    printed = subprocess.run([sys.executable, "-c", PRINT_CONFIG_MODULES], capture_output=True, text=True,
+                             timeout=300, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert printed.returncode == 0 and "widths:" in printed.stdout, printed.stderr[-2000:]
+    assert printed.stderr.splitlines()[-1] == "modules: True False"  # the sweep's trend module loaded, not scipy.stats
+
+
 def test_python_m_dalign_repro_lists_the_experiments_and_refuses_an_unknown_one(tmp_path):
     listed = _python_m("dalign_repro", cwd=tmp_path, options=("-X", "importtime"))
     assert listed.returncode == 2 and "experiments: " + ", ".join(sorted(NAMES)) in listed.stdout

@@ -62,7 +62,8 @@ from typing import Sequence
 
 import numpy as np
 import pandas as pd
-from scipy import stats
+# scipy.stats is imported by the functions that use it: importing it costs 1.3 s of CPU, paid at start-up by
+# every process importing this module (a dry run, a torchrun rank, --print-config) that never uses it.
 
 __all__ = ["PAPER_SLOPE", "SIGN", "LABELS", "VOCABULARY", "SLOPE_COLUMNS", "log_floor", "run_summaries",
            "matched_loss_summaries", "slope_test", "label_for", "detectable_slope", "power", "design_se",
@@ -179,6 +180,7 @@ def matched_loss_summaries(rows: pd.DataFrame, value: str, offsets: Sequence[flo
 
 def detectable_slope(se: float, df: int, confidence: float = 0.95, target_power: float = 0.8) -> float:
     """The smallest |slope| whose interval excludes 0 on its side with probability ``target_power``."""
+    from scipy import stats
     if not (np.isfinite(se) and df >= 1):
         return math.nan
     critical = stats.t.ppf(1 - (1 - confidence) / 2, df)
@@ -195,6 +197,7 @@ def detectable_slope(se: float, df: int, confidence: float = 0.95, target_power:
 
 def power(slope: float, se: float, df: int, confidence: float = 0.95) -> float:
     """Probability that the interval lies on ``slope``'s side of 0 when the true slope is ``slope``."""
+    from scipy import stats
     critical = stats.t.ppf(1 - (1 - confidence) / 2, df)
     return float(stats.nct.sf(critical, df, abs(slope) / se))
 
@@ -255,6 +258,7 @@ def slope_test(summaries: pd.DataFrame, reference: float = PAPER_SLOPE, confiden
     per-width means of y, as ``exp`` for a log quantity, "/"-joined). Fewer than 2 widths or 3 runs: NaN and
     ``"not run"``.
     """
+    from scipy import stats
     data = summaries[np.isfinite(summaries.y.astype(float))]
     widths = sorted(data.width.unique())
     row = dict(n_widths=len(widths), n_runs=len(data), reference=reference,
@@ -323,6 +327,7 @@ def simulate_labels(widths: Sequence[float], seeds: int, slope: float, *, run_sd
     Returns:
         The share of each of :data:`LABELS` (a Series indexed by label).
     """
+    from scipy import stats
     rng = np.random.default_rng(seed)
     x = np.repeat(np.log(np.asarray(widths, dtype=float)), seeds)
     shape = (trials, len(x))

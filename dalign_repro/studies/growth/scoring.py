@@ -23,7 +23,8 @@ from typing import Sequence
 
 import numpy as np
 import pandas as pd
-from scipy import stats
+# scipy.stats is imported by the functions that use it: importing it costs 1.3 s of CPU, paid at start-up by
+# every process importing this module (a dry run, a torchrun rank, --print-config) that never uses it.
 
 from dalign_repro.sweep.trend import Verdict
 from dalign_core.growth.predicting import SIGN, order, point_rows
@@ -69,6 +70,7 @@ def average_ranks(codes: np.ndarray, distinct: int) -> np.ndarray:
 
 @functools.lru_cache(maxsize=16)
 def _normal_quantile(confidence: float) -> float:
+    from scipy import stats
     return float(stats.norm.ppf(1 - (1 - confidence) / 2))
 
 
@@ -128,6 +130,7 @@ def first_choice(signed: np.ndarray) -> int:
 def t_quantile(confidence: float, dof: int) -> float:
     """The two-sided ``confidence`` quantile of Student's t with ``dof`` degrees of freedom (cached: the decision's
     calibration simulations ask for the same few thousands of times)."""
+    from scipy import stats
     return float(stats.t.ppf(1 - (1 - confidence) / 2, dof))
 
 
