@@ -125,6 +125,9 @@ def test_both_entries_print_a_config_the_other_reads_back(tmp_path):
 
 PRINT_CONFIG_MODULES = """
 import atexit, runpy, sys
+# every module that imports scipy.stats where it uses it; each is loaded by some experiment's --print-config
+import dalign_repro.claims.certificates, dalign_repro.claims.checks, dalign_repro.experiments.llama_context
+import dalign_repro.studies.growth.scoring, dalign_repro.sweep.clock, dalign_repro.sweep.operating_point
 atexit.register(lambda: print("modules:", *(name in sys.modules for name in ("dalign_repro.sweep.trend", "scipy.stats")),
                               file=sys.stderr))
 sys.argv = ["dalign_repro", "llama_width", "--profile", "smoke", "--print-config"]
@@ -133,8 +136,8 @@ runpy.run_module("dalign_repro", run_name="__main__")
 
 
 def test_a_sweeps_config_prints_without_importing_scipy_stats(tmp_path):
-    """The sweep's modules import scipy.stats where they use it: a process that loads them and computes no interval
-    (--print-config, a dry run, a torchrun rank) does not pay its 1.3 s of CPU."""
+    """The sweep, claims, growth and context modules import scipy.stats where they use it: a process that loads them
+    and computes no interval (--print-config, a dry run, a torchrun rank) does not pay its 1.3 s of CPU."""
     printed = subprocess.run([sys.executable, "-c", PRINT_CONFIG_MODULES], capture_output=True, text=True,
                              timeout=300, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     assert printed.returncode == 0 and "widths:" in printed.stdout, printed.stderr[-2000:]
