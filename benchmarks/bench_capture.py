@@ -378,12 +378,10 @@ def _import_what_children_use(args) -> None:
     EPYC), which every child (one per width and one per method's memory) paid again. A one-layer model of width 32
     is set up on one thread (a forked child of a process whose OpenMP pool ran on more threads can hang) and nothing
     of it is timed; spawned children (CUDA) import for themselves."""
-    import torch
-
-    import dalign_core.capture.hooks  # noqa: F401
-
     if args.device.startswith("cuda"):
         return
+    import torch
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
