@@ -8,6 +8,7 @@ reproduction dalign_repro, …) must not be needed for either.
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import sys
@@ -113,6 +114,11 @@ def test_the_command_runs_with_only_the_core_requirements(tmp_path):
                "sys.argv = ['dalign'] + sys.argv[1:]\ncode = main()\n"
                "print('blocked:', sorted(set(BLOCKED)), file=sys.stderr)\nsys.exit(code)\n")
     done = _run(command, tmp_path, "estimate", "--arch", "alone_model:build", "--model", "state.pt", "--data",
-                "data.pt", "--layer", "1", "--examples", "64", "--quiet")
+                "data.pt", "--layer", "1", "--examples", "64", "--quiet", "--out", "out/estimate.csv")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "d_align" in done.stdout
+    # --out writes its CSV without pandas (not a requirement of the core): the header, then the layer's row
+    with open(tmp_path / "out" / "estimate.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [row["layer"] for row in rows] == ["1"] and rows[0]["rank"] == "1" and rows[0]["n"] == "64"
+    assert float(rows[0]["d_align"]) >= 0 and rows[0]["revision"] == ""

@@ -22,14 +22,13 @@ and writes the fraction to the CSV (``redundancy``, ``redundant_with``).
 from __future__ import annotations
 
 import argparse
-import io
 import math
 import sys
 import time
 from pathlib import Path
 
 from dalign_core.cli.options import check_out, check_seq_len_option, local_input_paths, is_local_data
-from dalign_core.cli.output import format_value, render_table, with_progress
+from dalign_core.cli.output import format_value, render_table, with_progress, write_csv
 from dalign_core.cli.redundancy_check import (QUICK_EXAMPLES, is_redundant, owner_of, redundancy_by_layer,
                                              redundancy_warning)
 
@@ -219,19 +218,6 @@ def _check_numbers(args: argparse.Namespace) -> None:
             raise ValueError(f"{flag} is a number of examples and must be a finite number, at least 1, got {value}")
 
 
-def _write_csv(path: Path, records: list[dict]) -> None:
-    import pandas as pd
-
-    from dalign_core.atomic import atomic_write_text
-
-    frame = pd.DataFrame(records)
-    columns = CSV_COLUMNS + [c for c in frame.columns if c not in CSV_COLUMNS]
-    frame = frame.reindex(columns=columns).sort_values("rank")
-    buffer = io.StringIO()
-    frame.to_csv(buffer, index=False)
-    atomic_write_text(path, buffer.getvalue())  # temp file in the same folder, then os.replace
-
-
 def estimate(args: argparse.Namespace) -> list[dict]:
     """Run ``dalign estimate``; return one record per layer (also printed and optionally written)."""
     import torch
@@ -356,6 +342,6 @@ def _report_estimate(args: argparse.Namespace, accumulators: dict, owned: dict, 
         if check and is_redundant(check):
             print(redundancy_warning(check), file=sys.stderr)
     if args.out is not None:
-        _write_csv(args.out, records)
+        write_csv(args.out, sorted(records, key=lambda row: row["rank"]), CSV_COLUMNS)
         print(f"wrote {args.out}")
     return records

@@ -15,13 +15,12 @@ geometry and the held-out mean. Besides a causal LM folder and text, it takes an
 from __future__ import annotations
 
 import argparse
-import io
 import math
 import sys
 from pathlib import Path
 
 from dalign_core.cli.options import check_out, check_seq_len_option, local_input_paths, is_local_data
-from dalign_core.cli.output import clip_left, render_table, with_progress
+from dalign_core.cli.output import clip_left, render_table, with_progress, write_csv
 from dalign_core.cli.redundancy_check import is_redundant, owner_of, redundancy_warning
 
 __all__ = ["rank", "format_ranking"]
@@ -233,18 +232,6 @@ def _annotate(rows: list[dict], args: argparse.Namespace, n: int, owned: dict, b
                    redundant_with=owner_of(check) if check and is_redundant(check) else None)
 
 
-def _write_csv(rows: list[dict], path) -> None:
-    """Every number of ``rows``, one row per point, written to ``path`` by temporary name and rename."""
-    import pandas as pd
-
-    from dalign_core.atomic import atomic_write_text
-
-    buffer = io.StringIO()
-    pd.DataFrame(rows).to_csv(buffer, index=False)
-    atomic_write_text(path, buffer.getvalue())
-    print(f"wrote {path}")
-
-
 def rank(args: argparse.Namespace) -> list[dict]:
     """Run ``dalign rank``; return one record per insertion point (also printed and optionally written)."""
     from dalign_core.device import resolve_device
@@ -281,5 +268,6 @@ def rank(args: argparse.Namespace) -> list[dict]:
         if check and is_redundant(check):
             print(redundancy_warning(check), file=sys.stderr)
     if args.csv is not None:
-        _write_csv(rows, args.csv)
+        write_csv(args.csv, rows)
+        print(f"wrote {args.csv}")
     return rows
