@@ -2,7 +2,7 @@
 
 A subprocess blocks every other package from import (an allow-list of installed distributions: torch, numpy and
 tqdm with the distributions they require; the standard library, dalign_core and the user's own modules pass), then measures d_align on a small residual model through the
-API and through the ``dalign estimate`` command. The extras (transformers, pandas, scipy, torchvision, the
+API and through the ``dalign estimate`` (with ``--out``) and ``dalign rank`` commands. The extras (transformers, pandas, scipy, torchvision, the
 reproduction dalign_repro, …) must not be needed for either.
 """
 
@@ -14,6 +14,8 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -122,3 +124,27 @@ def test_the_command_runs_with_only_the_core_requirements(tmp_path):
         rows = list(csv.DictReader(handle))
     assert [row["layer"] for row in rows] == ["1"] and rows[0]["rank"] == "1" and rows[0]["n"] == "64"
     assert float(rows[0]["d_align"]) >= 0 and rows[0]["revision"] == ""
+    # dalign rank too: its intervals take the normal quantile from the standard library where SciPy is blocked
+    done = _run(command, tmp_path, "rank", "--arch", "alone_model:build", "--model", "state.pt", "--data", "data.pt",
+                "--examples", "64", "--quiet", "--csv", "out/rank.csv")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    with open(tmp_path / "out" / "rank.csv", newline="") as handle:
+        ranked = list(csv.DictReader(handle))
+    assert {row["layer"] for row in ranked} == {"0", "1", "2", "3"}, ranked  # every child of the Sequential
+    assert all(float(row["grad_norm_lo"]) <= float(row["grad_norm"]) <= float(row["grad_norm_hi"]) for row in ranked)
+
+
+def test_the_normal_quantile_is_scipys_where_installed_and_the_standard_librarys_otherwise(monkeypatch):
+    """The growth predictors' intervals: bit for bit SciPy's quantile (the committed tables), else within a few
+    units in the last place of it."""
+    from scipy import stats
+
+    from dalign_core.growth.predicting import _two_sided_z
+
+    levels = (0.5, 0.68, 0.8, 0.9, 0.95, 0.99, 0.999)
+    with_scipy = [_two_sided_z(c) for c in levels]
+    assert with_scipy == [float(stats.norm.ppf(1 - (1 - c) / 2)) for c in levels]
+    monkeypatch.setitem(sys.modules, "scipy.special", None)  # import scipy.special now raises ImportError
+    without = [_two_sided_z(c) for c in levels]
+    assert without != with_scipy  # the fallback ran: at 0.95 they differ in the last place
+    assert without == pytest.approx(with_scipy, rel=1e-14, abs=1e-15)
