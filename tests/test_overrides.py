@@ -245,6 +245,22 @@ def test_lab_profile_reaches_the_command_line():
     assert config.profile == "lab" and config.seeds == 2 and config.widths == (32, 64, 96)
 
 
+def test_also_seeds_reaches_the_dry_run_and_is_refused_without_one(capsys):
+    seen = {}
+
+    def dry_run(config, also_seeds=()):
+        seen["also_seeds"] = also_seeds
+        return "dry"
+
+    _runner.main(llama_width.Config, lambda *a, **k: None, argv=["--profile", "lab", "--dry-run", "--also-seeds", "3",
+                                                                 "5"], dry_run=dry_run)
+    assert seen["also_seeds"] == [3, 5]
+    for argv, message in ((["--also-seeds", "3"], "add --dry-run"), (["--dry-run", "--also-seeds", "0"], "at least 1")):
+        with pytest.raises(SystemExit) as stop:
+            _runner.main(llama_width.Config, lambda *a, **k: None, argv=["--profile", "lab", *argv], dry_run=dry_run)
+        assert stop.value.code == 2 and message in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("name", ["llama_width", "pythia_width", "resnet_width"])
 def test_lab_sweeps_are_small(name):
     """A classroom's five minutes: at most 3 widths x 2 seeds, one learning rate, one regime, no trials."""

@@ -275,6 +275,26 @@ def test_dry_run_projects_this_machines_workers(checkpoints, monkeypatch):
     assert "one-thread workers" not in dry_run(ToyConfig(), ToyFamily())
 
 
+def test_a_dry_run_also_projects_other_numbers_of_seeds_from_the_same_timings(checkpoints, monkeypatch):
+    """``also_seeds``: the projection of the same sweep at n seeds, as a dry run of that config gives it on the same
+    timings (fixed here, so that the two dry runs can be compared)."""
+    from dalign_repro.sweep import projection
+    from dalign_repro.training import workers
+
+    monkeypatch.setattr(workers, "count", lambda: 2)
+    monkeypatch.setattr(projection, "_time_width", lambda config, family, splits, heldout, evaluation, width, steps,
+                        device: {"step": 1e-3 * width, "capture_every": 0.5, "capture_primary": 0.25,
+                                 "evaluation": 0.125, "redundancy": 2.0})
+    text = dry_run(ToyConfig(), ToyFamily(), also_seeds=(1, 5))
+    for seeds in (1, 5):
+        alone = dry_run(replace(ToyConfig(), seeds=seeds), ToyFamily())
+        serial = alone.split("projected: ")[1].split(" s")[0]
+        shared = alone.split("one-thread workers (the default; DALIGN_WORKERS): ")[1].split(" s")[0]
+        assert (f"at {seeds} seeds, the same timings: {serial} s" in text
+                and f", {shared} s (" in text.split(f"at {seeds} seeds")[1].splitlines()[0]), (seeds, alone, text)
+    assert "at 5 seeds" not in dry_run(ToyConfig(), ToyFamily())
+
+
 def test_a_transfer_dry_run_counts_the_narrowest_trials_and_the_widest_check(checkpoints):
     config = ToyConfig(lr_fit="transfer", lr_width_exponent=1.0)
     assert trainings(config) == {8: 3.0, 16: 2.0, 32: 3.0}  # 2 trials + 2 seeds; 2 seeds; seed 1 + 2 checks

@@ -145,7 +145,7 @@ class Experiment:
 
     ``compute(config, out_dir)`` returns ``(tables by name, provenance extras)`` (:func:`run_experiment`).
     ``sharded``: ``compute`` shares its jobs over torchrun's ranks. ``dry_run(config)``: the text of a dry run
-    (``--dry-run``), where the experiment has one. ``run``: the experiment's own ``run(config, out_dir, force)``
+    (``--dry-run``), where the experiment has one (``dry_run(config, also_seeds=[n, ...])`` with ``--also-seeds``). ``run``: the experiment's own ``run(config, out_dir, force)``
     where it does more than compute its tables once (run other experiments first, recompute when its inputs
     changed, clean up after); by default :meth:`run` computes the tables unless they are current.
     """
@@ -353,6 +353,10 @@ def main(config_cls: type[ExperimentConfig], run: Callable, description: str | N
     if args.ranks_per_job is not None:
         os.environ[distributed.RANKS_PER_JOB_VARIABLE] = args.ranks_per_job
     dry = dry_run is not None and args.dry_run
+    if getattr(args, "also_seeds", None) and not dry:
+        parser.error("--also-seeds projects a dry run at other numbers of seeds: add --dry-run")
+    if any(n < 1 for n in getattr(args, "also_seeds", ())):
+        parser.error(f"--also-seeds takes numbers of seeds, each at least 1, got {args.also_seeds}")
     try:
         config = _config_of(config_cls, args)
         if ctx.distributed:  # one line here, not one traceback per rank later
@@ -395,6 +399,9 @@ def _parser(description: str | None, has_dry_run: bool) -> argparse.ArgumentPars
     if has_dry_run:
         parser.add_argument("--dry-run", action="store_true",
                             help="build data and models, time a few steps, print the projected wall time; write nothing")
+        parser.add_argument("--also-seeds", type=int, nargs="+", default=[], metavar="N",
+                            help="with --dry-run: also project the sweep at N seeds from the same timings (e.g. "
+                                 "--also-seeds 3 5)")
     parser.add_argument("--ranks-per-job", default=None, metavar="SPEC",
                         help="under torchrun: ranks that train one model together, '2' or width:ranks pairs "
                              "'2560:2,3072:4' (default: $DALIGN_RANKS_PER_JOB, else 1)")
@@ -457,7 +464,7 @@ def _execute(config: ExperimentConfig, run: Callable, dry_run: Callable | None, 
         processes.configure(getattr(config, "device", "auto"))  # on the CPU: one thread, before any torch work
         if dry_run is not None:
             if is_main:
-                print(dry_run(config))
+                print(dry_run(config, also_seeds=args.also_seeds) if args.also_seeds else dry_run(config))
             return
         out_dir = args.out if args.out is not None else default_results_dir(config)
         with distributed.session(getattr(config, "device", "auto")):

@@ -13,6 +13,7 @@ folder until the tables are written.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from dalign_repro.experiments._runner import Experiment, register
@@ -45,8 +46,9 @@ def sweep_experiment(name: str, config: type[SweepConfig], family_name: str, des
             return run_sweep(config, spec, jobs=jobs_dir(out_dir, config, spec))
         return run_sweeps(sweeps, spec, out_dir)
 
-    def dry_run(config: SweepConfig) -> str:
-        return "\n".join(sweep_dry_run(c, family(family_name, c)) for c in regimes(config) or [config])
+    def dry_run(config: SweepConfig, also_seeds: Sequence[int] = ()) -> str:
+        return "\n".join(sweep_dry_run(c, family(family_name, c), also_seeds=also_seeds)
+                         for c in regimes(config) or [config])
 
     return register(Experiment(name, config, tables_of(family(family_name)), compute, sharded=True, dry_run=dry_run,
                                description=description))

@@ -4,7 +4,9 @@ at each width, and project the full sweep's time, on this machine and shared amo
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Sequence
 
 import torch
 
@@ -21,11 +23,12 @@ from dalign_repro.training.loop import TrainConfig, train
 __all__ = ["dry_run"]
 
 
-def dry_run(config: SweepConfig, family: Family, steps: int = 2) -> str:
+def dry_run(config: SweepConfig, family: Family, steps: int = 2, also_seeds: Sequence[int] = ()) -> str:
     """Build the data and every model, time ``steps`` training steps, one capture batch, one evaluation batch and the
     redundancy check on one batch, and project the full run.
 
-    Each model first takes ``steps`` warm-up steps; on a GPU at least 20 steps are timed.
+    Each model first takes ``steps`` warm-up steps; on a GPU at least 20 steps are timed. ``also_seeds``: numbers
+    of seeds at which the same sweep is projected again from the same timings (its rate fit unchanged), a line each.
 
     Returns the projection as text, the arithmetic shown. Nothing is
     written to the results folder and no checkpoint is kept.
@@ -36,16 +39,37 @@ def dry_run(config: SweepConfig, family: Family, steps: int = 2) -> str:
     steps = steps if device.type == "cpu" else max(steps, 20)
     splits, facts, pools = prepare(config, family)
     heldout, evaluation = take(splits.test, pools.heldout), take(splits.test, pools.evaluation)
-    runs_at = trainings(config)  # full-run equivalents at each width, from the sweep's job grid
     every_layer, primary_only = _pool_passes(config)
     lines = _plan_lines(config, family, splits, facts, every_layer, primary_only)
-    total = 0.0
-    training_seconds, measuring_seconds = {}, {}
+    costs = {}
     from tqdm import tqdm  # a width's timing takes minutes at the gpu profile: show progress with an ETA
 
     for width in tqdm(config.widths, desc=f"dry run of {family.name}: timing each width", unit="width",
                       disable=None):
-        cost = _time_width(config, family, splits, heldout, evaluation, width, steps, device)
+        costs[width] = _time_width(config, family, splits, heldout, evaluation, width, steps, device)
+    total, training_seconds, measuring_seconds, width_lines = _project(config, costs, every_layer, primary_only)
+    lines += width_lines
+    lines.append(f"projected: {_seconds(total)} s ({total / 60:.1f} min) plus resampling and start-up")
+    lines += _shared_lines(config, training_seconds, measuring_seconds)
+    for seeds in also_seeds:
+        other = dataclasses.replace(config, seeds=seeds)
+        total, training_seconds, measuring_seconds, _ = _project(other, costs, every_layer, primary_only)
+        local = _local_workers()
+        line = f"at {seeds} seeds, the same timings: {_seconds(total)} s ({total / 60:.1f} min) on one process"
+        if local > 1:
+            shared = _makespan(other, training_seconds, measuring_seconds, local)
+            line += f", {_seconds(shared)} s ({shared / 60:.1f} min) on this machine's {local} one-thread workers"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _project(config: SweepConfig, costs: dict[int, dict[str, float]], every_layer: float, primary_only: float
+             ) -> tuple[float, dict[int, float], dict[int, float], list[str]]:
+    """The whole sweep's seconds on one process from each width's timed ``costs``: (total, one run's training
+    seconds by width, one run's measuring seconds by width, a line of arithmetic per width)."""
+    runs_at = trainings(config)  # full-run equivalents at each width, from the sweep's job grid
+    total, training_seconds, measuring_seconds, lines = 0.0, {}, {}, []
+    for width, cost in costs.items():
         training = cost["step"] * config.steps * runs_at[width]
         per_run = (cost["capture_every"] * every_layer + cost["capture_primary"] * primary_only
                    + cost["evaluation"] * len(config.checkpoint_steps)
@@ -58,9 +82,7 @@ def dry_run(config: SweepConfig, family: Family, steps: int = 2) -> str:
                      f"{cost['capture_primary']:.2f} s x {primary_only:.3g} capture, {cost['evaluation']:.2f} s x "
                      f"{len(config.checkpoint_steps)} evaluation, {cost['redundancy']:.2f} s redundancy) per run x "
                      f"{config.seeds} = {measuring:.0f} s measuring")
-    lines.append(f"projected: {_seconds(total)} s ({total / 60:.1f} min) plus resampling and start-up")
-    lines += _shared_lines(config, training_seconds, measuring_seconds)
-    return "\n".join(lines)
+    return total, training_seconds, measuring_seconds, lines
 
 
 def _pool_passes(config: SweepConfig) -> tuple[float, float]:
@@ -139,24 +161,33 @@ def _timed(device: torch.device, warm_up, work) -> float:
     return time.perf_counter() - start
 
 
+def _makespan(config: SweepConfig, training_seconds: dict[int, float], measuring_seconds: dict[int, float],
+              world: int) -> float:
+    """Seconds of the sweep shared among ``world`` devices: the plan's makespan (rates, their check, then seeds,
+    longest job first)."""
+    sizes = distributed.ranks_per_job(config.widths, world)
+    trials, runs = job_grid(config, sizes, training_seconds, measuring_seconds)
+    checks = planned_checks(config, sizes, training_seconds)
+    return sum(max((a.end for a in distributed.plan(jobs, world)), default=0.0) for jobs in (trials, checks, runs))
+
+
+def _local_workers() -> int:
+    """The workers a plain ``python -m ...`` uses on this machine (one under torchrun, whose ranks share the jobs)."""
+    return workers.count() if distributed.context().world_size == 1 else 1
+
+
 def _shared_lines(config: SweepConfig, training_seconds: dict[int, float],
                   measuring_seconds: dict[int, float]) -> list[str]:
     """The projection's last lines: the sweep on this machine's workers and shared among 8 devices (and among the
-    running world's, under torchrun), each the plan's makespan (rates, their check, then seeds, longest job first)."""
-    def shared(world: int) -> float:
-        sizes = distributed.ranks_per_job(config.widths, world)
-        trials, runs = job_grid(config, sizes, training_seconds, measuring_seconds)
-        checks = planned_checks(config, sizes, training_seconds)
-        return sum(max((a.end for a in distributed.plan(jobs, world)), default=0.0) for jobs in (trials, checks, runs))
-
+    running world's, under torchrun), each the plan's makespan (:func:`_makespan`)."""
     lines = []
-    local = workers.count() if distributed.context().world_size == 1 else 1
+    local = _local_workers()
     if local > 1:  # what a plain `python -m ...` on this machine does by default
-        seconds = shared(local)
+        seconds = _makespan(config, training_seconds, measuring_seconds, local)
         lines.append(f"on this machine's {local} one-thread workers (the default; DALIGN_WORKERS): "
                      f"{_seconds(seconds)} s ({seconds / 60:.1f} min), if nothing else runs")
     for world in sorted({8, distributed.context().world_size} - {1}):
-        seconds = shared(world)
+        seconds = _makespan(config, training_seconds, measuring_seconds, world)
         lines.append(f"on {world} such devices sharing the jobs (torchrun --nproc_per_node={world}; the plan of "
                      f"dalign_repro.training.distributed, rates first, then seeds): {_seconds(seconds)} s "
                      f"({seconds / 60:.1f} min)")
