@@ -174,6 +174,18 @@ def test_clear_errors(checkpoint, tmp_path, capsys):
     assert "at least 5" in capsys.readouterr().err
 
 
+def test_a_missing_optional_package_is_one_line_that_says_how_to_install_it(pythia_checkpoint, checkpoint,
+                                                                             monkeypatch, capsys):
+    """A GPT-NeoX folder needs transformers (the hf extra), which the core does not require: where it is missing the
+    command says so and how to install it, not that the model or its data failed."""
+    monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` now fails as if not installed
+    code = main(["estimate", "--model", str(pythia_checkpoint), "--layer", "gpt_neox.layers.0", "--data",
+                 str(checkpoint[1]), "--examples", "8", "--seq-len", "16", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1, err
+    assert "needs the Python package 'transformers', which is not installed here: pip install 'dalign[hf]'" in err
+
+
 def test_layers_command_lists_decoder_layers(checkpoint, capsys):
     folder, _ = checkpoint
     assert main(["layers", "--model", str(folder)]) == 0

@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     """Run the parsed command; a refused input is one line on stderr and exit status 1."""
     from dalign_core.capture.refusals import CaptureError, ModelError
-    from dalign_core.cli.failures import failure_line
+    from dalign_core.cli.failures import failure_line, missing_package_line
     from dalign_core.cli.loading import LoadError
 
     try:
@@ -173,6 +173,11 @@ def _run(args: argparse.Namespace) -> int:
         text = failure_line(err, args) if isinstance(err, ModelError) else str(err)
         one_line = re.sub(r"\s*\n\s*", " ", text.strip())  # a message quoted from a library may span lines
         print(f"dalign: error: {one_line}", file=sys.stderr)
+        return EXIT_ERROR
+    except ModuleNotFoundError as err:  # an optional package a model or data needs: say which, and how to install it
+        if env_flag("DALIGN_DEBUG"):
+            raise
+        print(f"dalign: error: {missing_package_line(err)}", file=sys.stderr)
         return EXIT_ERROR
     except Exception as err:  # noqa: BLE001  (the user's model or data, any type: one line; our own bug: raised)
         line = None if env_flag("DALIGN_DEBUG") else failure_line(err, args)

@@ -12,7 +12,12 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["failure_line"]
+__all__ = ["failure_line", "missing_package_line"]
+
+EXTRA_OF = {"transformers": "hf", "tokenizers": "hf", "safetensors": "hf", "huggingface_hub": "hf",
+            "torchvision": "vision", "datasets": "hub"}
+"""The optional packages the commands import where a model or data needs them, and the extra of ``dalign`` (in
+pyproject.toml) that installs each."""
 
 
 def _model_name(args: argparse.Namespace) -> str:
@@ -67,3 +72,15 @@ def failure_line(err: BaseException, args: argparse.Namespace) -> str | None:
                  f"in its forward ({type(module).__name__})") + at
     return (f"the model {model} raised {kind} on the --data examples ({place}{layer}): {detail}; {check} "
             "(DALIGN_DEBUG=1 shows where)")
+
+
+def missing_package_line(err: ModuleNotFoundError) -> str:
+    """The one line for a package the command (or the user's model code) imported and this environment lacks: what
+    is missing and how to install it, not a guess at which input failed."""
+    top = (err.name or "").partition(".")[0]
+    if not top:
+        return f"{err} (an import failed; DALIGN_DEBUG=1 shows where)"
+    extra = EXTRA_OF.get(top)
+    install = (f"pip install 'dalign[{extra}]'" if extra else
+               "install the package that provides it (DALIGN_DEBUG=1 shows which code imported it)")
+    return f"this command needs the Python package {top!r}, which is not installed here: {install}"
