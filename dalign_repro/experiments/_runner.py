@@ -145,9 +145,10 @@ class Experiment:
 
     ``compute(config, out_dir)`` returns ``(tables by name, provenance extras)`` (:func:`run_experiment`).
     ``sharded``: ``compute`` shares its jobs over torchrun's ranks. ``dry_run(config)``: the text of a dry run
-    (``--dry-run``), where the experiment has one (``dry_run(config, also_seeds=[n, ...])`` with ``--also-seeds``). ``run``: the experiment's own ``run(config, out_dir, force)``
-    where it does more than compute its tables once (run other experiments first, recompute when its inputs
-    changed, clean up after); by default :meth:`run` computes the tables unless they are current.
+    (``--dry-run``), where the experiment has one (``dry_run(config, also_seeds=[n, ...])`` with ``--also-seeds``).
+    ``run``: the experiment's own ``run(config, out_dir, force)`` where it does more than compute its tables once
+    (run other experiments first, recompute when its inputs changed, clean up after); by default :meth:`run`
+    computes the tables unless they are current.
     """
 
     name: str
