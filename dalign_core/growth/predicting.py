@@ -27,6 +27,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from dataclasses import dataclass
@@ -50,7 +51,8 @@ from dalign_core.capture.layers import resolve_layers
 from dalign_core.capture.refusals import check_capturable
 from dalign_core.growth.blocks import ZeroOutputBlock, block_for, feature_dim
 
-__all__ = ["BASE_PREDICTORS", "predictor_names", "SIGN", "PointStats", "predictors", "order", "point_rows"]
+__all__ = ["BASE_PREDICTORS", "predictor_names", "SIGN", "PointStats", "predictors", "order", "point_rows",
+           "two_sided_z"]
 
 
 BASE_PREDICTORS = ("d_align", "d_par", "d_2", "mean_sq", "grad_norm", "random")
@@ -133,12 +135,14 @@ def _train_pass(model, layers: list[str], batches, reduction: str, blocks: dict[
     return {k: torch.stack(v) for k, v in rows.items()}, sums, sizes
 
 
-def _two_sided_z(confidence: float) -> float:
+@functools.lru_cache(maxsize=16)
+def two_sided_z(confidence: float) -> float:
     """The standard normal quantile at ``1 - (1 - confidence) / 2`` (1.96 at 0.95).
 
     SciPy's ``ndtri`` where SciPy is installed (the reproduction's tables were computed with it), else the standard
     library's ``NormalDist`` (SciPy is not a requirement of the core): the two differ by at most a few units in the
-    last place, so an interval's ends can differ in their last digit between the two installs.
+    last place, so an interval's ends can differ in their last digit between the two installs. Cached: the growth
+    study's calibration simulations ask for the same few levels thousands of times.
     """
     p = 1 - (1 - confidence) / 2
     try:
@@ -159,7 +163,7 @@ def _jackknife_norm(sums: torch.Tensor, sizes: Sequence[int], confidence: float)
     leave = np.array([float((total - sums[g]).norm() / (n - sizes[g])) for g in used])
     G = len(used)
     se = math.sqrt((G - 1) / G * float(((leave - leave.mean()) ** 2).sum()))
-    z = _two_sided_z(confidence)
+    z = two_sided_z(confidence)
     return estimate, estimate - z * se, estimate + z * se
 
 
@@ -212,7 +216,7 @@ def predictors(model: nn.Module, layers: Sequence[str], heldout_batches: list, t
         layer → :class:`PointStats`, in the order of ``layers``.
     """
     layers = list(resolve_layers(model, list(layers)))
-    z = _two_sided_z(confidence)
+    z = two_sided_z(confidence)
     accumulators = accumulate_geometry(model, layers, heldout_batches, reduction=reduction,
                                        check_determinism=check_determinism)
     blocks = {layer: block_for(model, layer, heldout_batches[0], hidden, block_seed) for layer in layers}

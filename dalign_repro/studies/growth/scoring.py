@@ -27,7 +27,7 @@ import pandas as pd
 # every process importing this module (a dry run, a torchrun rank, --print-config) that never uses it.
 
 from dalign_repro.sweep.trend import Verdict
-from dalign_core.growth.predicting import SIGN, order, point_rows
+from dalign_core.growth.predicting import SIGN, order, point_rows, two_sided_z
 
 __all__ = ["CLAIM", "RHO_CLAIM", "CALIBRATION", "spearman", "average_ranks", "spearman_interval", "MODEL_KEYS",
            "model_keys", "score", "first_choice", "order", "point_rows", "t_quantile", "t_interval", "summarize",
@@ -68,12 +68,6 @@ def average_ranks(codes: np.ndarray, distinct: int) -> np.ndarray:
     return (np.cumsum(counts) - (counts - 1) / 2)[codes]
 
 
-@functools.lru_cache(maxsize=16)
-def _normal_quantile(confidence: float) -> float:
-    from scipy import stats
-    return float(stats.norm.ppf(1 - (1 - confidence) / 2))
-
-
 def spearman_interval(rho: float, n: int, confidence: float = 0.95) -> tuple[float, float]:
     """Fisher-z interval of Spearman's ρ from n points (Bonett-Wright SE); [−1, 1] with n ≤ 3, NaN for NaN ρ."""
     if not math.isfinite(rho):
@@ -82,7 +76,7 @@ def spearman_interval(rho: float, n: int, confidence: float = 0.95) -> tuple[flo
         return -1.0, 1.0
     r = min(max(rho, -0.999999), 0.999999)
     se = math.sqrt((1 + r * r / 2) / (n - 3))
-    z = _normal_quantile(confidence)
+    z = two_sided_z(confidence)
     return math.tanh(math.atanh(r) - z * se), math.tanh(math.atanh(r) + z * se)
 
 
