@@ -240,7 +240,7 @@ def test_lab_is_a_profile_of_every_experiment():
 def test_lab_profile_reaches_the_command_line():
     seen = {}
     _runner.main(llama_width.Config, lambda *a, **k: None, argv=["--profile", "lab", "--dry-run"],
-                 dry_run=lambda config: seen.setdefault("config", config) and "dry")
+                 dry_run=lambda config, also_seeds: seen.setdefault("config", config) and "dry")
     config = seen["config"]
     assert config.profile == "lab" and config.seeds == 2 and config.widths == (32, 64, 96)
 

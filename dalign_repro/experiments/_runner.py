@@ -144,8 +144,8 @@ class Experiment:
     """One experiment as the runner sees it: its name, config class, tables and how they are computed.
 
     ``compute(config, out_dir)`` returns ``(tables by name, provenance extras)`` (:func:`run_experiment`).
-    ``sharded``: ``compute`` shares its jobs over torchrun's ranks. ``dry_run(config)``: the text of a dry run
-    (``--dry-run``), where the experiment has one (``dry_run(config, also_seeds=[n, ...])`` with ``--also-seeds``).
+    ``sharded``: ``compute`` shares its jobs over torchrun's ranks. ``dry_run(config, also_seeds)``: the text of a
+    dry run (``--dry-run``; ``also_seeds``: the numbers of ``--also-seeds``), where the experiment has one.
     ``run``: the experiment's own ``run(config, out_dir, force)`` where it does more than compute its tables once
     (run other experiments first, recompute when its inputs changed, clean up after); by default :meth:`run`
     computes the tables unless they are current.
@@ -156,7 +156,7 @@ class Experiment:
     tables: tuple[str, ...]
     compute: Compute | None = None
     sharded: bool = False
-    dry_run: Callable[[Any], str] | None = None
+    dry_run: Callable[..., str] | None = None
     description: str | None = None
     """The command line's description (the first line is kept: a module's docstring may be given whole)."""
     runner: Callable[..., Path] | None = None
@@ -354,10 +354,11 @@ def main(config_cls: type[ExperimentConfig], run: Callable, description: str | N
     if args.ranks_per_job is not None:
         os.environ[distributed.RANKS_PER_JOB_VARIABLE] = args.ranks_per_job
     dry = dry_run is not None and args.dry_run
-    if getattr(args, "also_seeds", None) and not dry:
+    also_seeds = getattr(args, "also_seeds", [])  # an option of experiments that have a dry run
+    if also_seeds and not dry:
         parser.error("--also-seeds projects a dry run at other numbers of seeds: add --dry-run")
-    if any(n < 1 for n in getattr(args, "also_seeds", ())):
-        parser.error(f"--also-seeds takes numbers of seeds, each at least 1, got {args.also_seeds}")
+    if any(n < 1 for n in also_seeds):
+        parser.error(f"--also-seeds takes numbers of seeds, each at least 1, got {also_seeds}")
     try:
         config = _config_of(config_cls, args)
         if ctx.distributed:  # one line here, not one traceback per rank later
@@ -458,14 +459,14 @@ def _set_checkpoints(args: argparse.Namespace, config: ExperimentConfig) -> None
 
 def _execute(config: ExperimentConfig, run: Callable, dry_run: Callable | None, args: argparse.Namespace,
              is_main: bool, prefix: str) -> None:
-    """Print ``dry_run(config)``, or ``run`` the experiment into ``--out``; a refused run ends with one line on stderr
+    """Print ``dry_run(config, also_seeds)``, or ``run`` the experiment into ``--out``; a refused run ends with one line on stderr
     and exit status 1 (130 on Ctrl-C)."""
     name = experiment_name(config)
     try:
         processes.configure(getattr(config, "device", "auto"))  # on the CPU: one thread, before any torch work
         if dry_run is not None:
             if is_main:
-                print(dry_run(config, also_seeds=args.also_seeds) if args.also_seeds else dry_run(config))
+                print(dry_run(config, also_seeds=args.also_seeds))
             return
         out_dir = args.out if args.out is not None else default_results_dir(config)
         with distributed.session(getattr(config, "device", "auto")):
