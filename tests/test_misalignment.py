@@ -208,28 +208,50 @@ def test_resample_alignment_refuses_a_bad_chunk_and_an_impossible_number_of_tria
 
 
 @pytest.mark.parametrize("one_pool", [False, True])
-def test_the_matrix_product_path_gives_the_gathered_sums(monkeypatch, one_pool):
+@pytest.mark.parametrize("budget", [(24, 24), (16, 40), (40, 16)], ids=["square", "rows-first", "columns-first"])
+def test_both_ways_of_summing_give_the_same_bits_and_the_first_call_keeps_the_faster(monkeypatch, one_pool, budget):
     from dalign_core.geometry import misalignment
 
-    assert not misalignment._matmul_path(6, 9, 60, 50) and misalignment._matmul_path(64, 64, 256, 256)
-    assert misalignment._matmul_path(128, 128, 1024, 1024) and not misalignment._matmul_path(16, 16, 1024, 1024)
-
-    a, b = _pools(n1=60, n2=50)
+    M, K = budget  # M K >= MATMUL_MIN_BLOCK: summed by gathering the block or by the indicator product
+    assert M * K >= misalignment.MATMUL_MIN_BLOCK
+    a, b = _pools(n1=120, n2=100)
     C = cross_gram(a) if one_pool else cross_gram(a, b)
-    gathered = resample_alignment(C, 6, 9, 600, seed=5, one_pool=one_pool)  # M K < MATMUL_MIN_BLOCK: gathered
+    key = (*C.shape, M, K)
+    misalignment._fastest_way.clear()
     bags = []
     real_bag = torch.nn.functional.embedding_bag
     monkeypatch.setattr(torch.nn.functional, "embedding_bag", lambda *args, **kw: bags.append(1) or real_bag(*args, **kw))
-    monkeypatch.setattr(misalignment, "_matmul_path", lambda *args: True)  # every budget by the indicator product
-    for chunk in (None, 7):
-        product = resample_alignment(C, 6, 9, 600, seed=5, one_pool=one_pool, chunk=chunk)
-        torch.testing.assert_close(product, gathered, rtol=1e-12, atol=1e-12)
-        assert torch.equal(product <= 0, gathered <= 0) and bags
+    # too few resamples for the race's rounds: nothing is kept
+    few = resample_alignment(C, M, K, 20, seed=5, one_pool=one_pool, chunk=4)
+    assert key not in misalignment._fastest_way and bags
+    raced = resample_alignment(C, M, K, 600, seed=5, one_pool=one_pool, chunk=7)
+    assert misalignment._fastest_way[key] in ("gather", "product") and torch.equal(raced[:20], few)
+    for way in ("gather", "product"):
+        misalignment._fastest_way[key] = way
         bags.clear()
-    stats, I, J = resample_alignment(C, 6, 9, 50, seed=5, one_pool=one_pool, return_indices=True)
+        for chunk in (None, 7):
+            assert torch.equal(resample_alignment(C, M, K, 600, seed=5, one_pool=one_pool, chunk=chunk), raced)
+        assert bool(bags) == (way == "product")
+    stats, I, J = resample_alignment(C, M, K, 50, seed=5, one_pool=one_pool, return_indices=True)
     test_pool = a if one_pool else b
     for r in range(50):
         assert abs(float(a[I[r]].double().mean(0) @ test_pool[J[r]].double().mean(0)) - float(stats[r])) < 1e-10
+    misalignment._fastest_way.clear()
+
+
+@pytest.mark.parametrize("one_pool", [False, True])
+def test_small_blocks_are_gathered_whole_and_agree_with_the_indicator_product(one_pool):
+    from dalign_core.geometry import misalignment
+
+    a, b = _pools(n1=60, n2=50)
+    C = cross_gram(a) if one_pool else cross_gram(a, b)
+    gathered, I, J = resample_alignment(C, 6, 9, 600, seed=5, one_pool=one_pool, return_indices=True)
+    assert 6 * 9 < misalignment.MATMUL_MIN_BLOCK and (6, 9) not in {key[2:] for key in misalignment._fastest_way}
+    product = np.empty(600)
+    rows = (I * C.shape[1]).numpy()
+    misalignment._summed_blocks(C, 6, 9)["product"](rows, J.numpy(), product)
+    torch.testing.assert_close(torch.from_numpy(product), gathered, rtol=1e-12, atol=1e-12)
+    assert torch.equal(torch.from_numpy(product) <= 0, gathered <= 0)
 
 
 @pytest.mark.parametrize("one_pool", [False, True])

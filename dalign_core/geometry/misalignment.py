@@ -8,12 +8,13 @@ rows J (uniformly, without replacement, from a seeded ``torch.Generator``) and c
 
 with the cross-Gram matrix ``C = Q_tr Q_te^T``, formed once in float64 (blocked over d).
 A resample then costs O(MK) additions instead of O(MKd); resamples are vectorized in
-chunks, so 10^5 resamples take seconds for M, K <= 64. For large budgets
-(``M K >= 512`` and ``min(M n2, K n1) <= MATMUL_SHARE M K``) a resample's sum is read from the product of its 0/1
-train indicators with C instead (the sum of its M rows of C, by torch's embedding_bag, then K
-entries of that row): O(M n2) streamed additions instead of O(MK) random reads. The index sets are drawn once per (pool sizes,
-budget, seed, one pool or two) and kept for the next call (a call with fewer trials takes
-the first ones: a resample's indices depend only on its position in the stream).
+chunks, so 10^5 resamples take seconds for M, K <= 64. For budgets with ``M K >= 512`` a resample's
+sum can also be read from the product of its 0/1 train indicators with C (the sum of its M rows of C,
+by torch's embedding_bag, then K entries of that row): O(M n2) streamed additions instead of O(MK)
+random reads. Both ways add in the same order and give the same bits; the first call for a shape
+races them and later calls take the faster. The index sets are drawn once per (pool sizes, budget,
+seed, one pool or two) and kept for the next call (a call with fewer trials takes the first ones: a
+resample's indices depend only on its position in the stream).
 
 With one pool (``q_test=None``) each resample draws M + K distinct rows and splits them
 into disjoint train (first M) and test (last K) subsets; ``C`` is then the pool's Gram
@@ -142,9 +143,9 @@ def resample_alignment(
 
     ``C`` is the cross-Gram (n1, n2) (or with ``one_pool=True`` the square Gram of one
     pool, with disjoint train/test rows per resample).  Each resample gathers its M x K
-    block of ``C`` and sums it: O(MK) work, done for ``chunk`` resamples at once; for large
-    budgets (:func:`_matmul_path`) the sum comes from the product of the resample's 0/1
-    indicators with ``C`` (the same statistics to rounding: the same p̂).
+    block of ``C`` and sums it: O(MK) work, done for ``chunk`` resamples at once; for budgets
+    with ``M K >=`` :data:`MATMUL_MIN_BLOCK` the sum may come from the product of the resample's 0/1
+    indicators with ``C`` instead, whichever is faster here (:func:`_block_means`: the same bits either way).
     ``return_indices=True`` also returns the (trials, M) and (trials, K) index tensors
     (for testing; memory grows with trials).  Deterministic given ``seed``, whatever
     the ``chunk``.  The index sets drawn for ``(n1, n2, M, K, seed, one_pool)`` are kept
@@ -155,13 +156,10 @@ def resample_alignment(
     n1, n2 = C.shape
     _check_budget(M, K, n1, n2, one_pool)
     _check_trials(trials, chunk, M, K)
-    matmul = _matmul_path(M, K, n1, n2)
-    if chunk is None:  # a chunk's gathered block (chunk, M, K), or its summed rows (chunk, n2), of about 2^18
-        chunk = max(1, min(trials, (1 << 18) // (max(n1, n2) if matmul else (M * K))))
-    trials, chunk = int(trials), int(chunk)
+    trials, chunk = int(trials), (None if chunk is None else int(chunk))
     C = C.detach().to(device="cpu", dtype=torch.float64).contiguous()
     rows, cols = _index_sets(n1, n2, M, K, trials, int(seed), bool(one_pool))
-    stats = torch.from_numpy(_block_means(C, rows, cols, M, K, chunk, matmul))
+    stats = torch.from_numpy(_block_means(C, rows, cols, M, K, chunk))
     if return_indices:
         return stats, torch.from_numpy((rows // n2).astype(np.int64)), torch.from_numpy(cols.astype(np.int64))
     return stats
@@ -179,47 +177,102 @@ def _check_trials(trials, chunk, M: int, K: int) -> None:
                          "indices; use fewer trials")
 
 
-def _block_means(C: torch.Tensor, rows: np.ndarray, cols: np.ndarray, M: int, K: int, chunk: int,
-                 matmul: bool) -> np.ndarray:
-    """Each resample's mean of its M x K block of the float64 (n1, n2) ``C``, ``chunk`` resamples at a time:
-    ``rows`` (trials, M) are flat offsets of the train rows (row index x n2), ``cols`` (trials, K) the test
-    columns; ``matmul``: by summed rows (:func:`_matmul_path`), else by gathering the block."""
+def _summed_blocks(C: torch.Tensor, M: int, K: int):
+    """The two ways of summing resamples' M x K blocks of the float64 (n1, n2) ``C``, each a function
+    ``(rows, cols, out)`` filling ``out`` (chunk,) with the means of the blocks of ``rows`` (chunk, M), flat offsets of
+    the train rows (row index x n2), and ``cols`` (chunk, K), the test columns: ``{"gather": ..., "product": ...}``.
+
+    Both add in one order, so they give the same bits: first along the side with less to add per resample (the M
+    train rows where ``M n2 <= K n1``, else the K test columns), one entry after the other, then torch's sum of the
+    K (or M) partial sums. ``gather`` reads the block's entries (O(MK) random reads); ``product`` sums the whole
+    rows (or columns) of C that the resample picks, by torch's embedding_bag (the product of the 0/1 indicators with
+    C: O(M n2) streamed additions), then takes the other side's entries of the summed row.
+    """
+    n1, n2 = C.shape
+    flat = C.numpy().reshape(-1)
+    by_rows = M * n2 <= K * n1
+    scale = M * K
+    table = []  # C, or its transpose for summing columns, made on the product's first use
+
+    def gather(rows, cols, out):
+        # one train row (or test column) of every resample's block at a time, added to the partial sums (chunk, K)
+        # (or (chunk, M)): no (chunk, M, K) block in memory, and the product's order of additions
+        lines, across = (rows, cols) if by_rows else (cols, rows)
+        partial = np.take(flat, lines[:, 0, None] + across)
+        for line in range(1, lines.shape[1]):
+            partial += np.take(flat, lines[:, line, None] + across)
+        out[:] = torch.from_numpy(partial).sum(dim=1).numpy() / scale
+
+    def product(rows, cols, out):
+        if not table:
+            table.append(C if by_rows else C.T.contiguous())
+        train = torch.from_numpy((rows // n2).astype(np.int64))
+        test = torch.from_numpy(cols.astype(np.int64))
+        bags, picks = (train, test) if by_rows else (test, train)
+        summed = torch.nn.functional.embedding_bag(bags, table[0], mode="sum")
+        out[:] = summed.gather(1, picks).sum(dim=1).numpy() / scale
+
+    return {"gather": gather, "product": product}
+
+
+def _block_means(C: torch.Tensor, rows: np.ndarray, cols: np.ndarray, M: int, K: int,
+                 chunk: int | None) -> np.ndarray:
+    """Each resample's mean of its M x K block of the float64 (n1, n2) ``C`` (float64, (trials,)): ``rows``
+    (trials, M) are flat offsets of the train rows (row index x n2), ``cols`` (trials, K) the test columns.
+
+    Small blocks (``M K <`` :data:`MATMUL_MIN_BLOCK`) are gathered and summed whole, ``chunk`` resamples at a time.
+    Larger ones take the faster of :func:`_summed_blocks`' two ways, which give the same bits: which is faster
+    depends on the budget, the pools' sizes and the CPU's caches, so the first call for a shape races them on its
+    first chunks (:data:`RACE_ROUNDS` each, kept as results) and :data:`_fastest_way` keeps the winner.
+    """
     n1, n2 = C.shape
     trials = len(rows)
-    flat = C.numpy().reshape(-1)
     out = np.empty(trials, dtype=np.float64)
-    # The product path sums the M train rows of C (or, where that is less work, the K test columns) per resample,
-    # i.e. the sparse product of the 0/1 indicators with C (torch's embedding_bag), then takes the other side's K
-    # (or M) entries of the summed row.
-    by_rows = M * n2 <= K * n1
-    table = C if by_rows else C.T.contiguous()
-    for start in range(0, trials, chunk):
-        r, c = rows[start:start + chunk], cols[start:start + chunk]
-        if matmul:
-            train = torch.from_numpy((r // n2).astype(np.int64))
-            test = torch.from_numpy(c.astype(np.int64))
-            bags, picks = (train, test) if by_rows else (test, train)
-            summed = torch.nn.functional.embedding_bag(bags, table, mode="sum")
-            out[start:start + len(r)] = summed.gather(1, picks).sum(dim=1).numpy() / (M * K)
-        else:
-            lin = r[:, :, None] + c[:, None, :]  # (c, M, K)
-            out[start:start + len(r)] = np.take(flat, lin).sum(axis=(1, 2)) / (M * K)
+    if M * K < MATMUL_MIN_BLOCK:
+        flat = C.numpy().reshape(-1)
+        chunk = chunk or max(1, (1 << 18) // (M * K))  # a gathered block (chunk, M, K) of about 2^18 entries
+        for start in range(0, trials, chunk):
+            r, c = rows[start:start + chunk], cols[start:start + chunk]
+            out[start:start + len(r)] = np.take(flat, r[:, :, None] + c[:, None, :]).sum(axis=(1, 2)) / (M * K)
+        return out
+    ways = _summed_blocks(C, M, K)
+    # partial sums of about 2^16 entries, or summed rows of about 2^18, a chunk
+    across = K if M * n2 <= K * n1 else M
+    chunks = {"gather": chunk or max(1, (1 << 16) // across), "product": chunk or max(1, (1 << 18) // max(n1, n2))}
+
+    def run(way: str, start: int) -> int:
+        end = min(trials, start + chunks[way])
+        ways[way](rows[start:end], cols[start:end], out[start:end])
+        return end
+
+    key, start = (n1, n2, M, K), 0
+    if key not in _fastest_way:
+        seconds = dict.fromkeys(ways, math.inf)  # per resample, the best chunk of each way
+        for _ in range(RACE_ROUNDS):
+            for way in ways:
+                if start < trials:
+                    began = time.perf_counter()
+                    end = run(way, start)
+                    seconds[way] = min(seconds[way], (time.perf_counter() - began) / (end - start))
+                    start = end
+        if start < trials:  # every way ran all its rounds
+            _fastest_way[key] = min(seconds, key=seconds.get)
+    way = _fastest_way.get(key, "product")
+    while start < trials:
+        start = run(way, start)
     return out
-
-
-MATMUL_SHARE = 12
-"""The product path sums a resample where ``min(M n2, K n1) <= MATMUL_SHARE M K``: a summed row costs about a
-twelfth of a random gather per entry (benchmarks/bench_misalignment.py times both ways at the sweep's pools and
-budgets)."""
 
 
 MATMUL_MIN_BLOCK = 512
 """Budgets with ``M K`` below this are always gathered: their blocks stay in cache and a gather is cheapest."""
 
+RACE_ROUNDS = 3
+"""Chunks each way runs in the race of a shape's first call (:func:`_block_means`): the best of three, as a loaded
+CPU slows single chunks."""
 
-def _matmul_path(M: int, K: int, n1: int, n2: int) -> bool:
-    """Whether budgets (M, K) on an (n1, n2) C are summed by the indicator product rather than by gathering."""
-    return M * K >= MATMUL_MIN_BLOCK and min(M * n2, K * n1) <= MATMUL_SHARE * M * K
+_fastest_way: dict[tuple[int, int, int, int], str] = {}
+"""The faster way of summing blocks, by (n1, n2, M, K), as raced by this process's first call of that shape (the
+ways give the same bits, so the choice changes no result)."""
 
 INDEX_CACHE_BYTES = 256 * 2**20
 """Memory the drawn index sets of recent :func:`resample_alignment` calls may keep (least recently used go first)."""
@@ -345,7 +398,7 @@ def misalignment_probability(
             reuse it across (M, K) budgets.
         one_pool: whether ``C`` is one pool's Gram matrix (disjoint subsets drawn);
             default: True when only ``q_train`` is given, False otherwise.
-        chunk: resamples per vectorized chunk (default: about 2^22 gathered entries).
+        chunk: resamples per vectorized chunk (default: about 2^18 gathered or summed entries).
         confidence: level of the Wilson interval on ``p_misalign``.
 
     Returns:
