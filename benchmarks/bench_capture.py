@@ -29,7 +29,7 @@ of widths 128 … 1024, the same batches go through:
 (target <= 1.1x), printed per width and for the capture-ratio case.
 
 Timing: per width one fresh process runs all methods round-robin (a warm-up pass over the first batch,
-then ``--repeats`` passes each) and reports the best pass, which is the most robust
+then ``--repeats`` passes each, each round starting at another method) and reports the best pass, which is the most robust
 statistic when other processes share the CPU (the median is in the CSV too).
 Memory: each (width, method) runs one pass in its own fresh process (all of its batches: at N = 512 the first batch
 alone read 15-25% lower for most methods): on CPU, the growth of
@@ -297,8 +297,14 @@ def time_width(args) -> list[dict]:
             records["vmap"]["max_abs_q"] = float(reference.abs().max())
         except Exception as err:  # report, never fake: e.g. torch.func cannot trace the model
             records["vmap"].update(status="failed", error=_error(err))
+    methods = list(fns)
     for rep in range(args.repeats + 1):  # pass 0 is a warm-up, of the first batch
-        for method, fn in fns.items():
+        # Each timed round starts the round-robin at another method, spread evenly over the rounds: a pass runs in
+        # the memory its predecessor left (at N = 256 the same capture took 0.98x the floor run after it and 1.16x
+        # run after torch.func and the per-example loop), so no method keeps one place in the order.
+        start = (rep - 1) * len(methods) // args.repeats if rep else 0
+        for method in methods[start:] + methods[:start]:
+            fn = fns[method]
             if records[method]["status"] != "ok":
                 continue
             try:
