@@ -173,26 +173,26 @@ def quiet_kernel():
     IPython profile: inside this block ``$IPYTHONDIR`` names one of ours whose ``ipython_kernel_config.json``
     sets it to ERROR (and no startup file of the user's runs in a chapter). Passing the level as a kernel
     argument through papermill instead makes kernels report a KeyboardInterrupt as they shut down.
+    The profile is a temporary folder of its own per block, removed when the block ends: each kernel's history
+    database stays its own (``--jobs 2`` runs two at once) and nothing is left in the machine's temporary folder.
     """
-    folder = Path(tempfile.gettempdir()) / f"dalign-ipython-{os.getuid() if hasattr(os, 'getuid') else 'user'}"
-    config = folder / "profile_default" / "ipython_kernel_config.json"
-    wanted = json.dumps({"IPKernelApp": {"log_level": 40}}) + "\n"
-    if not config.is_file() or config.read_text() != wanted:
-        config.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(config, wanted)
-    saved = {name: os.environ.get(name) for name in ("IPYTHONDIR", LAUNCH_VARIABLE)}
-    os.environ["IPYTHONDIR"] = str(folder)
-    # A chapter launched on Binder runs at `lab` (scripts/launch_cell.py); one this script executes runs at the
-    # profile it is given, also inside such a session (`make notebooks PROFILE=cpu` in Binder's terminal).
-    os.environ.pop(LAUNCH_VARIABLE, None)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    with tempfile.TemporaryDirectory(prefix="dalign-ipython-") as folder:
+        config = Path(folder) / "profile_default" / "ipython_kernel_config.json"
+        config.parent.mkdir(parents=True)
+        config.write_text(json.dumps({"IPKernelApp": {"log_level": 40}}) + "\n")
+        saved = {name: os.environ.get(name) for name in ("IPYTHONDIR", LAUNCH_VARIABLE)}
+        os.environ["IPYTHONDIR"] = folder
+        # A chapter launched on Binder runs at `lab` (scripts/launch_cell.py); one this script executes runs at
+        # the profile it is given, also inside such a session (`make notebooks PROFILE=cpu` in Binder's terminal).
+        os.environ.pop(LAUNCH_VARIABLE, None)
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
 
 def parameters_cell(nb):

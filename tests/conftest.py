@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -118,6 +119,25 @@ def pytest_xdist_make_scheduler(config, log):
             return f"{head}/{SHARED_FILES[name]}" if name in SHARED_FILES else scope
 
     return SharedFileScheduling(config, log)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _temporary_files_stay_in_the_sessions_folder(tmp_path_factory):
+    """Point ``TMPDIR`` (and :mod:`tempfile`) at a folder in pytest's own, for this process and every one it starts.
+
+    The processes the tests start make temporary files of their own that they do not remove: torchrun a log folder
+    per launch (``torchelastic_*``), Chromium a profile per browser, torch's compiler its cache folder. Here they land
+    in the session's folder, which pytest prunes (it keeps the last three), not in the machine's ``/tmp``.
+    """
+    folder = tmp_path_factory.mktemp("tmp")  # after pytest has placed its own base folder, which stays where it is
+    saved = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"] = tempfile.tempdir = str(folder)
+    yield folder
+    if saved[0] is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = saved[0]
+    tempfile.tempdir = saved[1]
 
 
 @pytest.fixture(scope="session")

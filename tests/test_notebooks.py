@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import re
 import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -165,10 +167,16 @@ def test_force_reaches_the_notebook_and_the_book_shows_one_parameters_cell(tmp_p
     nb = nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_code_cell('profile = "cpu"\nseed = 7\nforce = False', metadata={"tags": ["parameters"]}),
         nbformat.v4.new_code_cell('assert (profile, seed, force) == ("smoke", 7, True), (profile, seed, force)'),
+        nbformat.v4.new_code_cell("from ipykernel.kernelapp import IPKernelApp\n"
+                                  "print(IPKernelApp.instance().log_level, get_ipython().profile_dir.location)"),
     ])
     nb.metadata["kernelspec"] = {"name": kernel, "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, source)
     out = runner.execute(source, "smoke", tmp_path / "out", kernel, force=True, cell_timeout_s=120)
+    log_level, profile = nbformat.read(out, as_version=4).cells[-1].outputs[0].text.split()
+    # the kernel logged errors only, from a profile of the run's own in the temporary folder, removed afterwards
+    assert int(log_level) == logging.ERROR and Path(profile).parent.name.startswith("dalign-ipython-")
+    assert Path(profile).parent.parent == Path(tempfile.gettempdir()) and not Path(profile).parent.exists()
 
     executed = nbformat.read(out, as_version=4)
     original, injected = _tagged(executed, "parameters"), _tagged(executed, "injected-parameters")
