@@ -103,3 +103,15 @@ def test_a_context_row_says_what_it_can_and_cannot_show():
     assert list(shown["widths trained / run"]) == ["32, 64 of 32, 64", "32, 64 of 32, 64", "32 of 32, 64"]
     can = list(shown["can show"])
     assert "among them" in can[0] and can[1].startswith("only slopes of 0.90") and FEWER_THAN_TWO in can[2]
+
+
+
+def test_the_reference_clause_says_when_the_measured_interval_excludes_the_implied_fall():
+    row = {"scope": "LLaMA", "reference_slope": -1.40, "detectable": 1.33, "slope_lo": -0.96, "slope_hi": 0.93}
+    said = cc.reference_clause(pd.Series(row))
+    assert "implies a slope of −1.40, which this design can detect" in said
+    assert "[−0.96, +0.93] excludes it: any fall is smaller than the paper's rise implies, at this scale." in said
+    holds = cc.reference_clause(pd.Series({**row, "slope_lo": -1.6}))  # the interval holds the implied slope
+    assert "excludes" not in holds and holds.endswith("(it detects 1.33 or more).")
+    steeper = cc.reference_clause(pd.Series({**row, "slope_lo": -2.5, "slope_hi": -1.6}))
+    assert "the fall is steeper than the paper's rise implies" in steeper

@@ -124,7 +124,7 @@ def test_rerun_box_says_when_the_shown_run_loaded_trained_models():
     provenance = {"wall_time_s": 1131.0, "device": "cpu", "hardware": {"workers": 2, "threads_per_process": 1},
                   "sweeps": [{"runs": {"count": 12, "training_loaded": 12}}, {"runs": {"count": 4, "training_loaded": 4}}]}
     box = rerun_box("04_resnet_width", "resnet_width", "cpu", provenance)
-    assert "took 18.9 min on cpu (2 worker process(es) of 1 thread(s))." in box
+    assert "took 18.9 min on cpu (2 worker processes of 1 thread each)." in box
     assert "loaded 16 of its 16 measured models from the checkpoints of an earlier one" in box
     fresh = rerun_box("04_resnet_width", "resnet_width", "cpu", {**provenance, "sweeps": [{"runs": {"count": 16}}]})
     assert "loaded" not in fresh and "python -m dalign_repro.experiments.resnet_width --profile cpu --force" in fresh
@@ -139,7 +139,9 @@ def test_the_time_results_took_says_when_their_run_resumed_an_interrupted_one():
     models = {"families": {"a": {"models": [{"seconds": 1500.0}, {"seconds": 900.0}, {"seconds": 7000.0,
                                                                                        "reused_from": "earlier"}]}}}
     fresh = {"wall_time_s": 1300.0, "device": "cpu", "hardware": hardware, **models}  # 2,400 worker-s on 2 workers
-    assert results_took(fresh) == "21.7 min on cpu (2 worker process(es) of 1 thread(s))"
+    assert results_took(fresh) == "21.7 min on cpu (2 worker processes of 1 thread each)"
+    one = {"wall_time_s": 60.0, "device": "cpu", "hardware": {"workers": 1, "threads_per_process": 2}}
+    assert results_took(one) == "1.0 min on cpu (1 worker process of 2 threads each)"
     short = {**fresh, "wall_time_s": 600.0}  # 2,400 worker-s cannot fit in 600 s on 2 workers
     assert results_took(short).endswith("its 2 models' jobs took 40.0 min of worker time in all, more than that "
                                         "wall time holds, so part of them ran in an earlier, interrupted sitting")
@@ -205,3 +207,18 @@ def test_width_verdicts_say_not_estimable_where_the_mean_is_lost_in_noise():
     assert steps.label == matched_loss.label == "not estimable" and "floor" in steps.sentence
     assert misalignment.label == "reproduced"  # p̂ does not need d_align: judged on its sign, below 0
     assert report.family_reference("pythia") == 0 and report.family_reference("llama") > 0.49
+
+
+def test_a_studys_regime_names_each_familys_models_and_the_papers_beside_them():
+    from dalign_repro.report.describe import models_regime, papers_regime_beside
+    from dalign_repro.sweep.trend import PAPER_D_ALIGN
+
+    assert models_regime("LLaMA", [256, 32, 64], [4.0, 4.0], 0.01122) == \
+        "LLaMA at widths 32–256, 4 layers, median $d_{\\mathrm{align}}$ 0.0112"
+    assert models_regime("ResNet-20", [8], [float("nan")]) == "ResNet-20 at width 8"  # no depth, no d_align read
+    assert models_regime("Pythia", [32, 128], [6, 12, 6]).endswith("6 and 12 layers")
+    small = models_regime("ResNet-20", [8, 24], (), 5.45e-6)
+    assert small.endswith("median $d_{\\mathrm{align}}$ $5.45 \\times 10^{-6}$")
+    beside = papers_regime_beside()
+    assert "N = 512–3072" in beside and f"{PAPER_D_ALIGN[0]}–{PAPER_D_ALIGN[1]}" in beside
+    assert beside.endswith("every verdict here is at this scale.")

@@ -67,3 +67,14 @@ def test_agreement_says_same_or_how_far_apart():
     assert wc.agreement(0.0115, 0.0108, short=True).startswith("they differ by 6.5%")
     assert "differ by 6.5%" in wc.agreement(0.0115, 0.0108)
     assert wc.agreement(0.01, math.nan, short=True) == "the table has no row for this run"
+
+
+def test_a_retrained_runs_loss_gap_is_set_beside_the_seeds_spread():
+    seeds = [0.40, 0.39, 0.41]  # a range of 0.02 nats
+    assert wc.retrained_gap(0.4, 0.4, seeds) == ""  # the same weights: nothing to say
+    far = wc.retrained_gap(0.383, 0.409, seeds)  # 0.026 nats: beyond half the range
+    assert "differs from the table's by 0.026 nats" in far and "span 0.02 nats" in far
+    assert "another draw" in far and "error bar across machines" in far
+    near = wc.retrained_gap(0.4001, 0.4, seeds)
+    assert "well within the seed spread" in near and "another draw" not in near
+    assert wc.retrained_gap(0.383, 0.409, [0.4]).endswith("0.026 nats.")  # one seed: no spread to compare

@@ -101,7 +101,13 @@ def reference_clause(row: pd.Series | None, lead: bool = True) -> str:
     whose = ("the paper's d_align slope" if str(row["scope"]).startswith("LLaMA") else
              "the paper's LLaMA d_align slope (it gives none for this family)")
     text = (f"carried to this design's (M, K) and measured d_∥ and d_2, {whose} of {_signed(PAPER_SLOPE)} implies a "
-            f"slope of {_signed(implied)}, which this design {can} detect (it detects {detects:.2f} or more).")
+            f"slope of {_signed(implied)}, which this design {can} detect (it detects {detects:.2f} or more)")
+    lo, hi = (float(row.get(name, math.nan)) for name in ("slope_lo", "slope_hi"))
+    if math.isfinite(lo) and math.isfinite(hi) and not lo <= implied <= hi:  # the measured interval rules it out
+        text += (f"; the measured interval [{_signed(lo)}, {_signed(hi)}] excludes it: "
+                 + ("any fall is smaller than the paper's rise implies, at this scale" if lo > implied else
+                    "the fall is steeper than the paper's rise implies"))
+    text += "."
     return ("The paper reports no slope of p̂, so the label reads the sign; " + text) if lead else \
         text[0].upper() + text[1:]
 

@@ -44,6 +44,7 @@ from dalign_repro.config import added_field, require_at_least
 from dalign_repro.experiments.llama_width import Config as LlamaConfig
 from dalign_repro.experiments._sweeps import sweep_experiment
 from dalign_repro.families import family
+from dalign_repro.sweep.trend import PAPER_D_ALIGN
 
 
 @dataclass(frozen=True)
@@ -124,8 +125,8 @@ dry_run = EXPERIMENT.dry_run  # dry_run(config): build, time a few steps, projec
 # ---------------------------------------------------------------------------
 # Reading the tables: d_align against context, and the width slope at each context
 
-PAPER_BAND = (3.9, 9.5)
-"""The paper's d_align of its trained LLaMA-style models: 3.9 at N = 512, 9.5 at N = 3072."""
+PAPER_BAND = PAPER_D_ALIGN
+"""The paper's d_align of its trained LLaMA-style models (:data:`~dalign_repro.sweep.trend.PAPER_D_ALIGN`)."""
 VALUES = ("d_align", "d_par", "d_2")
 
 

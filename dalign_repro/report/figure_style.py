@@ -89,13 +89,14 @@ def tick_label(value: float, _position=None) -> str:
     return rf"${mantissa:.2g}\times10^{{{exponent}}}$"
 
 
-def log_ticks(axis, values=None) -> None:
-    """Major ticks of a log axis at decades (1, 2, 5 × 10^k over a short range), labelled by :func:`tick_label`."""
+def log_ticks(axis, values=None, numticks: int = 8) -> None:
+    """Major ticks of a log axis at decades (1, 2, 5 × 10^k over a short range), labelled by :func:`tick_label`;
+    at most about ``numticks`` of them (a narrow panel takes fewer: every other decade)."""
     values = np.asarray(values if values is not None else [], dtype=float)
     values = values[np.isfinite(values) & (values > 0)]
     span = values.max() / values.min() if len(values) else 1e3
     subs = (1.0,) if span >= 30 else (1.0, 2.0, 5.0) if span >= 4 else tuple(float(s) for s in range(1, 10))
-    axis.set_major_locator(LogLocator(base=10, subs=subs, numticks=8))
+    axis.set_major_locator(LogLocator(base=10, subs=subs, numticks=numticks))
     axis.set_major_formatter(FuncFormatter(tick_label))
     axis.set_minor_formatter(NullFormatter())
 

@@ -16,6 +16,7 @@ fail by design.
 
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 import numpy as np
@@ -223,7 +224,10 @@ def final_geometry(geometry: pd.DataFrame, layer: str, step: int,
 
 
 def layers_heatmap(geometry: pd.DataFrame, step: int) -> plt.Figure:
-    """Seed-mean d_align by insertion point (in depth order) and width (held-out pool) at one checkpoint."""
+    """Seed-mean d_align by insertion point (in depth order) and width (held-out pool) at one checkpoint.
+
+    Each cell prints its value in one unit, $10^e$ for the largest cell's exponent (two significant digits), so the
+    numbers fit a cell of a book's column; the layers' shared name prefix labels the axis once."""
     part = geometry[(geometry.step == step) & (geometry.pool == "heldout") & trained_mask(geometry)]
     heat = part.groupby(["layer", "width"]).d_align.mean().unstack("width")
     heat = heat.loc[sorted(heat.index, key=natural)]
@@ -232,12 +236,19 @@ def layers_heatmap(geometry: pd.DataFrame, step: int) -> plt.Figure:
         empty(ax)
         ax.set_axis_off()
         return fig
+    positive = heat.where(heat > 0)
+    exponent = int(np.floor(np.log10(np.nanmax(positive.to_numpy())))) if positive.notna().any().any() else 0
+    scaled = heat / 10.0**exponent
     # An estimate of 0 (the unbiased ||mu||^4 not positive) has no logarithm: a blank cell marked "0".
-    sns.heatmap(np.log10(heat.where(heat > 0)), annot=heat.map(tick_label), fmt="", cmap="mako",
-                ax=ax, annot_kws={"fontsize": 10}, cbar_kws={"label": r"$\log_{10} d_{\mathrm{align}}$"})
+    annotations = scaled.map(lambda v: "0" if v <= 0 else f"{v:.2g}" if v >= 0.01 else "<0.01")
+    prefix = os.path.commonprefix([str(name) for name in heat.index]).rpartition(".")[0]
+    shown = heat.rename(index=lambda name: str(name)[len(prefix) + 1:] if prefix else str(name))
+    unit = "" if exponent == 0 else rf" (cells: $\times 10^{{{exponent}}}$)"
+    sns.heatmap(np.log10(shown.where(shown > 0)), annot=annotations.to_numpy(), fmt="", cmap="mako", ax=ax,
+                annot_kws={"fontsize": 10}, cbar_kws={"label": r"$\log_{10} d_{\mathrm{align}}$"})
     for row, col in zip(*np.nonzero((heat <= 0).to_numpy())):
         ax.text(col + 0.5, row + 0.5, "0", ha="center", va="center", fontsize=10, color="0.3")
-    ax.set(xlabel="width $N$", ylabel="")
+    ax.set(xlabel="width $N$", ylabel=f"{prefix}.<layer>" if prefix else "", title=rf"$d_{{\mathrm{{align}}}}${unit}")
     ax.grid(False)
     ax.tick_params(axis="y", rotation=0)
     return fig
@@ -353,7 +364,9 @@ def theory_moment_errors(alignment: pd.DataFrame) -> plt.Figure:
             z = part[f"{moment}_rel_err"] / part[f"{moment}_rel_se"]
             ax.plot(z, row + rng.uniform(-0.18, 0.18, len(z)), "o", ms=4, alpha=0.6, color=f"C{row}")
         ax.axvline(0, color="0.3", lw=0.8)
-        ax.set(title=title, xlabel="(simulated − exact) / s.e.")
+        ax.set(title=title)
+    # one label under both panels: two copies side by side run into each other in a book's column
+    fig.supxlabel("(simulated − exact) / s.e. of the simulation", fontsize=plt.rcParams["axes.labelsize"])
     axes[0].set_yticks(range(len(laws)), [NOISE_NAMES[law] for law in laws])
     axes[0].set_ylim(len(laws) - 0.5, -0.5)
     return fig

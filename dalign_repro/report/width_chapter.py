@@ -8,6 +8,8 @@
 * :func:`mean_figure`: each run's ||mu||^2 with its interval against width (is the mean resolved from 0?).
 * :func:`budget_figure`: the empirical misalignment against the budget M = K, one line per width.
 * :func:`checkpoint_row`: the geometry table's row of one run's checkpoint (to set a hand computation beside it).
+* :func:`agreement`, :func:`retrained_gap`: that hand computation against the table, and how far a model retrained
+  on this machine lies from the table's run, against the spread of the seeds.
 
 A chapter's prose is hand-written Markdown; these only turn the committed tables into the numbers and the figure it
 shows, so a verdict is computed from the tables and could have come out either way.
@@ -26,7 +28,7 @@ from dalign_repro.report.figure_style import (COLUMN_WIDTH, LABELS, empty, legen
 from dalign_repro.sweep.trend import run_summaries
 
 __all__ = ["late_run_means", "verdict_numbers", "magnitude", "number", "verdict_figure", "trajectory_figure",
-           "mean_figure", "budget_figure", "checkpoint_row", "agreement"]
+           "mean_figure", "budget_figure", "checkpoint_row", "agreement", "retrained_gap"]
 
 DASH = "–"
 SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
@@ -214,7 +216,33 @@ def agreement(by_hand: float, table: float, short: bool = False) -> str:
     gap = abs(by_hand / table - 1) if table else math.inf
     clause = f"they differ by {gap:.1%}"
     if short:
-        return clause + ", as a model retrained elsewhere can"
+        return clause + ": this model was retrained here, not loaded"
     return (f"The two differ by {gap:.1%}: the cached model was retrained, and training repeats bitwise only on the "
-            "machine and thread count that first ran it; across them it differs at float level, and one checkpoint's "
-            "geometry magnifies that.")
+            "machine and thread count that first ran it; elsewhere its float-level differences grow along training, "
+            "and one checkpoint's geometry magnifies them.")
+
+
+def retrained_gap(loss: float, table_loss: float, seed_losses) -> str:
+    """How far a model retrained on this machine lies from the table's run, in one sentence: the gap of the final
+    held-out losses (nats) beside their range over the seeds of the same width (``seed_losses``, nats).
+
+    Training repeats bitwise only on the machine and thread count that first ran it; elsewhere float-level
+    differences grow along training, and the loss says how far. Where the gap reaches half the seeds' range, a run
+    retrained on another machine is as good as another seed, so the seed spread (which a verdict's interval over
+    seeds carries) is the error bar across machines; "" where the two losses are the same (the same weights)."""
+    if not (math.isfinite(loss) and math.isfinite(table_loss)) or loss == table_loss:
+        return ""
+    gap = abs(loss - table_loss)
+    seeds = np.asarray([v for v in seed_losses if math.isfinite(v)], dtype=float)
+    text = (f"Retrained on the machine that built this page, the model's held-out loss differs from the table's by "
+            f"{gap:.2g} nats")
+    if len(seeds) < 2:
+        return text + "."
+    spread = float(seeds.max() - seeds.min())
+    text += f"; the final held-out losses of this width's {len(seeds)} seeds span {spread:.2g} nats"
+    if gap >= spread / 2:
+        return text + (": the float-level differences between machines grew along training to the size of a change "
+                       "of seed. For this family a run retrained elsewhere is another draw, and the seed spread, which "
+                       "the verdict's interval over seeds carries, is the error bar across machines.")
+    return text + (": the retrained run stays well within the seed spread, which the verdict's interval over seeds "
+                   "carries.")

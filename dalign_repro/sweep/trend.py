@@ -65,12 +65,14 @@ import pandas as pd
 # scipy.stats is imported by the functions that use it: importing it costs 1.3 s of CPU, paid at start-up by
 # every process importing this module (a dry run, a torchrun rank, --print-config) that never uses it.
 
-__all__ = ["PAPER_SLOPE", "SIGN", "LABELS", "VOCABULARY", "SLOPE_COLUMNS", "log_floor", "run_summaries",
-           "matched_loss_summaries", "slope_test", "label_for", "detectable_slope", "power", "design_se",
-           "seeds_for_power", "noise_components", "simulate_labels", "estimability", "ESTIMABLE_SHARE", "Verdict",
-           "verdict"]
+__all__ = ["PAPER_D_ALIGN", "PAPER_SLOPE", "SIGN", "LABELS", "VOCABULARY", "SLOPE_COLUMNS", "log_floor",
+           "run_summaries", "matched_loss_summaries", "slope_test", "label_for", "detectable_slope", "power",
+           "design_se", "seeds_for_power", "noise_components", "simulate_labels", "estimability", "ESTIMABLE_SHARE",
+           "Verdict", "verdict"]
 
-PAPER_SLOPE = math.log(9.5 / 3.9) / math.log(3072 / 512)
+PAPER_D_ALIGN = (3.9, 9.5)
+"""The paper's d_align of its trained LLaMA-style models: 3.9 at N = 512, 9.5 at N = 3072."""
+PAPER_SLOPE = math.log(PAPER_D_ALIGN[1] / PAPER_D_ALIGN[0]) / math.log(3072 / 512)
 """The paper's LLaMA effect: the slope of log d_align on log width from 3.9 at N = 512 to 9.5 at N = 3072."""
 
 LABELS = ("reproduced", "contradicted", "inconclusive", "not run", "not estimable")

@@ -29,7 +29,8 @@ from dalign_repro.report.describe.verdicts import (WIDTH_CLAIMS, PAPER_REGIMES, 
                                                   family_reference, reference_text, judged_rows, judged_geometry,
                                                   late_steps, width_verdicts, describe_clock, describe_power,
                                                   paper_comparison, verdict_table, misalignment_cells,
-                                                  misalignment_reference_text, robustness_sentence)
+                                                  misalignment_reference_text, robustness_sentence, models_regime,
+                                                  papers_regime_beside)
 from dalign_repro.report.describe.geometry import (describe_trajectory, describe_limiting_dimension, describe_layers,
                                                   describe_final_geometry, describe_bounds, describe_budget,
                                                   describe_context, describe_sample_choice, describe_redundancy)
@@ -41,7 +42,8 @@ __all__ = ["DASH", "D_ALIGN_HTML", "number", "styled", "trained_rows", "by_regim
            "describe_rate_resolution", "runs_summary", "WIDTH_CLAIMS", "PAPER_REGIMES", "SCALE", "at_this_scale",
            "scale_for", "family_reference", "reference_text", "judged_rows", "judged_geometry", "late_steps",
            "width_verdicts", "describe_clock", "describe_power", "paper_comparison", "verdict_table",
-           "misalignment_cells", "misalignment_reference_text", "robustness_sentence",
+           "misalignment_cells", "misalignment_reference_text", "robustness_sentence", "models_regime",
+           "papers_regime_beside",
            "describe_trajectory", "describe_limiting_dimension", "describe_layers", "describe_final_geometry",
            "describe_bounds", "describe_budget", "describe_context", "describe_sample_choice", "describe_redundancy",
            "rerun_box", "results_took", "REGIME_COLUMNS", "summarize"]

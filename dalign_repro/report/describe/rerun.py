@@ -6,8 +6,13 @@ from __future__ import annotations
 __all__ = ["rerun_box", "results_took"]
 
 
+def _count(number: int, singular: str, plural: str | None = None) -> str:
+    """``1 thread``, ``2 threads``: a count with its noun in the right number."""
+    return f"{number} {singular if number == 1 else plural or singular + 's'}"
+
+
 def results_took(provenance: dict | None, wall: float | None = None) -> str:
-    """What the results of ``provenance`` took, as a phrase: "32 min on cpu (2 worker process(es) of 1 thread(s))",
+    """What the results of ``provenance`` took, as a phrase: "32 min on cpu (2 worker processes of 1 thread each)",
     and, when the run resumed an interrupted one (its ``resumed`` record, or its models' own ``seconds`` summing to
     more worker time than the wall time allows), that the wall time covers only part of the work.
 
@@ -18,8 +23,9 @@ def results_took(provenance: dict | None, wall: float | None = None) -> str:
     wall = provenance.get("wall_time_s", wall)
     hardware = provenance.get("hardware", {})
     workers = int(hardware.get("workers") or 1)
+    threads = int(hardware.get("threads_per_process") or 1)
     text = (f"{timings.duration(wall)}" + (f" on {provenance.get('device', 'this machine')}" if provenance else "")
-            + (f" ({workers} worker process(es) of {hardware.get('threads_per_process', 1)} thread(s))"
+            + (f" ({_count(workers, 'worker process', 'worker processes')} of {_count(threads, 'thread')} each)"
                if hardware.get("workers") else ""))
     models = [m for facts in provenance.get("families", {}).values() if isinstance(facts, dict)
               for m in facts.get("models", []) if isinstance(m, dict) and "seconds" in m and "reused_from" not in m]

@@ -12,14 +12,14 @@ import pandas as pd
 from dalign_repro.sweep.clock import clock_diagnostics, matched_loss_decomposed
 from dalign_repro.sweep.operating_point import implied_reference, misalignment_label, reference_sentence
 from dalign_repro.sweep.robustness import survives, variants_text, width_variants
-from dalign_repro.sweep.trend import (PAPER_SLOPE, SIGN, Verdict, estimability, label_for, logit_clip, not_estimable,
-                                     run_summaries, slope_test, verdict)
+from dalign_repro.sweep.trend import (PAPER_D_ALIGN, PAPER_SLOPE, SIGN, Verdict, estimability, label_for, logit_clip,
+                                     not_estimable, run_summaries, slope_test, verdict)
 from dalign_repro.report.describe.text import DASH, D_ALIGN_HTML, number, trained_rows
 
 __all__ = ["WIDTH_CLAIMS", "PAPER_REGIMES", "SCALE", "at_this_scale", "scale_for", "family_reference",
            "reference_text", "judged_rows", "judged_geometry", "late_steps", "width_verdicts", "describe_clock",
            "misalignment_cells", "misalignment_reference_text", "robustness_sentence",
-           "describe_power", "paper_comparison", "verdict_table"]
+           "describe_power", "paper_comparison", "verdict_table", "models_regime", "papers_regime_beside"]
 
 
 WIDTH_CLAIMS = (  # (quantity, view): the claim's sentence, the quantity tested
@@ -41,6 +41,25 @@ _PAPER_WIDTHS = {"llama": {None: (512, 3072)}, "pythia": {6: (128, 512), 32: (25
 _PAPER_EPOCHS = {"resnet": 200}
 SCALE = " at this scale"
 """What a label adds where the regime judged is not the paper's."""
+
+
+def models_regime(name: str, widths, depths=(), d_align: float = math.nan) -> str:
+    """One family's models of a study in words, for its regime: ``"LLaMA at widths 32–256, 4 layers, median
+    $d_{\\mathrm{align}}$ 0.0112"`` (``d_align``: the median at the points the study read; NaN leaves it out)."""
+    widths, depths = sorted(int(w) for w in widths), sorted({int(d) for d in depths if pd.notna(d)})
+    text = f"{name} at widths {widths[0]}–{widths[-1]}" if len(widths) > 1 else f"{name} at width {widths[0]}"
+    if depths:
+        text += f", {' and '.join(map(str, depths))} layers"
+    return text + (f", median $d_{{\\mathrm{{align}}}}$ {number(d_align)}" if math.isfinite(d_align) else "")
+
+
+def papers_regime_beside() -> str:
+    """The paper's regime in one clause, to set beside a study's (every verdict of the study is at this scale)."""
+    llama = _PAPER_WIDTHS["llama"][None]
+    pythia = max(high for _, high in _PAPER_WIDTHS["pythia"].values())
+    return (f"The paper's models are far wider (LLaMA-style N = {llama[0]}–{llama[1]}, Pythia up to d = {pythia:,}, "
+            f"ResNet-20 at 16k to 64k channels), its LLaMA-style ones with $d_{{\\mathrm{{align}}}}$ of "
+            f"{PAPER_D_ALIGN[0]}–{PAPER_D_ALIGN[1]}: every verdict here is at this scale.")
 
 
 def at_this_scale(family: str, widths, depth: int | None = None, dataset: str | None = None,
