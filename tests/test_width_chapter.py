@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import matplotlib
+import pandas as pd
 import pytest
 
 from dalign_repro.config import REPO_ROOT
@@ -78,3 +79,14 @@ def test_a_retrained_runs_loss_gap_is_set_beside_the_seeds_spread():
     near = wc.retrained_gap(0.4001, 0.4, seeds)
     assert "well within the seed spread" in near and "another draw" not in near
     assert wc.retrained_gap(0.383, 0.409, [0.4]).endswith("0.026 nats.")  # one seed: no spread to compare
+
+
+def test_the_train_mean_misalignment_is_read_against_the_held_out_one_at_one_budget():
+    rows = [dict(setting=s, M=m, K=m, p_misalign=p, trained_ok=True)
+            for s, m, p in (("train/heldout", 32, 0.30), ("train/heldout", 32, 0.50), ("heldout/heldout", 32, 0.05),
+                            ("heldout/heldout", 32, 0.05), ("train/heldout", 4, 0.9), ("heldout/heldout", 4, 0.1))]
+    table = pd.DataFrame(rows)
+    assert wc.train_over_heldout(table, 32, 32) == pytest.approx(8.0)  # 0.40 over 0.05: the other budget left out
+    assert math.isnan(wc.train_over_heldout(table, 16, 16))  # no such budget
+    failed = table.assign(trained_ok=[True, True, False, False, True, True])
+    assert math.isnan(wc.train_over_heldout(failed, 32, 32))  # no trained held-out row to divide by

@@ -8,6 +8,7 @@
 * :func:`mean_figure`: each run's ||mu||^2 with its interval against width (is the mean resolved from 0?).
 * :func:`budget_figure`: the empirical misalignment against the budget M = K, one line per width.
 * :func:`checkpoint_row`: the geometry table's row of one run's checkpoint (to set a hand computation beside it).
+* :func:`train_over_heldout`: how far the train-mean misalignment (the growth setting) lies above the held-out one.
 * :func:`agreement`, :func:`retrained_gap`: that hand computation against the table, and how far a model retrained
   on this machine lies from the table's run, against the spread of the seeds.
 
@@ -28,7 +29,8 @@ from dalign_repro.report.figure_style import (COLUMN_WIDTH, LABELS, empty, legen
 from dalign_repro.sweep.trend import run_summaries
 
 __all__ = ["late_run_means", "verdict_numbers", "magnitude", "number", "verdict_figure", "trajectory_figure",
-           "mean_figure", "budget_figure", "checkpoint_row", "agreement", "retrained_gap"]
+           "mean_figure", "budget_figure", "checkpoint_row", "agreement", "retrained_gap",
+           "train_over_heldout"]
 
 DASH = "–"
 SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
@@ -246,3 +248,15 @@ def retrained_gap(loss: float, table_loss: float, seed_losses) -> str:
                        "the verdict's interval over seeds carries, is the error bar across machines.")
     return text + (": the retrained run stays well within the seed spread, which the verdict's interval over seeds "
                    "carries.")
+
+
+def train_over_heldout(misalignment: pd.DataFrame, M: int, K: int) -> float:
+    """The mean misalignment rate with mu_M from training sequences (``train/heldout``, the growth setting, which no
+    certificate covers: the two means come from different distributions) over the rate with both means from the
+    held-out pool (``heldout/heldout``), over the trained models at budget (M, K); NaN where either is missing."""
+    at = misalignment[(misalignment.M == M) & (misalignment.K == K)] if len(misalignment) else misalignment
+    at = at[trained_mask(at)] if len(at) else at
+    rate = {setting: at[at.setting == setting].p_misalign.mean() for setting in ("train/heldout", "heldout/heldout")}
+    below = rate["heldout/heldout"]
+    return float(rate["train/heldout"] / below) if len(at) and below > 0 else math.nan
+
