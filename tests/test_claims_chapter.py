@@ -105,7 +105,6 @@ def test_a_context_row_says_what_it_can_and_cannot_show():
     assert "among them" in can[0] and can[1].startswith("only slopes of 0.90") and FEWER_THAN_TWO in can[2]
 
 
-
 def test_the_reference_clause_says_when_the_measured_interval_excludes_the_implied_fall():
     row = {"scope": "LLaMA", "reference_slope": -1.40, "detectable": 1.33, "slope_lo": -0.96, "slope_hi": 0.93}
     said = cc.reference_clause(pd.Series(row))
@@ -115,3 +114,14 @@ def test_the_reference_clause_says_when_the_measured_interval_excludes_the_impli
     assert "excludes" not in holds and holds.endswith("(it detects 1.33 or more).")
     steeper = cc.reference_clause(pd.Series({**row, "slope_lo": -2.5, "slope_hi": -1.6}))
     assert "the fall is steeper than the paper's rise implies" in steeper
+
+
+def test_the_coverage_sentence_is_the_claims_tables_own_reading():
+    rows = pd.DataFrame([{"claim": cc.COVERAGE, "scope": "LLaMA", "verdict": "reproduced",
+                          "ours": "p̂ on fresh examples ≤ B_exact in 68 of 68 informative cells; it can barely fail here"},
+                         {"claim": cc.MISALIGNMENT, "scope": "LLaMA", "verdict": "inconclusive", "ours": "-"}])
+    assert cc.coverage_sentence(rows) == ("*reproduced*: p̂ on fresh examples ≤ B_exact in 68 of 68 informative cells; "
+                                          "it can barely fail here")
+    assert cc.coverage_sentence(rows, "Pythia, 6 layers") == "" and cc.coverage_sentence(rows.iloc[1:]) == ""
+    unrun = rows.assign(verdict="not run at this profile", ours="—")
+    assert cc.coverage_sentence(unrun) == "*not run at this profile*"  # no dash left dangling after the label
